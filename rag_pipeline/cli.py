@@ -1,0 +1,181 @@
+"""`rag-pipeline`: the database, ingestion through Dagster, search, and the UI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from rag_pipeline.config import ConfigError, Settings, load_settings
+
+# Model weights must come from local folders or packages; never hang on a hub that cannot be reached.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.database import EmbeddedPostgres, migrate, resolve_urls
+
+    server = EmbeddedPostgres(settings.pgdata_dir)
+    if settings.database_url and args.action in ("start", "stop"):
+        print(f"RAG_DATABASE_URL is set: using the external server, nothing embedded to {args.action}.")
+        return 0
+    if args.action == "start":
+        urls = resolve_urls(settings)
+        applied = migrate(urls.index)
+        print(f"PostgreSQL running (data in {settings.pgdata_dir}); migrations applied now: {applied or 'none'}")
+        print(f"index database:   {urls.index}")
+        print(f"dagster database: {urls.dagster}")
+    elif args.action == "stop":
+        print("stopped" if server.stop() else "not running")
+    elif args.action == "status":
+        running = bool(settings.database_url) or server.is_running()
+        print(json.dumps({"embedded": not settings.database_url, "running": running,
+                          "data_dir": str(settings.pgdata_dir)}))
+        return 0 if running else 3
+    elif args.action == "url":
+        print(resolve_urls(settings, start=False).index)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.database import migrate, resolve_urls
+
+    applied = migrate(resolve_urls(settings).index)
+    print(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
+    return 0
+
+
+def _prepare_instance(settings: Settings) -> Path:
+    from rag_pipeline.database import migrate, resolve_urls
+    from rag_pipeline.defs.instance import prepare_dagster_home
+
+    urls = resolve_urls(settings)
+    migrate(urls.index)
+    return prepare_dagster_home(settings, urls.dagster)
+
+
+def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.config import parse_labels
+    from rag_pipeline.defs.instance import run_ingest
+
+    _prepare_instance(settings)
+    summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)))
+    if args.json:
+        _print_json(summary)
+    else:
+        print(f"run {summary['run_id']}: {'succeeded' if summary['success'] else 'FAILED'}")
+        for key in ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held_no_labels",
+                    "parsed", "content_unchanged", "dead_lettered", "chunks_written", "vectors_embedded",
+                    "vectors_reused"):
+            print(f"  {key:<18} {summary[key]}")
+        for reason, count in sorted(summary["dead_letter_reasons"].items()):
+            print(f"  dead letter: {reason:<10} {count}")
+        for problem in summary["problems"]:
+            print(f"  skipped {problem['source']}:{problem['path']}: {problem['problem']}")
+        seconds = summary["seconds"]
+        print("  seconds            " + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items()))
+        for error in summary.get("errors", []):
+            print(f"  error: {error}", file=sys.stderr)
+    return 0 if summary["success"] else 1
+
+
+def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.database import connect, resolve_urls
+    from rag_pipeline.retrieval import search
+
+    with connect(resolve_urls(settings).index) as conn:
+        hits = search(conn, args.query, args.labels, k=args.k, mode=args.mode, device=settings.embedding.device)
+    if args.json:
+        _print_json([hit.to_dict() for hit in hits])
+        return 0
+    if not hits:
+        print("no results")
+    for rank, hit in enumerate(hits, 1):
+        pages = f"p.{hit.page_start}" if hit.page_start == hit.page_end else f"pp.{hit.page_start}-{hit.page_end}"
+        print(f"{rank:>2}. {hit.score:.4f}  {hit.source}:{hit.path} {pages}  [{hit.section_path}]")
+        print("    " + " ".join(hit.text.split())[:200])
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
+    home = _prepare_instance(settings)
+    workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
+    command = [sys.executable, "-m", "dagster", "dev", "-h", args.host, "-p", str(args.port)]
+    if workspace.exists():
+        command += ["-w", str(workspace)]
+    else:
+        command += ["-m", "rag_pipeline.definitions"]
+    if settings.config_file:
+        os.environ["RAG_CONFIG"] = str(settings.config_file)
+    print(f"Dagster UI on http://{args.host}:{args.port} (DAGSTER_HOME={home}); Ctrl-C stops it.", flush=True)
+    # dagster dev started from a script ignores SIGTERM unless SIGINT is back to its default before exec.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.execv(sys.executable, command)
+    return 0  # not reached
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rag-pipeline", description=__doc__)
+    parser.add_argument("--config", help="YAML configuration (default: $RAG_CONFIG or ./rag_pipeline.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    db = sub.add_parser("db", help="the embedded PostgreSQL server")
+    db.add_argument("action", choices=["start", "stop", "status", "url"])
+    db.set_defaults(func=cmd_db)
+
+    sub.add_parser("migrate", help="apply pending SQL migrations").set_defaults(func=cmd_migrate)
+
+    ingest = sub.add_parser("ingest", help="run the ingest job through Dagster")
+    ingest.add_argument("--source", action="append", metavar="NAME=PATH",
+                        help="scan this folder as source NAME (repeatable); default: the configured sources")
+    ingest.add_argument("--labels", help="default ACL labels for --source folders, comma-separated")
+    ingest.add_argument("--json", action="store_true", help="print one JSON object")
+    ingest.set_defaults(func=cmd_ingest)
+
+    search = sub.add_parser("search", help="hybrid search of the active index version")
+    search.add_argument("query")
+    search.add_argument("--labels", required=True, help="the caller's ACL labels, comma-separated")
+    search.add_argument("-k", type=int, default=10)
+    search.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
+    search.add_argument("--json", action="store_true")
+    search.set_defaults(func=cmd_search)
+
+    ui = sub.add_parser("ui", help="serve the Dagster UI (and daemon) on the project's instance")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=3000)
+    ui.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.config:
+            os.environ["RAG_CONFIG"] = str(Path(args.config).resolve())
+        settings = load_settings(args.config)
+        return args.func(args, settings)
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from rag_pipeline.database import DatabaseError
+        from rag_pipeline.embedding import ModelUnavailableError
+        from rag_pipeline.retrieval import SearchError
+
+        if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

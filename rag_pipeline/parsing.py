@@ -1,0 +1,201 @@
+"""Parsing documents into per-page Markdown.
+
+PDFs go through pdfplumber page by page (streamed, so memory stays flat on long files); DOCX, PPTX,
+XLSX, HTML and Markdown go through Docling's native converters, which run offline. Files that cannot
+be parsed raise `DeadLetter` with a specific reason; the caller records it and moves on.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+PDF_SUFFIXES = {".pdf"}
+DOCLING_SUFFIXES = {".docx", ".pptx", ".xlsx", ".html", ".htm", ".md"}
+TEXT_SUFFIXES = {".txt"}
+SUPPORTED_SUFFIXES = PDF_SUFFIXES | DOCLING_SUFFIXES | TEXT_SUFFIXES
+
+CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
+TABLE_SEPARATOR_RE = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+\s*$", re.MULTILINE)
+
+DEAD_LETTER_REASONS = ("empty", "truncated", "corrupt", "encrypted", "unsupported", "parser_error")
+
+
+class DeadLetter(Exception):
+    """A document that cannot be parsed, with one of DEAD_LETTER_REASONS and a human-readable detail."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        assert reason in DEAD_LETTER_REASONS, reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class ParsedPage:
+    page: int  # 1-based
+    tier: str  # pdfplumber | docling | text
+    markdown: str
+    seconds: float
+    tables: int = 0
+    signals: dict[str, Any] = field(default_factory=dict)
+
+
+@lru_cache(maxsize=1)
+def parser_version() -> str:
+    """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""
+    versions = {name: importlib.metadata.version(name) for name in ("pdfplumber", "docling-slim")}
+    return f"rp1;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"
+
+
+def parse_file(path: Path, password: str | None = None) -> Iterator[ParsedPage]:
+    """Yield the pages of one file. Raises DeadLetter for files that cannot be parsed."""
+    suffix = path.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        raise DeadLetter("unsupported", f"no parser for {suffix or 'files without an extension'}")
+    if path.stat().st_size == 0:
+        raise DeadLetter("empty", "zero-byte file")
+    if suffix in PDF_SUFFIXES:
+        yield from _parse_pdf(path, password)
+    elif suffix in DOCLING_SUFFIXES:
+        yield from _parse_with_docling(path)
+    else:
+        started = time.perf_counter()
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        yield ParsedPage(1, "text", text, time.perf_counter() - started, signals={"chars": len(text)})
+
+
+# --- PDF (pdfplumber) -------------------------------------------------------------------------------
+
+
+def _pdf_failure(path: Path, exc: Exception) -> DeadLetter:
+    from pdfminer.pdfdocument import PDFEncryptionError, PDFPasswordIncorrect
+    from pdfminer.psparser import PSEOF
+
+    cause = exc.args[0] if exc.args and isinstance(exc.args[0], Exception) else exc
+    if isinstance(cause, PDFPasswordIncorrect | PDFEncryptionError):
+        return DeadLetter("encrypted", "encrypted PDF and no (or a wrong) password in its sidecar metadata")
+    with path.open("rb") as handle:
+        handle.seek(max(0, path.stat().st_size - 2048))
+        has_eof_marker = b"%%EOF" in handle.read()
+    if isinstance(cause, PSEOF) or not has_eof_marker:
+        return DeadLetter("truncated", f"file ends early ({type(cause).__name__}: {cause})")
+    return DeadLetter("corrupt", f"{type(cause).__name__}: {cause}")
+
+
+def _cell(value: Any) -> str:
+    return " ".join(str(value or "").split()).replace("|", "\\|")
+
+
+def table_to_markdown(rows: list[list[Any]]) -> str:
+    """Rows (first row = header) -> a Markdown table; ragged rows are padded."""
+    rows = [r for r in rows if any(c not in (None, "") for c in r)]
+    if not rows:
+        return ""
+    width = max(len(r) for r in rows)
+    padded = [[_cell(c) for c in r] + [""] * (width - len(r)) for r in rows]
+    lines = ["| " + " | ".join(padded[0]) + " |", "|" + "---|" * width]
+    lines += ["| " + " | ".join(r) + " |" for r in padded[1:]]
+    return "\n".join(lines)
+
+
+def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
+    tables = page.find_tables()
+    boxes = [t.bbox for t in tables]
+
+    def outside_tables(obj: dict[str, Any]) -> bool:
+        if "x0" not in obj:
+            return True
+        cx, cy = (obj["x0"] + obj["x1"]) / 2, (obj["top"] + obj["bottom"]) / 2
+        return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
+
+    text_page = page.filter(outside_tables) if boxes else page
+    text = text_page.extract_text() or ""
+    table_markdown = [md for md in (table_to_markdown(t.extract()) for t in tables) if md]
+    markdown = "\n\n".join(part for part in [text.strip(), *table_markdown] if part)
+    signals = {
+        "chars": len(page.chars),
+        "text_layer": bool(page.chars),
+        "cid_glyphs": len(CID_GLYPH_RE.findall(text)),
+        "replacement_glyphs": text.count("\ufffd"),
+        "images": len(page.images),
+        "rotation": int(page.rotation or 0),
+    }
+    return markdown, len(table_markdown), signals
+
+
+def _parse_pdf(path: Path, password: str | None) -> Iterator[ParsedPage]:
+    import pdfplumber
+    from pdfplumber.utils.exceptions import PdfminerException
+
+    try:
+        pdf = pdfplumber.open(path, password=password or "")
+    except PdfminerException as exc:
+        raise _pdf_failure(path, exc) from exc
+    except Exception as exc:  # pdfminer raises a wide variety on malformed input
+        raise _pdf_failure(path, exc) from exc
+    with pdf:
+        try:
+            page_count = len(pdf.pages)
+        except Exception as exc:
+            raise _pdf_failure(path, exc) from exc
+        for number in range(page_count):
+            started = time.perf_counter()
+            try:
+                page = pdf.pages[number]
+                markdown, tables, signals = _pdf_page(page)
+                page.close()  # drop pdfplumber's per-page caches: bounded memory on long files
+            except Exception as exc:
+                raise _pdf_failure(path, exc) from exc
+            yield ParsedPage(number + 1, "pdfplumber", markdown, time.perf_counter() - started, tables, signals)
+
+
+# --- Office, HTML, Markdown (Docling) ---------------------------------------------------------------
+
+_converter_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _docling_converter() -> Any:
+    from docling.datamodel.base_models import InputFormat
+    from docling.document_converter import DocumentConverter
+
+    # PDFs never reach Docling here: its PDF pipeline needs layout-model weights (the cascade issue adds it).
+    return DocumentConverter(
+        allowed_formats=[InputFormat.DOCX, InputFormat.PPTX, InputFormat.XLSX, InputFormat.HTML, InputFormat.MD]
+    )
+
+
+def _parse_with_docling(path: Path) -> Iterator[ParsedPage]:
+    from docling.datamodel.base_models import ConversionStatus
+
+    started = time.perf_counter()
+    with _converter_lock:  # the converter is shared; Docling does not promise thread safety
+        try:
+            result = _docling_converter().convert(path, raises_on_error=False)
+        except Exception as exc:
+            raise DeadLetter("corrupt", f"{type(exc).__name__}: {exc}") from exc
+    if result.status not in (ConversionStatus.SUCCESS, ConversionStatus.PARTIAL_SUCCESS):
+        errors = "; ".join(e.error_message for e in result.errors) or str(result.status)
+        raise DeadLetter("corrupt", errors)
+    document = result.document
+    elapsed = time.perf_counter() - started
+    page_numbers = sorted(document.pages) or [None]
+    per_page = elapsed / len(page_numbers)
+    for number in page_numbers:
+        markdown = document.export_to_markdown(page_no=number) if number else document.export_to_markdown()
+        yield ParsedPage(
+            page=number or 1,
+            tier="docling",
+            markdown=markdown,
+            seconds=per_page,
+            tables=len(TABLE_SEPARATOR_RE.findall(markdown)),
+            signals={"chars": len(markdown), "format": path.suffix.lower().lstrip(".")},
+        )
