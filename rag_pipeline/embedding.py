@@ -95,7 +95,8 @@ class Embedder:
             raise _load_error(model, exc) from exc
         self.model = model
         self.batch_size = batch_size
-        self.dimensions = int(self._model.get_sentence_embedding_dimension())
+        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dimensions = int(dimension())
         self.max_seq_length = int(self._model.max_seq_length)
         prompts = {k: v for k, v in (self._model.prompts or {}).items() if v}
         self._document_prompt = next((k for k in ("document", "passage") if k in prompts), None)

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from rag_pipeline.config import Settings
+from rag_pipeline.database import sqlalchemy_url
 
 
 def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
@@ -16,7 +17,7 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     config = {
-        "storage": {"postgres": {"postgres_url": dagster_url}},
+        "storage": {"postgres": {"postgres_url": sqlalchemy_url(dagster_url)}},
         "telemetry": {"enabled": False},
         "run_queue": {"max_concurrent_runs": 4},
     }

@@ -1,0 +1,50 @@
+# The two commands a newcomer needs: `make run` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+# Model weights come from local folders or packages; never wait on an unreachable hub.
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install run test ingest ui stop benchmark lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned to the CPU build: otherwise a dependency may pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make run: start Postgres, ingest the sample corpus through Dagster, then serve the UI on 127.0.0.1:3000
+run: install
+	$(BIN)/rag-pipeline db start
+	$(BIN)/rag-pipeline ingest
+	$(BIN)/rag-pipeline ui
+
+## make test: the whole test suite (starts its own embedded Postgres)
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+ingest: install
+	$(BIN)/rag-pipeline ingest
+
+ui: install
+	$(BIN)/rag-pipeline ui
+
+stop: install
+	$(BIN)/rag-pipeline db stop
+
+benchmark: install
+	$(BIN)/python benchmarks/ingest_benchmark.py
+
+lint: install
+	$(BIN)/ruff check rag_pipeline rag_pipeline_tests scripts benchmarks
+
+clean:
+	-$(BIN)/rag-pipeline db stop
+	rm -rf .rag_data

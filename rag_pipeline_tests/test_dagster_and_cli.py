@@ -1,0 +1,138 @@
+"""The code location loads, and the CLI runs the job against a real Postgres-backed Dagster instance
+whose runs and materializations the webserver (the UI) then serves."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance
+
+from rag_pipeline.database import ensure_database
+from rag_pipeline.definitions import build_definitions
+from rag_pipeline.defs.ingestion import ingestion_assets
+
+REPO = Path(__file__).resolve().parent.parent
+ASSET_NAMES = ["source_documents", "parsed_documents", "document_chunks", "search_index"]
+
+
+def test_definitions_load_from_the_workspace_module(make_settings):
+    import rag_pipeline.definitions as module
+
+    assert module.defs.resolve_job_def("ingest") is not None
+    defs = build_definitions(make_settings())
+    keys = {key for assets in ingestion_assets for key in assets.keys}
+    assert keys == {AssetKey(name) for name in ASSET_NAMES}
+    schedule = defs.resolve_schedule_def("incremental_refresh")
+    assert schedule.cron_schedule == "0 * * * *"
+    workspace = yaml.safe_load((REPO / "workspace.yaml").read_text())
+    assert workspace["load_from"][0]["python_module"]["module_name"] == "rag_pipeline.definitions"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _graphql(port: int, query: str) -> dict:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def cli_env(tmp_path, db_url, pg_admin_url):
+    dagster_db = f"dagster_{tmp_path.name[-8:].replace('-', '_')}"
+    ensure_database(pg_admin_url, dagster_db)
+    env = dict(os.environ)
+    env.update(
+        RAG_DATABASE_URL=db_url,
+        RAG_DAGSTER_DATABASE_URL=psycopg.conninfo.make_conninfo(pg_admin_url, dbname=dagster_db),
+        RAG_DATA_DIR=str(tmp_path / "data"),
+        DAGSTER_HOME=str(tmp_path / "dagster_home"),
+        RAG_CONFIG=str(REPO / "rag_pipeline.yaml"),
+        HF_HUB_OFFLINE="1",
+    )
+    return env
+
+
+def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
+    cli = [sys.executable, "-m", "rag_pipeline.cli"]
+    first = subprocess.run(
+        [*cli, "ingest", "--source", f"sample={corpus}", "--labels", "staff", "--json"],
+        env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads(first.stdout)
+    for key in ("documents_seen", "parsed", "unchanged", "deleted", "dead_lettered", "chunks_written",
+                "vectors_embedded", "vectors_reused"):
+        assert key in summary
+    assert summary["parsed"] == 5 and summary["vectors_embedded"] == summary["chunks_written"] > 0
+
+    second = subprocess.run(
+        [*cli, "ingest", "--source", f"sample={corpus}", "--labels", "staff", "--json"],
+        env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    again = json.loads(second.stdout)
+    assert again["parsed"] == 0 and again["vectors_embedded"] == 0 and again["unchanged"] == 7
+
+    found = subprocess.run(
+        [*cli, "search", "battery life of the warehouse robot", "--labels", "staff", "-k", "3", "--json"],
+        env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    hits = json.loads(found.stdout)
+    assert hits and hits[0]["path"] == "products/nw200-faq.html"
+    assert {"chunk_id", "doc_id", "path", "page_start", "page_end", "score", "text"} <= set(hits[0])
+    no_labels = subprocess.run([*cli, "search", "battery"], env=cli_env, capture_output=True, text=True)
+    assert no_labels.returncode != 0 and "--labels" in no_labels.stderr
+
+    # The runs live in Dagster's Postgres storage: the same instance the UI reads.
+    os.environ["DAGSTER_HOME"] = cli_env["DAGSTER_HOME"]
+    try:
+        with DagsterInstance.get() as instance:
+            runs = instance.get_runs()
+            assert [run.job_name for run in runs] == ["ingest", "ingest"]
+            assert "postgres" in type(instance.run_storage).__module__
+    finally:
+        del os.environ["DAGSTER_HOME"]
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dagster_webserver", "-h", "127.0.0.1", "-p", str(port), "-w",
+         str(REPO / "workspace.yaml")],
+        env=cli_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "webserver did not come up"
+                time.sleep(1)
+        result = _graphql(
+            port,
+            "{ assetsOrError { ... on AssetConnection { nodes { key { path } "
+            "assetMaterializations(limit: 1) { runId } } } } }",
+        )
+        nodes = {tuple(n["key"]["path"]): n for n in result["data"]["assetsOrError"]["nodes"]}
+        for name in ASSET_NAMES:
+            assert nodes[(name,)]["assetMaterializations"], name
+        latest_runs = {nodes[(name,)]["assetMaterializations"][0]["runId"] for name in ASSET_NAMES}
+        assert latest_runs == {again["run_id"]}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,0 +1,77 @@
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from rag_pipeline import store
+from rag_pipeline.database import DatabaseError, EmbeddedPostgres, migrate
+
+
+def test_migrations_apply_once_and_refuse_edits(db_url, tmp_path):
+    with psycopg.connect(db_url) as conn:
+        applied = [r[0] for r in conn.execute("SELECT version FROM schema_migrations").fetchall()]
+    assert applied == ["001_init.sql"]
+    assert migrate(db_url) == []  # already applied: nothing happens
+    edited = tmp_path / "sql"
+    edited.mkdir()
+    original = Path(__file__).resolve().parent.parent / "sql" / "001_init.sql"
+    (edited / "001_init.sql").write_text(original.read_text() + "\n-- edited\n")
+    with pytest.raises(DatabaseError, match="changed after it was applied"):
+        migrate(db_url, edited)
+    (edited / "001_init.sql").write_text(original.read_text())
+    (edited / "002_extra.sql").write_text("CREATE TABLE extra_things (id int);")
+    assert migrate(db_url, edited) == ["002_extra.sql"]
+    assert migrate(db_url, edited) == []
+
+
+def test_schema_has_pgvector_and_the_version_table_indexes(db):
+    version = db.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
+    assert tuple(int(p) for p in version.split(".")[:2]) >= (0, 8)
+    with db.transaction():
+        created = store.ensure_active_version(db, "m", "/m", 8, "c1", "p1")
+        again = store.ensure_active_version(db, "m", "/m", 8, "c1", "p1")
+    assert created.version_id == again.version_id and created.status == "active"
+    indexes = dict(
+        db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (created.table_name,)).fetchall()
+    )
+    defs = " ".join(indexes.values())
+    assert "USING hnsw (embedding halfvec_cosine_ops)" in defs
+    assert "USING gin (tsv)" in defs and "USING gin (acl_labels)" in defs
+    column_type = db.execute(
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'embedding'",
+        (created.table_name,),
+    ).fetchone()[0]
+    assert column_type == "halfvec(8)"
+    # The alias view follows the active version.
+    assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == 0
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.execute(
+            "INSERT INTO index_versions (table_name, embedding_model, dimensions, chunker_version, parser_version,"
+            " status) VALUES ('x', 'm', 8, 'c', 'p', 'active')"
+        )
+
+
+def test_embedded_server_lifecycle_through_the_cli():
+    workdir = Path(tempfile.mkdtemp(prefix="ragdb-"))
+    env = {"RAG_DATA_DIR": str(workdir), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    cli = [sys.executable, "-m", "rag_pipeline.cli"]
+    try:
+        status = subprocess.run([*cli, "db", "status"], env=env, capture_output=True, text=True, cwd=workdir)
+        assert status.returncode == 3 and '"running": false' in status.stdout
+        for _ in range(2):  # starting is idempotent
+            started = subprocess.run([*cli, "db", "start"], env=env, capture_output=True, text=True, cwd=workdir)
+            assert started.returncode == 0, started.stderr
+        url = subprocess.run([*cli, "db", "url"], env=env, capture_output=True, text=True, cwd=workdir).stdout.strip()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == 1
+        assert EmbeddedPostgres(workdir / "pg").is_running()
+        stopped = subprocess.run([*cli, "db", "stop"], env=env, capture_output=True, text=True, cwd=workdir)
+        assert stopped.stdout.strip() == "stopped"
+        assert not EmbeddedPostgres(workdir / "pg").is_running()
+    finally:
+        EmbeddedPostgres(workdir / "pg").stop()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,187 @@
+"""End to end through Dagster on the real database and model: incremental by construction."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+from psycopg import sql
+
+from rag_pipeline import store
+from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline.sources import doc_id_for
+
+
+@pytest.fixture(scope="module")
+def instance():
+    with DagsterInstance.ephemeral() as ephemeral:
+        yield ephemeral
+
+
+@pytest.fixture
+def ingest(make_settings, corpus, instance):
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+
+    def run() -> dict:
+        summary = run_ingest(settings, instance=instance)
+        assert summary["success"], summary.get("errors")
+        return summary
+
+    return run
+
+
+def _active_table(db) -> sql.Identifier:
+    return sql.Identifier(store.active_version(db).table_name)
+
+
+def _index_rows(db, rel_path: str | None = None, columns: str = "doc_id, chunk_id, acl_labels, embedding_input_sha"):
+    query = sql.SQL("SELECT {} FROM {} WHERE %(all)s OR doc_id = %(doc_id)s ORDER BY ordinal").format(
+        sql.SQL(columns), _active_table(db)
+    )
+    doc_id = doc_id_for("sample", rel_path) if rel_path else ""
+    return db.execute(query, {"all": rel_path is None, "doc_id": doc_id}).fetchall()
+
+
+def _doc(db, rel_path: str) -> dict:
+    row = db.execute(
+        "SELECT status, content_hash, indexed_at, parsed_at FROM documents WHERE doc_id = %s",
+        (doc_id_for("sample", rel_path),),
+    ).fetchone()
+    return dict(zip(("status", "content_hash", "indexed_at", "parsed_at"), row)) if row else {}
+
+
+def test_first_ingest_then_noop(ingest, db):
+    first = ingest()
+    assert first["documents_seen"] == 7
+    assert first["new"] == 7
+    assert first["held_no_labels"] == 1  # drafts/unreviewed-notes.md: its sidecar gives it no labels
+    assert first["parsed"] == 5
+    assert first["dead_lettered"] == 1 and first["dead_letter_reasons"] == {"truncated": 1}
+    assert first["chunks_written"] > 5
+    assert first["vectors_embedded"] == first["chunks_written"]
+    assert first["vectors_reused"] == 0
+
+    rows = _index_rows(db)
+    assert len(rows) == first["chunks_written"]
+    assert all(labels for _, _, labels, _ in rows)
+    assert {tuple(r[2]) for r in _index_rows(db, "finance/q3-report.pdf")} == {("finance",)}
+    assert _index_rows(db, "drafts/unreviewed-notes.md") == []
+    assert _doc(db, "drafts/unreviewed-notes.md")["status"] == "held_no_labels"
+    assert db.execute("SELECT count(*) FROM chunks c JOIN documents d USING (doc_id) WHERE d.status <> 'indexed'"
+                      ).fetchone()[0] == 0
+    dead = store.dead_letter_summary(db)
+    assert [(d["rel_path"], d["reason"]) for d in dead] == [("legacy/scanned-contract.pdf", "truncated")]
+
+    second = ingest()
+    assert second["documents_seen"] == 7 and second["unchanged"] == 7
+    for key in ("new", "changed", "deleted", "parsed", "dead_lettered", "chunks_written", "vectors_embedded",
+                "vectors_reused", "content_unchanged"):
+        assert second[key] == 0, key
+
+
+def test_touch_without_content_change_skips_chunking_and_embedding(ingest, db, corpus):
+    ingest()
+    before = _doc(db, "handbook/security-policy.pdf")
+    path = corpus / "handbook" / "security-policy.pdf"
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5 * 10**9))
+    summary = ingest()
+    assert summary["changed"] == 1
+    assert summary["content_unchanged"] == 1 and summary["parsed"] == 0
+    assert summary["chunks_written"] == 0 and summary["vectors_embedded"] == 0
+    after = _doc(db, "handbook/security-policy.pdf")
+    assert after["status"] == "indexed" and after["content_hash"] == before["content_hash"]
+    assert after["indexed_at"] == before["indexed_at"]
+
+
+def test_editing_one_file_reprocesses_only_it(ingest, db, corpus):
+    ingest()
+    untouched = {p: _doc(db, p) for p in ("handbook/security-policy.pdf", "products/nw200-faq.html")}
+    rows_before = _index_rows(db, "handbook/travel-policy.md")
+    path = corpus / "handbook" / "travel-policy.md"
+    path.write_text(path.read_text().replace("within 30 days", "within 45 days"))
+    summary = ingest()
+    assert summary["changed"] == 1 and summary["parsed"] == 1
+    # Only chunks whose embedding input changed are embedded; the rest come from the cache.
+    assert 1 <= summary["vectors_embedded"] < len(rows_before)
+    assert summary["vectors_reused"] >= 1
+    rows_after = _index_rows(db, "handbook/travel-policy.md")
+    assert len(rows_after) == len(rows_before)
+    texts = [r[0] for r in _index_rows(db, "handbook/travel-policy.md", columns="text")]
+    assert any("within 45 days" in t for t in texts) and not any("within 30 days" in t for t in texts)
+    for rel_path, before in untouched.items():
+        assert _doc(db, rel_path)["parsed_at"] == before["parsed_at"]
+        assert _doc(db, rel_path)["indexed_at"] == before["indexed_at"]
+
+
+def test_deleting_a_file_removes_its_rows_everywhere(ingest, db, corpus):
+    ingest()
+    doc_id = doc_id_for("sample", "products/nw200-faq.html")
+    assert _index_rows(db, "products/nw200-faq.html")
+    (corpus / "products" / "nw200-faq.html").unlink()
+    summary = ingest()
+    assert summary["deleted"] == 1 and summary["documents_seen"] == 6
+    for table in ("documents", "document_pages", "chunks", store.active_version(db).table_name):
+        query = sql.SQL("SELECT count(*) FROM {} WHERE doc_id = %s").format(sql.Identifier(table))
+        assert db.execute(query, (doc_id,)).fetchone()[0] == 0, table
+    logged = db.execute("SELECT source, rel_path FROM deletion_log WHERE doc_id = %s", (doc_id,)).fetchall()
+    assert logged == [("sample", "products/nw200-faq.html")]
+
+
+def test_acl_changes_update_labels_without_reembedding(ingest, db, corpus):
+    ingest()
+    sidecar = corpus / "handbook" / "travel-policy.md.meta.json"
+    sidecar.write_text(json.dumps({"acl_labels": ["staff", "contractors"]}))
+    summary = ingest()
+    assert summary["relabelled"] == 1
+    assert summary["parsed"] == 0 and summary["vectors_embedded"] == 0
+    assert {tuple(r[2]) for r in _index_rows(db, "handbook/travel-policy.md")} == {("staff", "contractors")}
+
+    sidecar.write_text(json.dumps({"acl_labels": []}))  # nobody may read it now: held back, rows gone
+    summary = ingest()
+    assert summary["held_no_labels"] == 1
+    assert _index_rows(db, "handbook/travel-policy.md") == []
+    assert _doc(db, "handbook/travel-policy.md")["status"] == "held_no_labels"
+
+    sidecar.unlink()  # back to the source's default labels: indexed again, vectors from the cache
+    summary = ingest()
+    assert summary["changed"] == 1 and summary["parsed"] == 1
+    assert summary["vectors_embedded"] == 0 and summary["vectors_reused"] > 0
+    assert {tuple(r[2]) for r in _index_rows(db, "handbook/travel-policy.md")} == {("staff",)}
+
+
+def test_dead_letter_is_retried_when_the_file_changes(ingest, db, corpus):
+    ingest()
+    broken = corpus / "legacy" / "scanned-contract.pdf"
+    assert _doc(db, "legacy/scanned-contract.pdf")["status"] == "dead_letter"
+    assert ingest()["dead_lettered"] == 0  # unchanged: not retried
+    shutil.copy(corpus / "finance" / "q3-report.pdf", broken)
+    summary = ingest()
+    assert summary["parsed"] == 1 and summary["dead_lettered"] == 0
+    assert _doc(db, "legacy/scanned-contract.pdf")["status"] == "indexed"
+    assert store.dead_letter_summary(db) == []
+
+
+def test_a_missing_source_root_deletes_nothing(make_settings, corpus, instance, db):
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+    run_ingest(settings, instance=instance)
+    count = db.execute("SELECT count(*) FROM documents").fetchone()[0]
+    moved = Path(str(corpus) + "-unmounted")
+    corpus.rename(moved)
+    summary = run_ingest(settings, instance=instance)
+    assert summary["success"] and summary["deleted"] == 0
+    assert summary["problems"] and "missing" in summary["problems"][0]["problem"]
+    assert db.execute("SELECT count(*) FROM documents").fetchone()[0] == count
+
+
+def test_cli_style_sources_and_labels(make_settings, tmp_path, instance, db):
+    folder = tmp_path / "adhoc"
+    folder.mkdir()
+    (folder / "note.md").write_text("# Note\nThe quarterly offsite is in Annecy this year.")
+    settings = make_settings()
+    summary = run_ingest(settings, sources=[f"adhoc={folder}"], labels=["ops"], instance=instance)
+    assert summary["success"] and summary["parsed"] == 1
+    labels = db.execute(sql.SQL("SELECT DISTINCT acl_labels FROM {}").format(_active_table(db))).fetchall()
+    assert labels == [(["ops"],)]

@@ -1,0 +1,82 @@
+from pathlib import Path
+
+import pytest
+
+from rag_pipeline.parsing import DeadLetter, parse_file, table_to_markdown
+from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
+
+TORTURE_DOCS = TORTURE / "docs"
+needs_torture = pytest.mark.skipif(not TORTURE_DOCS.exists(), reason="shared/torture is not beside the checkout")
+
+
+def test_pdf_pages_text_and_tables():
+    pages = list(parse_file(SAMPLE_CORPUS / "finance" / "q3-report.pdf"))
+    assert [p.page for p in pages] == [1, 2]
+    assert all(p.tier == "pdfplumber" for p in pages)
+    first = pages[0]
+    assert first.tables == 1
+    assert "| Segment | Q2 revenue (EUR m) | Q3 revenue (EUR m) | Change |" in first.markdown
+    assert "| Welding arms | 28.4 | 26.1 | -8% |" in first.markdown
+    assert first.signals["text_layer"] is True and first.signals["cid_glyphs"] == 0
+    assert "Outlook" in pages[1].markdown
+
+
+def test_table_markdown_pads_and_escapes():
+    md = table_to_markdown([["a", "b|c"], ["1"], [None, None]])
+    assert md.splitlines() == ["| a | b\\|c |", "|---|---|", "| 1 |  |"]
+
+
+def test_docling_formats():
+    docx = list(parse_file(SAMPLE_CORPUS / "handbook" / "onboarding-guide.docx"))
+    assert len(docx) == 1 and docx[0].tier == "docling"
+    assert "Safety equipment" in docx[0].markdown and "| Payroll" in docx[0].markdown
+    html = list(parse_file(SAMPLE_CORPUS / "products" / "nw200-faq.html"))
+    assert "nine hours" in html[0].markdown and html[0].markdown.count("## ") == 3
+
+
+def test_dead_letter_reasons(tmp_path):
+    empty = tmp_path / "empty.pdf"
+    empty.write_bytes(b"")
+    unsupported = tmp_path / "archive.zip"
+    unsupported.write_bytes(b"PK")
+    garbage = tmp_path / "garbage.pdf"
+    garbage.write_bytes(b"this is not a pdf at all, but it ends like one %%EOF")
+    expected = {
+        empty: "empty",
+        unsupported: "unsupported",
+        SAMPLE_CORPUS / "legacy" / "scanned-contract.pdf": "truncated",
+        garbage: "corrupt",
+    }
+    for path, reason in expected.items():
+        with pytest.raises(DeadLetter) as caught:
+            list(parse_file(path))
+        assert caught.value.reason == reason, path
+
+
+@needs_torture
+def test_torture_encrypted_and_broken_files():
+    encrypted = TORTURE_DOCS / "camelot_health_protected_encrypted.pdf"
+    with pytest.raises(DeadLetter) as caught:
+        list(parse_file(encrypted))
+    assert caught.value.reason == "encrypted"
+    pages = list(parse_file(encrypted, password="userpass"))
+    assert pages and any(p.markdown.strip() for p in pages)
+    for name, reason in [("pdfplumber_empty_0byte.pdf", "empty"), ("derived_fedreg_truncated40pct.pdf", "truncated")]:
+        with pytest.raises(DeadLetter) as caught:
+            list(parse_file(TORTURE_DOCS / name))
+        assert caught.value.reason == reason
+
+
+@needs_torture
+def test_torture_office_formats_parse():
+    pptx = list(parse_file(TORTURE_DOCS / "docling_powerpoint_sample.pptx"))
+    assert [p.page for p in pptx] == [1, 2, 3]
+    xlsx = list(parse_file(TORTURE_DOCS / "docling_xlsx_01.xlsx"))
+    assert len(xlsx) == 4 and sum(p.tables for p in xlsx) >= 1
+
+
+def test_text_files(tmp_path: Path):
+    path = tmp_path / "notes.txt"
+    path.write_bytes("caf\xe9 ok".encode("latin-1"))
+    (page,) = parse_file(path)
+    assert page.tier == "text" and page.markdown.startswith("caf")

@@ -1,0 +1,96 @@
+"""Hybrid search on the real index: ACL inside the SQL, no unlabelled path, filtered HNSW still fills k."""
+
+import pytest
+from dagster import DagsterInstance
+from psycopg import sql
+
+from rag_pipeline import store
+from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline.retrieval import SearchError, search
+
+
+@pytest.fixture
+def indexed(make_settings, corpus, db):
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    return db
+
+
+QUERIES = [
+    "how long does the robot battery last",
+    "revenue of the welding arm business last quarter",
+    "what do I do if my laptop is stolen",
+    "hotel budget when travelling to London",
+    "who do I contact about payroll",
+]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "sparse"])
+def test_results_never_leave_the_callers_labels(indexed, mode):
+    doc_labels = dict(indexed.execute("SELECT doc_id, acl_labels FROM documents").fetchall())
+    for labels in (["staff"], ["finance"], ["staff", "finance"], ["nobody"]):
+        for query in QUERIES:
+            for hit in search(indexed, query, labels, k=20, mode=mode):
+                assert set(doc_labels[hit.doc_id]) & set(labels), (query, labels, hit.path)
+
+
+def test_labels_decide_what_is_visible(indexed):
+    query = "revenue of the welding arm business last quarter"
+    staff = search(indexed, query, "staff", k=20)
+    finance = search(indexed, query, "finance", k=5)
+    assert all(not hit.path.startswith("finance/") for hit in staff)
+    assert finance and finance[0].path == "finance/q3-report.pdf" and finance[0].page_start == 1
+    assert search(indexed, query, ["nobody"]) == []
+
+
+def test_hybrid_finds_the_answer_and_reports_both_ranks(indexed):
+    hits = search(indexed, "how long does the robot battery last", ["staff"], k=3)
+    assert hits[0].path == "products/nw200-faq.html"
+    assert "nine hours" in hits[0].text
+    assert hits[0].dense_rank is not None and hits[0].sparse_rank is not None
+    assert hits[0].score == pytest.approx(1 / (60 + hits[0].dense_rank) + 1 / (60 + hits[0].sparse_rank))
+    assert hits == sorted(hits, key=lambda h: -h.score)
+    assert hits[0].prefix.startswith("nw200-faq")  # contextual prefix returned apart from the text
+
+
+def test_there_is_no_unlabelled_search(indexed):
+    for labels in ([], "", " , ", None):
+        with pytest.raises(SearchError, match="labels"):
+            search(indexed, "battery", labels)
+    with pytest.raises(SearchError):
+        search(indexed, "battery", ["staff"], mode="magic")
+
+
+def test_filtered_dense_search_fills_k_when_few_chunks_match(indexed):
+    """10,000 chunks of which 2% carry a label: HNSW iterative scan must still return a full k."""
+    version = store.active_version(indexed)
+    table = sql.Identifier(version.table_name)
+    with indexed.transaction():
+        indexed.execute(
+            "INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels, status)"
+            " VALUES ('bulk', 'sample', 'bulk.md', 'f', 1, now(), '{staff}', 'indexed')"
+        )
+        indexed.execute(
+            sql.SQL(
+                """INSERT INTO {} (chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
+                                   content_type, acl_labels, embedding_input_sha, embedding)
+                   SELECT 'bulk-' || i, 'bulk', i, 'synthetic chunk ' || i, '', '', 1, 1, 'prose',
+                          CASE WHEN i %% 50 = 0 THEN ARRAY['rare'] ELSE ARRAY['staff'] END, md5(i::text),
+                          (SELECT array_agg(random() - 0.5) FROM generate_series(1, %s) WHERE i > 0)::halfvec
+                   FROM generate_series(1, 10000) AS i"""
+            ).format(table),
+            (version.dimensions,),
+        )
+    assert indexed.execute(sql.SQL("SELECT count(*) FROM {} WHERE 'rare' = ANY(acl_labels)").format(table)
+                           ).fetchone()[0] == 200
+    hits = search(indexed, "synthetic chunk", ["rare"], k=10, mode="dense")
+    assert len(hits) == 10
+    assert all(hit.chunk_id.startswith("bulk-") for hit in hits)
+    plan = "\n".join(
+        r[0] for r in indexed.execute(
+            sql.SQL("EXPLAIN SELECT chunk_id FROM {} ORDER BY embedding <=> %s::halfvec LIMIT 10").format(table),
+            ("[" + ",".join(["0.1"] * version.dimensions) + "]",),
+        ).fetchall()
+    )
+    assert "hnsw" in plan
