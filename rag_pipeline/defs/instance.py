@@ -76,13 +76,17 @@ def run_ingest(
     sources: list[str] | None = None,
     labels: list[str] | None = None,
     instance: Any = None,
+    log_level: str = "INFO",
 ) -> dict[str, Any]:
     """Run the `ingest` job through Dagster against `instance` (the prepared one by default)."""
     import dagster as dg
 
     from rag_pipeline.definitions import build_definitions
 
-    run_config = {"ops": {"source_documents": {"config": {"sources": sources or [], "labels": labels or []}}}}
+    run_config = {
+        "ops": {"source_documents": {"config": {"sources": sources or [], "labels": labels or []}}},
+        "loggers": {"console": {"config": {"log_level": log_level}}},
+    }
     job = build_definitions(settings).resolve_job_def("ingest")
     if instance is None:
         instance = dg.DagsterInstance.get()
