@@ -19,6 +19,11 @@ SECTION_SEPARATOR = " › "
 CHUNKER_FAMILY = "headings+recursive-tokens/1"
 
 
+def chunker_version(max_tokens: int, overlap_tokens: int) -> str:
+    """Recorded on every chunk and index version: changing size or overlap re-chunks, and nothing else does."""
+    return f"{CHUNKER_FAMILY};max={max_tokens};overlap={overlap_tokens}"
+
+
 @dataclass(frozen=True)
 class Chunk:
     chunk_id: str
@@ -43,27 +48,27 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
     """Cut pages at Markdown headings; the heading stack carries across pages."""
     stack: list[tuple[int, str]] = []
     sections: list[Section] = []
+
+    def close(page: int, lines: list[str]) -> None:
+        body = "\n".join(lines).strip()
+        if body:
+            sections.append(Section(page, tuple(title for _, title in stack), body))
+        lines.clear()
+
     for page, text in pages:
-        buffer: list[str] = []
-
-        def flush() -> None:
-            body = "\n".join(buffer).strip()
-            if body:
-                sections.append(Section(page, tuple(title for _, title in stack), body))
-            buffer.clear()
-
+        lines: list[str] = []
         for line in text.split("\n"):
             heading = HEADING_RE.match(line)
+            # A heading directly followed by a sub-heading stays with it: no heading-only sections.
+            if heading and any(kept.strip() and not HEADING_RE.match(kept) for kept in lines):
+                close(page, lines)
             if heading:
-                # A heading directly followed by a sub-heading stays with it: no heading-only chunks.
-                if any(line.strip() and not HEADING_RE.match(line) for line in buffer):
-                    flush()
                 level = len(heading.group(1))
                 while stack and stack[-1][0] >= level:
                     stack.pop()
                 stack.append((level, heading.group(2).strip()))
-            buffer.append(line)
-        flush()
+            lines.append(line)
+        close(page, lines)
     return sections
 
 
@@ -93,8 +98,7 @@ class Chunker:
 
     @property
     def version(self) -> str:
-        # Part of every chunk and index version: changing size or overlap re-chunks, and nothing else does.
-        return f"{CHUNKER_FAMILY};max={self.max_tokens};overlap={self.overlap_tokens}"
+        return chunker_version(self.max_tokens, self.overlap_tokens)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.tokenize(text))

@@ -79,6 +79,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  {key:<18} {summary[key]}")
         for reason, count in sorted(summary["dead_letter_reasons"].items()):
             print(f"  dead letter: {reason:<10} {count}")
+        _print_attention_list(settings)
         for problem in summary["problems"]:
             print(f"  skipped {problem['source']}:{problem['path']}: {problem['problem']}")
         seconds = summary["seconds"]
@@ -86,6 +87,23 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         for error in summary.get("errors", []):
             print(f"  error: {error}", file=sys.stderr)
     return 0 if summary["success"] else 1
+
+
+def _print_attention_list(settings: Settings, limit: int = 20) -> None:
+    """Documents a person should look at: held back for missing labels, or dead-lettered."""
+    from rag_pipeline import store
+    from rag_pipeline.database import connect, resolve_urls
+
+    with connect(resolve_urls(settings).index) as conn:
+        held = store.held_documents(conn)
+        dead = store.dead_letter_summary(conn)
+    for source, rel_path in held[:limit]:
+        print(f"  held (no ACL labels): {source}:{rel_path}")
+    for entry in dead[:limit]:
+        print(f"  dead letter ({entry['reason']}): {entry['source']}:{entry['rel_path']}")
+    hidden = max(0, len(held) - limit) + max(0, len(dead) - limit)
+    if hidden:
+        print(f"  ... and {hidden} more (see the parsed_documents asset in the UI)")
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:

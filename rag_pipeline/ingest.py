@@ -19,9 +19,10 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
+import psycopg
 
 from rag_pipeline import store
-from rag_pipeline.chunking import Chunker, template_prefix, truncate_to_tokens
+from rag_pipeline.chunking import Chunker, chunker_version, template_prefix, truncate_to_tokens
 from rag_pipeline.cleaning import clean_text, content_hash
 from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.database import connect
@@ -89,22 +90,38 @@ class IndexStats(StageStats):
 
 
 def prepare_index(db_url: str, settings: Settings) -> store.IndexVersion:
-    """The active index version, creating the first one for the configured model on a new database."""
+    """The active index version, creating the first one for the configured model on a new database.
+
+    The model is loaded only when a version must be created: a no-op refresh never pays for it.
+    """
+    with connect(db_url) as conn:
+        current = store.active_version(conn)
+    if current is not None:
+        return current
     model = resolve_model(settings.embedding.model)
     embedder = get_embedder(settings.embedding.model, settings.embedding.device, settings.embedding.batch_size)
-    chunker = build_chunker(settings, model.location)
     with connect(db_url) as conn, conn.transaction():
         return store.ensure_active_version(
-            conn, model.name, model.location, embedder.dimensions, chunker.version, parser_version()
+            conn, model.name, model.location, embedder.dimensions, current_chunker_version(settings, model.location),
+            parser_version(),
         )
 
 
-def build_chunker(settings: Settings, model_location: str) -> Chunker:
-    max_tokens = settings.chunking.max_tokens or (
-        # Two special tokens ([CLS]/[SEP]) and the contextual prefix share the model's window with the chunk.
+def chunk_size(settings: Settings, model_location: str) -> int:
+    # Two special tokens ([CLS]/[SEP]) and the contextual prefix share the model's window with the chunk.
+    return settings.chunking.max_tokens or (
         max_sequence_length(model_location) - 2 - settings.chunking.prefix_token_budget
     )
-    return Chunker(load_tokenizer(model_location), max_tokens, settings.chunking.overlap_tokens)
+
+
+def current_chunker_version(settings: Settings, model_location: str) -> str:
+    return chunker_version(chunk_size(settings, model_location), settings.chunking.overlap_tokens)
+
+
+def build_chunker(settings: Settings, model_location: str) -> Chunker:
+    return Chunker(
+        load_tokenizer(model_location), chunk_size(settings, model_location), settings.chunking.overlap_tokens
+    )
 
 
 # --- discover --------------------------------------------------------------------------------------
@@ -178,7 +195,7 @@ def parse_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
     return stats
 
 
-def _parse_one(conn: Any, doc: store.PendingDocument, source: SourceConfig, version: str, tiers: Counter) -> str:
+def _parse_one(conn: psycopg.Connection, doc: store.PendingDocument, source: SourceConfig, version: str, tiers: Counter) -> str:
     try:
         path = safe_join(source.root, doc.rel_path)
         password = document_password(source, doc.rel_path)
@@ -217,7 +234,7 @@ def _parse_one(conn: Any, doc: store.PendingDocument, source: SourceConfig, vers
     return "content_unchanged" if unchanged else "parsed"
 
 
-def _dead_letter(conn: Any, doc: store.PendingDocument, exc: DeadLetter) -> str:
+def _dead_letter(conn: psycopg.Connection, doc: store.PendingDocument, exc: DeadLetter) -> str:
     with conn.transaction():
         if store.claim(conn, doc.doc_id, "pending_parse", doc.fingerprint):
             store.dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
@@ -235,15 +252,17 @@ def chunk_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
     if active is None:
         raise RuntimeError("no active index version: prepare_index must run first")
     # Chunks are sized for the model that serves queries now.
-    chunker = build_chunker(settings, resolve_model(active.embedding_model).location)
-    stats = ChunkStats(chunker_version=chunker.version)
+    model_location = resolve_model(active.embedding_model).location
+    stats = ChunkStats(chunker_version=current_chunker_version(settings, model_location))
+    chunker: Chunker | None = None  # the tokenizer loads only when there is something to chunk
     budget = settings.chunking.prefix_token_budget
     with connect(db_url) as conn:
         with conn.transaction():
-            stats.requeued_for_new_chunker = store.requeue_for_chunker(conn, chunker.version)
+            stats.requeued_for_new_chunker = store.requeue_for_chunker(conn, stats.chunker_version)
         after = ""
         while batch := store.pending_documents(conn, "pending_chunk", settings.batch_size, after):
             conn.commit()
+            chunker = chunker or build_chunker(settings, model_location)
             for doc in batch:
                 with conn.transaction():
                     if not store.claim(conn, doc.doc_id, "pending_chunk"):
@@ -278,19 +297,13 @@ def index_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
     with connect(db_url) as conn:
         versions = store.writable_versions(conn)
         stats.versions = [f"v{v.version_id} ({v.status}, {v.embedding_model})" for v in versions]
-        embedders = {
-            v.version_id: get_embedder(v.embedding_model, settings.embedding.device, settings.embedding.batch_size)
-            for v in versions
-        }
         after = ""
         while batch := store.pending_documents(conn, "pending_index", settings.batch_size, after):
             after = batch[-1].doc_id
             chunks_by_doc = store.chunks_of(conn, [d.doc_id for d in batch])
             vectors_by_version: dict[int, dict[str, np.ndarray]] = {}
             for version in versions:
-                vectors_by_version[version.version_id] = _vectors_for(
-                    conn, version, embedders[version.version_id], chunks_by_doc, stats
-                )
+                vectors_by_version[version.version_id] = _vectors_for(conn, version, settings, chunks_by_doc, stats)
             conn.commit()
             for doc in batch:
                 if not doc.acl_labels:
@@ -322,9 +335,9 @@ def index_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
 
 
 def _vectors_for(
-    conn: Any,
+    conn: psycopg.Connection,
     version: store.IndexVersion,
-    embedder: Any,
+    settings: Settings,
     chunks_by_doc: dict[str, list[store.StoredChunk]],
     stats: IndexStats,
 ) -> dict[str, np.ndarray]:
@@ -334,6 +347,8 @@ def _vectors_for(
     stats.vectors_reused += len(vectors)
     missing = [sha for sha in inputs if sha not in vectors]
     if missing:
+        # Loaded on first use (then kept per process): a refresh whose inputs are all cached never loads it.
+        embedder = get_embedder(version.embedding_model, settings.embedding.device, settings.embedding.batch_size)
         fresh = embedder.embed_documents([inputs[sha] for sha in missing])
         new_vectors = dict(zip(missing, fresh, strict=True))
         with conn.transaction():

@@ -113,19 +113,18 @@ def search(
         raise SearchError("there is no active index version yet: run `rag-pipeline ingest` first")
     candidates = candidates or max(4 * k, 40)
 
-    vector = None
-    if mode != "sparse":
-        embedder = get_embedder(version.embedding_model, device=device)
-        vector = HalfVector(embedder.embed_query(query))
-    else:
+    if mode == "sparse":
         vector = HalfVector([0.0] * version.dimensions)  # unused: the dense list is switched off
+    else:
+        vector = HalfVector(get_embedder(version.embedding_model, device=device).embed_query(query))
 
     statement = sql.SQL(_SEARCH_SQL).format(table=sql.Identifier(version.table_name), tsquery=_OR_TSQUERY)
     with conn.transaction():
         # Iterative scan keeps filtered HNSW queries returning enough rows when few chunks match the labels.
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         conn.execute(
-            "SELECT set_config('hnsw.ef_search', %s, true)", (str(ef_search or max(2 * candidates, 100)),)
+            "SELECT set_config('hnsw.ef_search', %s, true)",  # pgvector accepts 1..1000
+            (str(min(1000, ef_search or max(2 * candidates, 100))),),
         )
         rows = conn.execute(
             statement,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,8 +44,6 @@ def upsert_source(conn: psycopg.Connection, source: SourceConfig) -> None:
 
 
 def registered_sources(conn: psycopg.Connection) -> list[SourceConfig]:
-    from pathlib import Path
-
     rows = conn.execute(
         "SELECT name, root, include_patterns, default_acl_labels, freshness_sla_seconds FROM sources ORDER BY name"
     ).fetchall()

@@ -80,6 +80,7 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
                 "vectors_embedded", "vectors_reused"):
         assert key in summary
     assert summary["parsed"] == 5 and summary["vectors_embedded"] == summary["chunks_written"] > 0
+    assert not (tmp_path / "data" / "pg").exists()  # RAG_DATABASE_URL set: nothing embedded was started
 
     second = subprocess.run(
         [*cli, "ingest", "--source", f"sample={corpus}", "--labels", "staff", "--json"],

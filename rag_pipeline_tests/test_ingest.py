@@ -49,7 +49,7 @@ def _doc(db, rel_path: str) -> dict:
         "SELECT status, content_hash, indexed_at, parsed_at FROM documents WHERE doc_id = %s",
         (doc_id_for("sample", rel_path),),
     ).fetchone()
-    return dict(zip(("status", "content_hash", "indexed_at", "parsed_at"), row)) if row else {}
+    return dict(zip(("status", "content_hash", "indexed_at", "parsed_at"), row, strict=True)) if row else {}
 
 
 def test_first_ingest_then_noop(ingest, db):
