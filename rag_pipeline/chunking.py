@@ -14,9 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 HEADING_RE = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+# Numbered sections as plain text: "Item 1A. Risk Factors", "3.2 Scope", "1. Purpose and scope".
+NUMBERED_HEADING_RE = re.compile(
+    r"^(?:(?P<item>Item\s+\d{1,2}[A-Z]?\.?)|(?P<num>\d{1,2}(?:\.\d{1,2}){0,4})\.?)\s+(?P<title>[A-Z][^.;:]{1,80})$"
+)
 TABLE_LINE_RE = re.compile(r"^\s*\|")
+TABLE_SEPARATOR_RE = re.compile(r"^\s*\|(?:\s*:?-{3,}:?\s*\|)+\s*$")
+LIST_LINE_RE = re.compile(r"^\s*(?:[-*•]|\d{1,3}[.)])\s+\S")
+CAPTION_RE = re.compile(r"^(?:Figure|Fig\.|Abbildung|Chart)\s*[\dIVX]+", re.IGNORECASE)
+TABLE_CAPTION_RE = re.compile(r"^(?:Table|Tabelle)\s*[\dIVX]", re.IGNORECASE)
 SECTION_SEPARATOR = " › "
-CHUNKER_FAMILY = "headings+recursive-tokens/1"
+CHUNKER_FAMILY = "structure+recursive-tokens/2"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:
@@ -58,24 +66,66 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
     for page, text in pages:
         lines: list[str] = []
         for line in text.split("\n"):
-            heading = HEADING_RE.match(line)
+            heading = _heading(line)
             # A heading directly followed by a sub-heading stays with it: no heading-only sections.
-            if heading and any(kept.strip() and not HEADING_RE.match(kept) for kept in lines):
+            if heading and any(kept.strip() and not _heading(kept) for kept in lines):
                 close(page, lines)
             if heading:
-                level = len(heading.group(1))
+                level, title = heading
                 while stack and stack[-1][0] >= level:
                     stack.pop()
-                stack.append((level, heading.group(2).strip()))
+                stack.append((level, title))
             lines.append(line)
         close(page, lines)
     return sections
 
 
+def _heading(line: str) -> tuple[int, str] | None:
+    """(level, title) for a Markdown heading or a numbered section line, else None."""
+    markdown = HEADING_RE.match(line)
+    if markdown:
+        title = markdown.group(2).strip()
+        numbered = NUMBERED_HEADING_RE.match(title)
+        if numbered and numbered.group("num"):  # "## 3.2 Scope": the numbering knows the depth better
+            return numbered.group("num").count(".") + 1, title
+        return len(markdown.group(1)), title
+    numbered = NUMBERED_HEADING_RE.match(line.strip())
+    if numbered and len(line.split()) <= 12:
+        depth = 1 if numbered.group("item") else numbered.group("num").count(".") + 1
+        return depth, line.strip()
+    return None
+
+
 def content_type_of(text: str) -> str:
-    lines = [line for line in text.split("\n") if line.strip()]
+    lines = [line for line in text.split("\n") if line.strip() and not _heading(line)]
+    if not lines:
+        return "heading"
     table_lines = sum(1 for line in lines if TABLE_LINE_RE.match(line))
-    return "table" if lines and table_lines / len(lines) >= 0.6 else "prose"
+    if table_lines / len(lines) >= 0.6:
+        return "table"
+    if len(lines) <= 3 and CAPTION_RE.match(lines[0].strip()):
+        return "figure_caption"
+    if sum(1 for line in lines if LIST_LINE_RE.match(line)) / len(lines) >= 0.6:
+        return "list"
+    return "prose"
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # "table" | "text"
+    text: str
+
+
+def blocks_of(text: str) -> list[Block]:
+    """Split a section into runs of Markdown table lines and runs of everything else."""
+    blocks: list[Block] = []
+    for line in text.split("\n"):
+        kind = "table" if TABLE_LINE_RE.match(line) else "text"
+        if blocks and blocks[-1].kind == kind:
+            blocks[-1] = Block(kind, blocks[-1].text + "\n" + line)
+        else:
+            blocks.append(Block(kind, line))
+    return [b for b in blocks if b.text.strip()]
 
 
 class Chunker:
@@ -103,15 +153,65 @@ class Chunker:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.tokenize(text))
 
+    def split_table(self, table: str, caption: str = "") -> list[str]:
+        """A table is atomic; one too large for a chunk is cut between rows, every piece repeating
+        the caption and the header row (and its separator) so that each piece stands alone."""
+        lines = [line for line in table.split("\n") if line.strip()]
+        has_header = len(lines) >= 2 and TABLE_SEPARATOR_RE.match(lines[1])
+        head = ([caption] if caption else []) + (lines[:2] if has_header else [])
+        rows = lines[2:] if has_header else lines
+        whole = "\n".join(head + rows)
+        if self.count_tokens(whole) <= self.max_tokens:
+            return [whole]
+        pieces: list[str] = []
+        current: list[str] = []
+        head_tokens = self.count_tokens("\n".join(head))
+        budget = self.max_tokens - head_tokens
+        if budget < 16:  # a header too wide to repeat: fall back to rows alone
+            head, budget = [], self.max_tokens
+        used = 0
+        for row in rows:
+            row_tokens = self.count_tokens(row) + 1
+            if current and used + row_tokens > budget:
+                pieces.append("\n".join(head + current))
+                current, used = [], 0
+            if row_tokens > budget:  # a single monstrous row: the token splitter is all that is left
+                pieces.extend("\n".join(head + [part]) for part in self._splitter.split_text(row))
+                continue
+            current.append(row)
+            used += row_tokens
+        if current:
+            pieces.append("\n".join(head + current))
+        return pieces
+
+    def _pieces(self, section_text: str) -> list[str]:
+        pieces: list[str] = []
+        blocks = blocks_of(section_text)
+        if len(blocks) > 1:
+            # Headings already travel in every chunk's section path and prefix: alone they are noise.
+            blocks = [b for b in blocks if b.kind == "table" or any(
+                line.strip() and not _heading(line) for line in b.text.split("\n"))] or blocks
+        for block in blocks:
+            if block.kind == "table":
+                caption = ""
+                if pieces and TABLE_CAPTION_RE.match(pieces[-1].split("\n")[-1].strip()):
+                    # The caption right above a table belongs to it (and to every piece of it).
+                    prose_lines = pieces[-1].split("\n")
+                    caption = prose_lines.pop().strip()
+                    pieces[-1] = "\n".join(prose_lines)
+                    if not pieces[-1].strip():
+                        pieces.pop()
+                pieces.extend(self.split_table(block.text, caption))
+            elif self.count_tokens(block.text) <= self.max_tokens:
+                pieces.append(block.text)
+            else:
+                pieces.extend(self._splitter.split_text(block.text))
+        return pieces
+
     def chunk(self, doc_id: str, pages: Sequence[tuple[int, str]]) -> list[Chunk]:
         chunks: list[Chunk] = []
         for section in sections_of(pages):
-            pieces = (
-                [section.text]
-                if self.count_tokens(section.text) <= self.max_tokens
-                else self._splitter.split_text(section.text)
-            )
-            for piece in pieces:
+            for piece in self._pieces(section.text):
                 piece = piece.strip()
                 if not piece:
                     continue

@@ -33,3 +33,84 @@ def content_hash(pages: Iterable[str]) -> str:
             digest.update(PAGE_SEPARATOR.encode())
         digest.update(page.encode("utf-8"))
     return digest.hexdigest()
+
+
+# --- page furniture -------------------------------------------------------------------------------
+
+EDGE_LINES = 8  # running headers/footers (and margin notes) live in the first/last lines of a page
+_DIGITS_RE = re.compile(r"\d+")
+_PAGE_NUMBER_RE = re.compile(
+    r"^(?:page\s+)?(?:\d{1,5}|[ivxlcdm]{1,7})(?:\s*(?:of|/)\s*\d{1,5})?$|^[-–—]\s*\d{1,5}\s*[-–—]$", re.IGNORECASE
+)
+_TOC_LEADER_RE = re.compile(r"^.*\S\s*(?:[.·]\s*){4,}\s*(?:\d{1,5}|[ivxlcdm]{1,7})\s*$", re.IGNORECASE)
+_HYPHEN_BREAK_RE = re.compile(r"(?<=[a-zà-öø-ÿ]{2})-\n(?=[a-zà-öø-ÿ]{2})")
+
+
+def _furniture_key(line: str) -> str:
+    """Lines equal up to their numbers (page numbers, dates) and spacing count as the same furniture."""
+    return " ".join(_DIGITS_RE.sub("0", line.lstrip("#")).lower().split())
+
+
+def _is_watermark(line: str) -> bool:
+    letters = [c for c in line if c.isalpha()]
+    return 0 < len(line) <= 40 and len(line.split()) <= 5 and len(letters) >= 4 and all(c.isupper() for c in letters)
+
+
+def clean_document(pages: list[str]) -> tuple[list[str], dict[str, int]]:
+    """Normalise every page, then strip what repeats across pages and is not content.
+
+    Returns the cleaned pages and the characters each rule removed. Markdown table rows are never
+    treated as furniture: a table continuing across pages repeats its header legitimately.
+    """
+    removed = dict.fromkeys(("normalisation", "running_header_footer", "page_number", "toc_leader", "watermark",
+                             "hyphenation"), 0)
+    normalised = [clean_text(page) for page in pages]
+    # Net characters removed by normalisation (NFKC can lengthen text, e.g. ligatures, so this may be < 0).
+    removed["normalisation"] = sum(len(a) for a in pages) - sum(len(b) for b in normalised)
+    page_lines = [page.split("\n") for page in normalised]
+
+    edge_counts: dict[str, int] = {}
+    watermark_counts: dict[str, int] = {}
+    def edge_size(lines: list[str]) -> int:
+        # Short pages have short margins: never let the "edge" reach into the body of a page.
+        return max(1, min(EDGE_LINES, len(lines) // 4))
+
+    for lines in page_lines:
+        edge = edge_size(lines)
+        edges = {_furniture_key(line) for line in lines[:edge] + lines[-edge:] if line.strip()}
+        for key in edges:
+            edge_counts[key] = edge_counts.get(key, 0) + 1
+        for key in {_furniture_key(line) for line in lines if _is_watermark(line)}:
+            watermark_counts[key] = watermark_counts.get(key, 0) + 1
+    page_count = len(pages)
+    # Repeated on at least 30% of pages (and on 3 of them), or on every page of a 2-3 page document.
+    needed = page_count if page_count < 4 else max(3, int(0.3 * page_count + 0.5))
+    running = {k for k, n in edge_counts.items() if n >= needed and page_count >= 2}
+    watermarks = {k for k, n in watermark_counts.items() if n >= needed and page_count >= 2}
+
+    cleaned: list[str] = []
+    for lines in page_lines:
+        kept: list[str] = []
+        edge = edge_size(lines)
+        for index, line in enumerate(lines):
+            at_edge = index < edge or index >= len(lines) - edge
+            rule = None
+            if line.lstrip().startswith("|"):
+                rule = None
+            elif at_edge and _furniture_key(line) in running:
+                rule = "running_header_footer"
+            elif at_edge and _PAGE_NUMBER_RE.match(line.lstrip("#").strip()):
+                rule = "page_number"
+            elif _TOC_LEADER_RE.match(line):
+                rule = "toc_leader"
+            elif _furniture_key(line) in watermarks and _is_watermark(line):
+                rule = "watermark"
+            if rule:
+                removed[rule] += len(line) + 1
+            else:
+                kept.append(line)
+        text = "\n".join(kept)
+        repaired = _HYPHEN_BREAK_RE.sub("", text)
+        removed["hyphenation"] += len(text) - len(repaired)
+        cleaned.append(clean_text(repaired))
+    return cleaned, removed

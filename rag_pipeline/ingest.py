@@ -23,7 +23,7 @@ import psycopg
 
 from rag_pipeline import store
 from rag_pipeline.chunking import Chunker, chunker_version, template_prefix, truncate_to_tokens
-from rag_pipeline.cleaning import clean_text, content_hash
+from rag_pipeline.cleaning import clean_document, content_hash
 from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.database import connect
 from rag_pipeline.embedding import get_embedder, input_sha, load_tokenizer, max_sequence_length, resolve_model
@@ -69,6 +69,7 @@ class ParseStats(StageStats):
     pages: int = 0
     tiers: dict[str, int] = field(default_factory=dict)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    chars_removed: dict[str, int] = field(default_factory=dict)  # by cleaning rule
 
 
 @dataclass
@@ -173,6 +174,7 @@ def parse_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
     stats = ParseStats()
     tiers: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
+    cleaning: Counter[str] = Counter()
     version = parser_version()
     with connect(db_url) as conn:
         roots = {s.name: s for s in store.registered_sources(conn)}
@@ -180,7 +182,7 @@ def parse_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
         while batch := store.pending_documents(conn, "pending_parse", settings.batch_size, after):
             conn.commit()
             for doc in batch:
-                outcome = _parse_one(conn, doc, roots[doc.source], version, tiers)
+                outcome = _parse_one(conn, doc, roots[doc.source], version, tiers, cleaning)
                 if outcome.startswith("dead_letter:"):
                     reasons[outcome.split(":", 1)[1]] += 1
                 else:
@@ -191,11 +193,19 @@ def parse_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
     stats.tiers = dict(tiers)
     stats.dead_letter_reasons = dict(reasons)
     stats.dead_lettered = sum(reasons.values())
+    stats.chars_removed = dict(cleaning)
     stats.seconds = time.perf_counter() - started
     return stats
 
 
-def _parse_one(conn: psycopg.Connection, doc: store.PendingDocument, source: SourceConfig, version: str, tiers: Counter) -> str:
+def _parse_one(
+    conn: psycopg.Connection,
+    doc: store.PendingDocument,
+    source: SourceConfig,
+    version: str,
+    tiers: Counter,
+    cleaning: Counter,
+) -> str:
     try:
         path = safe_join(source.root, doc.rel_path)
         password = document_password(source, doc.rel_path)
@@ -203,26 +213,25 @@ def _parse_one(conn: psycopg.Connection, doc: store.PendingDocument, source: Sou
         return _dead_letter(conn, doc, DeadLetter("unsupported", str(exc)))
     page_tiers: Counter[str] = Counter()
     try:
+        # Pages stream out of the parser one by one (pdfplumber's per-page objects are freed as it goes);
+        # only their text is kept, because furniture is found by comparing pages.
+        pages = list(parse_file(path, password))
+        texts, removed = clean_document([page.markdown for page in pages])
+        for page, text in zip(pages, texts, strict=True):
+            page.markdown = text
+            page_tiers[page.tier] += 1
+        new_hash = content_hash(texts)
+        unchanged = new_hash == doc.indexed_content_hash
         with conn.transaction():
             if not store.claim(conn, doc.doc_id, "pending_parse", doc.fingerprint):
                 return "vanished"
-            texts: list[str] = []
-
-            def cleaned_pages():
-                for page in parse_file(path, password):
-                    page.markdown = clean_text(page.markdown)
-                    texts.append(page.markdown)
-                    page_tiers[page.tier] += 1
-                    yield page
-
-            # Pages stream from the parser into COPY: a long PDF is never held whole in memory as objects.
-            page_count = store.replace_pages(conn, doc.doc_id, cleaned_pages(), version)
-            new_hash = content_hash(texts)
-            texts.clear()
-            unchanged = new_hash == doc.indexed_content_hash
+            store.replace_pages(conn, doc.doc_id, pages, version)
             store.finish_parse(
-                conn, doc.doc_id, new_hash, page_count, version, "indexed" if unchanged else "pending_chunk"
+                conn, doc.doc_id, new_hash, len(pages), version, "indexed" if unchanged else "pending_chunk",
+                removed,
             )
+        for rule, count in removed.items():
+            cleaning[rule] += count
     except DeadLetter as exc:
         return _dead_letter(conn, doc, exc)
     except FileNotFoundError:

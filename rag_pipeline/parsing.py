@@ -52,7 +52,7 @@ class ParsedPage:
 def parser_version() -> str:
     """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""
     versions = {name: importlib.metadata.version(name) for name in ("pdfplumber", "docling-slim")}
-    return f"rp1;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"
+    return f"rp2;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"
 
 
 def parse_file(path: Path, password: str | None = None) -> Iterator[ParsedPage]:
@@ -106,6 +106,137 @@ def table_to_markdown(rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _group_lines(words: list[dict[str, Any]], tolerance: float = 3.0) -> list[list[dict[str, Any]]]:
+    """Words -> lines (by baseline proximity), top to bottom, each sorted left to right."""
+    lines: list[list[dict[str, Any]]] = []
+    for word in sorted(words, key=lambda w: (w["top"], w["x0"])):
+        if lines and abs(lines[-1][0]["top"] - word["top"]) <= tolerance:
+            lines[-1].append(word)
+        else:
+            lines.append([word])
+    return [sorted(line, key=lambda w: w["x0"]) for line in lines]
+
+
+def find_gutters(lines: list[list[dict[str, Any]]], width: float) -> list[float]:
+    """x positions of vertical gutters between text columns (empty for single-column pages).
+
+    A gutter is a band at least 5pt wide that almost no line covers, with prose on both sides:
+    every column must hold enough lines of several words, which rules out borderless tables.
+    """
+    if len(lines) < 6:
+        return []
+    coverage = [0] * (int(width) + 2)
+    for line in lines:
+        covered = set()
+        for word in line:
+            covered.update(range(max(0, int(word["x0"])), min(len(coverage), int(word["x1"]) + 1)))
+        for x in covered:
+            coverage[x] += 1
+    left = min(int(w["x0"]) for line in lines for w in line)
+    right = max(int(w["x1"]) for line in lines for w in line)
+    quiet = max(1, int(0.05 * len(lines)))
+    gutters: list[float] = []
+    x = left + int(0.15 * (right - left))
+    while x < left + int(0.85 * (right - left)):
+        if coverage[x] <= quiet:
+            start = x
+            while x < right and coverage[x] <= quiet:
+                x += 1
+            if x - start >= 5:
+                gutters.append((start + x) / 2)
+        x += 1
+    if not gutters:
+        return []
+    bounds = [left - 1, *gutters, right + 1]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        column_lines = [
+            [w for w in line if lo <= (w["x0"] + w["x1"]) / 2 < hi] for line in lines
+        ]
+        prose = [cl for cl in column_lines if len(cl) >= 4]
+        if len(prose) < 3:
+            return []
+    return gutters
+
+
+def _spans_gutter(line: list[dict[str, Any]], gutters: list[float]) -> bool:
+    """A line that runs across a gutter with ordinary word spacing (a title, a running header)."""
+    for gutter in gutters:
+        for a, b in zip(line, line[1:], strict=False):
+            if a["x0"] < gutter < a["x1"]:
+                return True
+            if a["x1"] <= gutter <= b["x0"] and b["x0"] - a["x1"] < 4:
+                return True
+    return False
+
+
+def column_text(page: Any) -> str | None:
+    """Text of a multi-column page in reading order (column by column), or None if it has one column."""
+    words = page.extract_words(keep_blank_chars=False, use_text_flow=False)
+    lines = _group_lines(words)
+    gutters = find_gutters(lines, float(page.width))
+    if not gutters:
+        return None
+    bounds = [float("-inf"), *gutters, float("inf")]
+    out: list[str] = []
+    columns: list[list[str]] = [[] for _ in gutters] + [[]]
+
+    def flush() -> None:
+        for column in columns:
+            out.extend(column)
+            column.clear()
+
+    for line in lines:
+        if _spans_gutter(line, gutters):
+            flush()
+            out.append(" ".join(w["text"] for w in line))
+            continue
+        for index, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            part = [w["text"] for w in line if lo <= (w["x0"] + w["x1"]) / 2 < hi]
+            if part:
+                columns[index].append(" ".join(part))
+    flush()
+    return "\n".join(out)
+
+
+def heading_levels(page: Any) -> dict[str, int]:
+    """Lines set in a larger (or bold, standalone) font than the page's body text -> Markdown heading level.
+
+    Levels come from the size ratio, not from a per-page ranking, so they agree across pages.
+    """
+    chars = [c for c in page.chars if c.get("text", "").strip()]
+    if len(chars) < 20:
+        return {}
+    sizes = sorted(round(float(c["size"]), 1) for c in chars)
+    body = sizes[len(sizes) // 2]
+    levels: dict[str, int] = {}
+    for line in page.extract_text_lines(return_chars=True, strip=True):
+        text = " ".join(line["text"].split())
+        words = text.split()
+        line_chars = [c for c in line["chars"] if c["text"].strip()]
+        if not line_chars or not 1 <= len(words) <= 12 or len(text) > 90 or text.endswith((".", ",", ";")):
+            continue
+        size = max(float(c["size"]) for c in line_chars)
+        bold = all("bold" in str(c.get("fontname", "")).lower() for c in line_chars)
+        ratio = size / body if body else 1.0
+        if ratio >= 1.5:
+            levels[text] = 1
+        elif ratio >= 1.2:
+            levels[text] = 2
+        elif (ratio >= 1.1 or bold) and len(words) <= 8 and any(ch.isalpha() for ch in text):
+            levels[text] = 3
+    return levels
+
+
+def _mark_headings(text: str, levels: dict[str, int]) -> str:
+    if not levels:
+        return text
+    out = []
+    for line in text.split("\n"):
+        level = levels.get(" ".join(line.split()))
+        out.append(f"{'#' * level} {line.strip()}" if level else line)
+    return "\n".join(out)
+
+
 def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     tables = page.find_tables()
     boxes = [t.bbox for t in tables]
@@ -117,7 +248,10 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
 
     text_page = page.filter(outside_tables) if boxes else page
-    text = text_page.extract_text() or ""
+    columns = column_text(text_page)
+    text = columns if columns is not None else (text_page.extract_text() or "")
+    headings = heading_levels(text_page)
+    text = _mark_headings(text, headings)
     table_markdown = [md for md in (table_to_markdown(t.extract()) for t in tables) if md]
     markdown = "\n\n".join(part for part in [text.strip(), *table_markdown] if part)
     signals = {
@@ -127,6 +261,9 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         "replacement_glyphs": text.count("\ufffd"),
         "images": len(page.images),
         "rotation": int(page.rotation or 0),
+        "headings": len(headings),
+        "columns": len(find_gutters(_group_lines(text_page.extract_words()), float(page.width))) + 1
+        if columns is not None else 1,
     }
     return markdown, len(table_markdown), signals
 

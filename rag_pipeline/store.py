@@ -255,9 +255,8 @@ def requeue_for_chunker(conn: psycopg.Connection, chunker_version: str) -> int:
 # --- parse results ---------------------------------------------------------------------------------
 
 
-def replace_pages(conn: psycopg.Connection, doc_id: str, pages: Iterable[ParsedPage], parser_version: str) -> int:
+def replace_pages(conn: psycopg.Connection, doc_id: str, pages: Iterable[ParsedPage], parser_version: str) -> None:
     conn.execute("DELETE FROM document_pages WHERE doc_id = %s", (doc_id,))
-    count = 0
     with conn.cursor().copy(
         "COPY document_pages (doc_id, page, tier, signals, parser_version, seconds, markdown) FROM STDIN"
     ) as copy:
@@ -265,18 +264,22 @@ def replace_pages(conn: psycopg.Connection, doc_id: str, pages: Iterable[ParsedP
             copy.write_row(
                 (doc_id, page.page, page.tier, Jsonb(page.signals), parser_version, page.seconds, page.markdown)
             )
-            count += 1
-    return count
 
 
 def finish_parse(
-    conn: psycopg.Connection, doc_id: str, content_hash: str, page_count: int, parser_version: str, status: str
+    conn: psycopg.Connection,
+    doc_id: str,
+    content_hash: str,
+    page_count: int,
+    parser_version: str,
+    status: str,
+    cleaning: dict[str, int],
 ) -> None:
     conn.execute(
         """UPDATE documents SET content_hash = %s, page_count = %s, parser_version = %s, status = %s,
-                  parsed_at = now()
+                  cleaning = %s, parsed_at = now()
            WHERE doc_id = %s""",
-        (content_hash, page_count, parser_version, status, doc_id),
+        (content_hash, page_count, parser_version, status, Jsonb(cleaning), doc_id),
     )
     conn.execute("DELETE FROM dead_letters WHERE doc_id = %s", (doc_id,))
 

@@ -66,3 +66,68 @@ def test_invalid_chunker_settings(tokenizer):
         Chunker(tokenizer, max_tokens=8)
     with pytest.raises(ValueError):
         Chunker(tokenizer, max_tokens=100, overlap_tokens=100)
+
+
+def test_numbered_sections_open_sections():
+    text = "Item 1A. Risk Factors\nOur business is risky.\n3.2 Scope\nThis applies to all plants.\n3.2.1 Lyon\nThe Lyon plant."
+    sections = sections_of([(1, text)])
+    assert [s.path for s in sections] == [
+        ("Item 1A. Risk Factors",),
+        ("Item 1A. Risk Factors", "3.2 Scope"),
+        ("Item 1A. Risk Factors", "3.2 Scope", "3.2.1 Lyon"),
+    ]
+    # Ordinary sentences that start with a number are not headings.
+    assert len(sections_of([(1, "Intro\n12 robots were shipped in May.\nmore")])) == 1
+
+
+def test_a_large_table_is_split_by_rows_repeating_caption_and_header(tokenizer):
+    header = "| Region | Plant | Robots shipped | Revenue (EUR m) |\n|---|---|---|---|"
+    rows = "\n".join(f"| Region {i} | Plant number {i} | {i * 7} | {i * 1.5:.1f} |" for i in range(60))
+    section = f"## Shipments\nSome context first.\nTable 4-2 Shipments by plant\n{header}\n{rows}\nAfter the table."
+    chunker = Chunker(tokenizer, max_tokens=120)
+    chunks = chunker.chunk("doc", [(3, section)])
+    tables = [c for c in chunks if c.content_type == "table"]
+    assert len(tables) >= 3
+    for piece in tables:
+        lines = piece.text.split("\n")
+        assert lines[0] == "Table 4-2 Shipments by plant"
+        assert lines[1:3] == header.split("\n")
+        assert piece.token_count <= 120
+        assert piece.section_path == "Shipments"
+    body_rows = [line for piece in tables for line in piece.text.split("\n")[3:]]
+    assert body_rows == rows.split("\n")  # every row exactly once, in order
+    prose = [c.text for c in chunks if c.content_type == "prose"]
+    assert prose == ["## Shipments\nSome context first.", "After the table."]
+    assert not [c for c in chunks if c.content_type == "heading"]
+
+
+def test_content_types(tokenizer):
+    chunker = Chunker(tokenizer, max_tokens=200)
+    pages = [(1, "# A\n- one\n- two\n- three"), (2, "# B\nFigure 1-2 Existing row and column controls"),
+             (3, "# C\n| a | b |\n|---|---|\n| 1 | 2 |")]
+    assert [c.content_type for c in chunker.chunk("d", pages)] == ["list", "figure_caption", "table"]
+
+
+def test_clean_document_strips_page_furniture_and_records_it():
+    from rag_pipeline.cleaning import clean_document
+
+    pages = [
+        f"ACME Corp — Annual Report {2020 + i}\nCONFIDENTIAL\nBody text of page {i} talks about inter-\nnational sales.\n"
+        f"Introduction ........ {i + 3}\n{i + 1}"
+        for i in range(5)
+    ]
+    cleaned, removed = clean_document(pages)
+    for index, page in enumerate(cleaned):
+        assert page == f"Body text of page {index} talks about international sales."
+    assert removed["running_header_footer"] > 0 and removed["toc_leader"] > 0 and removed["hyphenation"] == 5 * len("-\n")
+    # A one-page document has nothing to compare: only the per-line rules apply.
+    single, _ = clean_document(["Title\nA sentence.\n7"])
+    assert single == ["Title\nA sentence."]
+
+
+def test_repeated_table_headers_are_not_furniture():
+    from rag_pipeline.cleaning import clean_document
+
+    page = "| Name | City |\n|---|---|\n| Ann | Lyon |"
+    cleaned, _ = clean_document([page, page.replace("Ann", "Bob"), page.replace("Ann", "Cy")])
+    assert all(p.startswith("| Name | City |") for p in cleaned)

@@ -8,13 +8,15 @@ import psycopg
 import pytest
 
 from rag_pipeline import store
-from rag_pipeline.database import DatabaseError, EmbeddedPostgres, migrate
+from rag_pipeline.database import MIGRATIONS_DIR, DatabaseError, EmbeddedPostgres, migrate
+
+SHIPPED = sorted(p.name for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
 
 
 def test_migrations_apply_once_and_refuse_edits(db_url, tmp_path):
     with psycopg.connect(db_url) as conn:
         applied = [r[0] for r in conn.execute("SELECT version FROM schema_migrations").fetchall()]
-    assert applied == ["001_init.sql"]
+    assert sorted(applied) == SHIPPED and SHIPPED[0] == "001_init.sql"
     assert migrate(db_url) == []  # already applied: nothing happens
     edited = tmp_path / "sql"
     edited.mkdir()
@@ -23,8 +25,8 @@ def test_migrations_apply_once_and_refuse_edits(db_url, tmp_path):
     with pytest.raises(DatabaseError, match="changed after it was applied"):
         migrate(db_url, edited)
     (edited / "001_init.sql").write_text(original.read_text())
-    (edited / "002_extra.sql").write_text("CREATE TABLE extra_things (id int);")
-    assert migrate(db_url, edited) == ["002_extra.sql"]
+    (edited / "900_extra.sql").write_text("CREATE TABLE extra_things (id int);")
+    assert migrate(db_url, edited) == ["900_extra.sql"]
     assert migrate(db_url, edited) == []
 
 
@@ -67,7 +69,7 @@ def test_embedded_server_lifecycle_through_the_cli():
             assert started.returncode == 0, started.stderr
         url = subprocess.run([*cli, "db", "url"], env=env, capture_output=True, text=True, cwd=workdir).stdout.strip()
         with psycopg.connect(url) as conn:
-            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == 1
+            assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == len(SHIPPED)
         assert EmbeddedPostgres(workdir / "pg").is_running()
         stopped = subprocess.run([*cli, "db", "stop"], env=env, capture_output=True, text=True, cwd=workdir)
         assert stopped.stdout.strip() == "stopped"

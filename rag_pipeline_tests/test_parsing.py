@@ -80,3 +80,26 @@ def test_text_files(tmp_path: Path):
     path.write_bytes("caf\xe9 ok".encode("latin-1"))
     (page,) = parse_file(path)
     assert page.tier == "text" and page.markdown.startswith("caf")
+
+
+@needs_torture
+def test_three_column_pages_read_column_by_column_without_furniture():
+    from rag_pipeline.cleaning import clean_document
+
+    pages = list(parse_file(TORTURE_DOCS / "fedreg_2020-17221_3col.pdf"))
+    assert pages[1].signals["columns"] == 3
+    cleaned, removed = clean_document([p.markdown for p in pages])
+    flat = [" ".join(page.split()) for page in cleaned]
+    # A sentence that runs down the first column of page 2 comes out whole, not interleaved with column 2.
+    assert "Investigation of the accident has been completed by the Indonesian authorities" in flat[1]
+    assert "continued safe flight and landing" in flat[1]
+    import re
+
+    assert not any(re.search(r"Federal Register\s*/\s*Vol\. 85", page) for page in cleaned)
+    assert removed["running_header_footer"] > 1000
+
+
+def test_font_size_headings_become_markdown_headings():
+    pages = list(parse_file(SAMPLE_CORPUS / "handbook" / "security-policy.pdf"))
+    assert pages[0].markdown.splitlines()[1] == "## 1. Purpose and scope"
+    assert pages[0].signals["headings"] == 1
