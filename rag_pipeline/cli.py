@@ -75,7 +75,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         print(f"run {summary['run_id']}: {'succeeded' if summary['success'] else 'FAILED'}")
         for key in ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held_no_labels",
                     "parsed", "content_unchanged", "dead_lettered", "chunks_written", "vectors_embedded",
-                    "vectors_reused"):
+                    "vectors_reused", "near_duplicates", "dedup_rate"):
             print(f"  {key:<18} {summary[key]}")
         for reason, count in sorted(summary["dead_letter_reasons"].items()):
             print(f"  dead letter: {reason:<10} {count}")

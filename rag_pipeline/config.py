@@ -113,6 +113,7 @@ class Settings:
     sources: tuple[SourceConfig, ...] = ()
     refresh_cron: str = "0 * * * *"
     batch_size: int = 64  # documents per unit of work in each stage
+    dedup_threshold: float = 0.8  # estimated Jaccard on word 3-shingles above which chunks are near-duplicates
     config_file: Path | None = None
 
     @property
@@ -182,5 +183,6 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         sources=sources,
         refresh_cron=raw.get("refresh_cron", Settings.refresh_cron),
         batch_size=int(raw.get("batch_size", Settings.batch_size)),
+        dedup_threshold=float((raw.get("dedup") or {}).get("threshold", Settings.dedup_threshold)),
         config_file=path,
     )

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from rag_pipeline import store
+from rag_pipeline import dedup, store
 from rag_pipeline.chunking import Chunker, chunker_version, template_prefix, truncate_to_tokens
 from rag_pipeline.cleaning import clean_document, content_hash
 from rag_pipeline.config import Settings, SourceConfig
@@ -85,6 +85,9 @@ class ChunkStats(StageStats):
 class IndexStats(StageStats):
     documents_indexed: int = 0
     rows_written: int = 0
+    occurrences: int = 0  # chunks of the documents indexed in this run
+    deduplicated: int = 0  # of those, near-duplicates of a chunk already in the index
+    dedup_rate: float = 0.0
     vectors_embedded: int = 0
     vectors_reused: int = 0
     versions: list[str] = field(default_factory=list)
@@ -300,9 +303,11 @@ def chunk_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
 
 
 def index_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> IndexStats:
-    """Embed pending documents' chunks (reusing cached vectors) and replace their rows in every writable version."""
+    """Group pending documents' chunks into near-duplicate groups and write one row per group into every
+    writable version, with vectors from the embedding cache where possible."""
     started = time.perf_counter()
     stats = IndexStats()
+    params = dedup.lsh_params(settings.dedup_threshold)
     with connect(db_url) as conn:
         versions = store.writable_versions(conn)
         stats.versions = [f"v{v.version_id} ({v.status}, {v.embedding_model})" for v in versions]
@@ -310,37 +315,56 @@ def index_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
         while batch := store.pending_documents(conn, "pending_index", settings.batch_size, after):
             after = batch[-1].doc_id
             chunks_by_doc = store.chunks_of(conn, [d.doc_id for d in batch])
-            vectors_by_version: dict[int, dict[str, np.ndarray]] = {}
-            for version in versions:
-                vectors_by_version[version.version_id] = _vectors_for(conn, version, settings, chunks_by_doc, stats)
+            vectors_by_version = {
+                v.version_id: _vectors_for(conn, v, settings, chunks_by_doc, stats) for v in versions
+            }
             conn.commit()
             for doc in batch:
                 if not doc.acl_labels:
                     continue  # cannot happen through discovery; the table's CHECK would refuse it anyway
-                chunks = chunks_by_doc[doc.doc_id]
                 with conn.transaction():
                     if not store.claim(conn, doc.doc_id, "pending_index"):
                         continue
+                    chunks = store.assign_groups(conn, chunks_by_doc[doc.doc_id], doc.acl_labels, params)
+                    stats.occurrences += len(chunks)
                     for version in versions:
                         vectors = vectors_by_version[version.version_id]
-                        rows = [
-                            store.IndexRow(c, sha, vectors[sha])
-                            for c in chunks
-                            for sha in (input_sha(c.embedding_input),)
-                        ]
-                        store.replace_index_rows(conn, version, doc.doc_id, doc.acl_labels, rows)
-                        stats.rows_written += len(rows)
+                        released = store.delete_document_rows(conn, version, doc.doc_id)
+                        rows = [store.IndexRow(c, sha, vectors[sha])
+                                for c in chunks for sha in (input_sha(c.embedding_input),)]
+                        written = store.insert_group_rows(conn, version, doc.acl_labels, rows)
+                        stats.rows_written += written
+                        stats.deduplicated += len(rows) - written
+                        # Groups this document owned but no longer holds get a row from another occurrence.
+                        _rehome_groups(conn, version, settings, released, stats)
+                    store.drop_empty_groups(conn, [c.group_id for c in chunks_by_doc[doc.doc_id] if c.group_id])
                     store.mark_indexed(conn, doc.doc_id)
                 stats.documents_indexed += 1
             progress(
                 f"index: {stats.documents_indexed} documents, {stats.vectors_embedded} embedded, "
-                f"{stats.vectors_reused} reused so far"
+                f"{stats.vectors_reused} reused, {stats.deduplicated} near-duplicates so far"
             )
         with conn.transaction():
             for version in versions:
                 store.refresh_version_stats(conn, version)
+    stats.dedup_rate = round(stats.deduplicated / stats.occurrences, 4) if stats.occurrences else 0.0
     stats.seconds = time.perf_counter() - started
     return stats
+
+
+def _rehome_groups(
+    conn: psycopg.Connection, version: store.IndexVersion, settings: Settings, group_ids: list[str], stats: IndexStats
+) -> None:
+    for chunk, labels in store.rowless_group_occurrences(conn, version, group_ids):
+        sha = input_sha(chunk.embedding_input)
+        vectors = store.cached_embeddings(conn, version.embedding_model, [sha])
+        if sha not in vectors:
+            embedder = get_embedder(version.embedding_model, settings.embedding.device, settings.embedding.batch_size)
+            vectors[sha] = embedder.embed_documents([chunk.embedding_input])[0]
+            store.store_embeddings(conn, version.embedding_model, vectors)
+            stats.vectors_embedded += 1
+        stats.rows_written += store.insert_group_rows(conn, version, labels, [store.IndexRow(chunk, sha, vectors[sha])])
+    store.drop_empty_groups(conn, group_ids)
 
 
 def _vectors_for(

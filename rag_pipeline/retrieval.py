@@ -49,6 +49,7 @@ class SearchHit:
     score: float
     dense_rank: int | None
     sparse_rank: int | None
+    occurrences: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,7 +75,10 @@ fused AS (
     FROM dense d FULL OUTER JOIN sparse s USING (chunk_id)
 )
 SELECT t.chunk_id, t.doc_id, doc.source, doc.rel_path, t.page_start, t.page_end, t.section_path,
-       t.content_type, t.text, t.prefix, f.score, f.dense_rank, f.sparse_rank
+       t.content_type, t.text, t.prefix, f.score, f.dense_rank, f.sparse_rank,
+       -- a near-duplicate group comes back once; this says in how many places (the caller may see) it occurs
+       (SELECT count(*) FROM chunks oc JOIN documents od ON od.doc_id = oc.doc_id
+        WHERE oc.group_id = t.chunk_id AND od.acl_labels && %(labels)s::text[]) AS occurrences
 FROM fused f
 JOIN {table} t USING (chunk_id)
 JOIN documents doc ON doc.doc_id = t.doc_id
@@ -145,7 +149,7 @@ def search(
         SearchHit(
             chunk_id=r[0], doc_id=r[1], source=r[2], path=r[3], page_start=r[4], page_end=r[5],
             section_path=r[6], content_type=r[7], text=r[8], prefix=r[9], score=float(r[10]),
-            dense_rank=r[11], sparse_rank=r[12],
+            dense_rank=r[11], sparse_rank=r[12], occurrences=max(1, int(r[13])),
         )
         for r in rows
     ]

@@ -6,8 +6,9 @@ nothing, so a caller can make "replace this document's rows" one atomic unit.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from rag_pipeline import dedup
 from rag_pipeline.chunking import Chunk
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.parsing import ParsedPage
@@ -98,6 +100,13 @@ def reconcile_source(
             )
     conn.execute("ANALYZE scan_files")
 
+    # Groups that lose occurrences with the deleted documents must be repaired after the deletion.
+    touched_groups = [r[0] for r in conn.execute(
+        """SELECT DISTINCT c.group_id FROM chunks c JOIN documents d USING (doc_id)
+           WHERE d.source = %s AND c.group_id IS NOT NULL
+             AND NOT EXISTS (SELECT 1 FROM scan_files s WHERE s.doc_id = d.doc_id)""",
+        (source,),
+    ).fetchall()]
     deleted = conn.execute(
         """WITH gone AS (
                DELETE FROM documents d WHERE d.source = %s
@@ -109,6 +118,7 @@ def reconcile_source(
     ).fetchall()
     counts.deleted = len(deleted)
     counts.deleted_doc_ids = [row[0] for row in deleted]
+    repair_groups(conn, touched_groups)
 
     inserted = conn.execute(
         """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
@@ -174,8 +184,33 @@ def reconcile_source(
     return counts
 
 
+def drop_empty_groups(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:
+    conn.execute(
+        """DELETE FROM chunk_groups g WHERE g.group_id = ANY(%s)
+             AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.group_id = g.group_id)""",
+        (list(group_ids),),
+    )
+
+
+def repair_groups(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:
+    """After occurrences of these groups disappeared: drop groups left empty, and send the documents that
+    still hold an occurrence back to indexing, so a group whose row went with its owner gets a new one
+    (from the embedding cache: nothing is re-embedded)."""
+    if not group_ids:
+        return
+    drop_empty_groups(conn, group_ids)
+    conn.execute(
+        """UPDATE documents SET status = 'pending_index'
+           WHERE status = 'indexed' AND doc_id IN (SELECT doc_id FROM chunks WHERE group_id = ANY(%s))""",
+        (list(group_ids),),
+    )
+
+
 def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
     """Remove every row derived from these documents (pages, chunks, all index versions) but the documents."""
+    touched_groups = [r[0] for r in conn.execute(
+        "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (list(doc_ids),)
+    ).fetchall()]
     for version in index_versions(conn):
         conn.execute(
             sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(sql.Identifier(version.table_name)),
@@ -188,10 +223,13 @@ def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> Non
         "UPDATE documents SET content_hash = NULL, indexed_content_hash = NULL WHERE doc_id = ANY(%s)",
         (list(doc_ids),),
     )
+    repair_groups(conn, touched_groups)
 
 
 def relabel_index_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
-    """ACL-only change: copy the documents' labels onto their rows in every version, without re-embedding."""
+    """ACL-only change: copy the documents' labels onto their rows in every version at once (a narrowed
+    ACL must not wait for anything), then regroup them: near-duplicate groups never span label sets.
+    Regrouping takes vectors from the embedding cache, so nothing is re-embedded."""
     for version in index_versions(conn):
         conn.execute(
             sql.SQL(
@@ -200,6 +238,10 @@ def relabel_index_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None
             ).format(sql.Identifier(version.table_name)),
             (list(doc_ids),),
         )
+    conn.execute(
+        "UPDATE documents SET status = 'pending_index' WHERE status = 'indexed' AND doc_id = ANY(%s)",
+        (list(doc_ids),),
+    )
 
 
 def record_scan(conn: psycopg.Connection, source: str, started_at: datetime, counts: ReconcileCounts) -> None:
@@ -343,6 +385,7 @@ class StoredChunk:
     page_start: int
     page_end: int
     content_type: str
+    group_id: str | None = None
 
     @property
     def embedding_input(self) -> str:
@@ -353,7 +396,8 @@ class StoredChunk:
 def chunks_of(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, list[StoredChunk]]:
     result: dict[str, list[StoredChunk]] = {doc_id: [] for doc_id in doc_ids}
     rows = conn.execute(
-        """SELECT chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end, content_type
+        """SELECT chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end, content_type,
+                  group_id
            FROM chunks WHERE doc_id = ANY(%s) ORDER BY doc_id, ordinal""",
         (list(doc_ids),),
     ).fetchall()
@@ -446,7 +490,8 @@ def create_index_version(
     conn.execute(
         sql.SQL(
             """CREATE TABLE {table} (
-                   chunk_id            text PRIMARY KEY,
+                   chunk_id            text PRIMARY KEY,  -- near-duplicate group id: one row per group
+                   owner_chunk_id      text NOT NULL,     -- the occurrence whose text and place this row shows
                    doc_id              text NOT NULL REFERENCES documents (doc_id) ON DELETE CASCADE,
                    ordinal             integer NOT NULL,
                    text                text NOT NULL,
@@ -529,25 +574,106 @@ class IndexRow:
     embedding: np.ndarray
 
 
-def replace_index_rows(
-    conn: psycopg.Connection, version: IndexVersion, doc_id: str, acl_labels: Sequence[str], rows: Sequence[IndexRow]
-) -> None:
-    table = sql.Identifier(version.table_name)
-    conn.execute(sql.SQL("DELETE FROM {} WHERE doc_id = %s").format(table), (doc_id,))
-    with conn.cursor().copy(
-        sql.SQL(
-            """COPY {} (chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
-                        content_type, acl_labels, embedding_input_sha, embedding) FROM STDIN"""
-        ).format(table)
-    ) as copy:
+_INSERT_ROW = """INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,
+                                 page_end, content_type, acl_labels, embedding_input_sha, embedding)
+                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                 ON CONFLICT (chunk_id) DO NOTHING"""
+
+
+def insert_group_rows(
+    conn: psycopg.Connection, version: IndexVersion, acl_labels: Sequence[str], rows: Sequence[IndexRow]
+) -> int:
+    """One row per near-duplicate group: the first occurrence to arrive owns it. Returns rows inserted."""
+    inserted = 0
+    with conn.cursor() as cur:
         for row in rows:
             c = row.chunk
-            copy.write_row(
+            cur.execute(
+                sql.SQL(_INSERT_ROW).format(sql.Identifier(version.table_name)),
                 (
-                    c.chunk_id, doc_id, c.ordinal, c.text, c.prefix, c.section_path, c.page_start, c.page_end,
-                    c.content_type, list(acl_labels), row.input_sha, HalfVector(row.embedding).to_text(),
-                )
+                    c.group_id or c.chunk_id, c.chunk_id, c.doc_id, c.ordinal, c.text, c.prefix, c.section_path,
+                    c.page_start, c.page_end, c.content_type, list(acl_labels), row.input_sha,
+                    HalfVector(row.embedding),
+                ),
             )
+            inserted += cur.rowcount
+    return inserted
+
+
+def delete_document_rows(conn: psycopg.Connection, version: IndexVersion, doc_id: str) -> list[str]:
+    """Delete the rows a document owns in a version; returns their group ids."""
+    rows = conn.execute(
+        sql.SQL("DELETE FROM {} WHERE doc_id = %s RETURNING chunk_id").format(sql.Identifier(version.table_name)),
+        (doc_id,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def rowless_group_occurrences(
+    conn: psycopg.Connection, version: IndexVersion, group_ids: Sequence[str]
+) -> list[tuple[StoredChunk, list[str]]]:
+    """For groups without a row in this version: their first live occurrence (and its document's labels)."""
+    rows = conn.execute(
+        sql.SQL(
+            """SELECT DISTINCT ON (c.group_id) c.chunk_id, c.doc_id, c.ordinal, c.text, c.prefix, c.section_path,
+                      c.page_start, c.page_end, c.content_type, c.group_id, d.acl_labels
+               FROM chunks c JOIN documents d USING (doc_id)
+               WHERE c.group_id = ANY(%s) AND cardinality(d.acl_labels) > 0
+                 AND d.status IN ('indexed', 'pending_index')
+                 AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = c.group_id)
+               ORDER BY c.group_id, c.doc_id, c.ordinal"""
+        ).format(sql.Identifier(version.table_name)),
+        (list(group_ids),),
+    ).fetchall()
+    return [(StoredChunk(*r[:10]), list(r[10])) for r in rows]
+
+
+def assign_groups(
+    conn: psycopg.Connection, chunks: Sequence[StoredChunk], labels: Sequence[str], params: dedup.LshParams
+) -> list[StoredChunk]:
+    """Put each chunk in its near-duplicate group (same ACL labels only), opening groups as needed."""
+    labels_key = dedup.acl_key(labels)
+    assigned: list[StoredChunk] = []
+    for chunk in chunks:
+        if chunk.group_id:
+            row = conn.execute(
+                "SELECT acl_key, lsh_params FROM chunk_groups WHERE group_id = %s", (chunk.group_id,)
+            ).fetchone()
+            if row == (labels_key, params.key):
+                assigned.append(chunk)
+                continue
+        sig = dedup.signature(chunk.text)
+        buckets = dedup.band_buckets(sig, params, labels_key)
+        candidates = conn.execute(
+            """SELECT DISTINCT g.group_id, g.signature FROM chunk_group_bands b JOIN chunk_groups g USING (group_id)
+               WHERE (b.bucket, b.band) IN (SELECT * FROM unnest(%s::bigint[], %s::int[]))
+                 AND g.acl_key = %s AND g.lsh_params = %s""",
+            (buckets, list(range(params.bands)), labels_key, params.key),
+        ).fetchall()
+        scored = sorted(
+            ((dedup.similarity(sig, candidate_sig), group_id) for group_id, candidate_sig in candidates),
+            key=lambda item: (-item[0], item[1]),
+        )
+        if scored and scored[0][0] >= params.threshold:
+            group_id = scored[0][1]
+        else:
+            # Derived from the label set too: a relabelled chunk opens a new group, never re-labels an old one
+            # that other documents' chunks still belong to.
+            group_id = hashlib.sha256(f"{chunk.chunk_id}|{labels_key}|{params.key}".encode()).hexdigest()[:32]
+            conn.execute(
+                """INSERT INTO chunk_groups (group_id, acl_key, lsh_params, signature) VALUES (%s, %s, %s, %s)
+                   ON CONFLICT (group_id) DO NOTHING""",
+                (group_id, labels_key, params.key, sig.tolist()),
+            )
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO chunk_group_bands (bucket, band, group_id) VALUES (%s, %s, %s)"
+                    " ON CONFLICT DO NOTHING",
+                    [(bucket, band, group_id) for band, bucket in enumerate(buckets)],
+                )
+        conn.execute("UPDATE chunks SET group_id = %s WHERE chunk_id = %s", (group_id, chunk.chunk_id))
+        assigned.append(replace(chunk, group_id=group_id))
+    return assigned
 
 
 def mark_indexed(conn: psycopg.Connection, doc_id: str) -> None:

@@ -73,9 +73,9 @@ def test_filtered_dense_search_fills_k_when_few_chunks_match(indexed):
         )
         indexed.execute(
             sql.SQL(
-                """INSERT INTO {} (chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
+                """INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
                                    content_type, acl_labels, embedding_input_sha, embedding)
-                   SELECT 'bulk-' || i, 'bulk', i, 'synthetic chunk ' || i, '', '', 1, 1, 'prose',
+                   SELECT 'bulk-' || i, 'bulk-' || i, 'bulk', i, 'synthetic chunk ' || i, '', '', 1, 1, 'prose',
                           CASE WHEN i %% 50 = 0 THEN ARRAY['rare'] ELSE ARRAY['staff'] END, md5(i::text),
                           (SELECT array_agg(random() - 0.5) FROM generate_series(1, %s) WHERE i > 0)::halfvec
                    FROM generate_series(1, 10000) AS i"""

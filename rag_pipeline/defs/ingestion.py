@@ -140,6 +140,8 @@ def search_index(context: dg.AssetExecutionContext, rag: RagResource):
             "vectors_embedded": stats.vectors_embedded,
             "vectors_reused": stats.vectors_reused,
             "rows_written": stats.rows_written,
+            "near_duplicates": stats.deduplicated,
+            "dedup_rate": stats.dedup_rate,
             "seconds": round(stats.seconds, 3),
             "index_versions": _table(
                 ("version", "status", "model", "dims", "rows"),

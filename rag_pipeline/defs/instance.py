@@ -61,6 +61,8 @@ def summarize_run(result: Any) -> dict[str, Any]:
         "documents_indexed": index.get("documents_indexed", 0),
         "vectors_embedded": index.get("vectors_embedded", 0),
         "vectors_reused": index.get("vectors_reused", 0),
+        "near_duplicates": index.get("deduplicated", 0),
+        "dedup_rate": index.get("dedup_rate", 0.0),
         "problems": discover.get("problems", []),
         "seconds": {
             "discover": discover.get("seconds", 0.0),

@@ -1,0 +1,113 @@
+"""Near-duplicate groups on the real database: stored once, remembered everywhere, never across labels."""
+
+import json
+
+import pytest
+from dagster import DagsterInstance
+from psycopg import sql
+
+from rag_pipeline import dedup, store
+from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline.retrieval import search
+
+BOILERPLATE = (
+    "This document is the property of Northwind Robotics. It may not be copied, forwarded or disclosed to third "
+    "parties without the written consent of the legal department, and it must be destroyed when no longer needed."
+)
+
+
+def test_signatures_estimate_jaccard():
+    a = dedup.signature(BOILERPLATE)
+    b = dedup.signature(BOILERPLATE.replace("forwarded", "sent on"))
+    c = dedup.signature("Completely unrelated text about warehouse robots and their batteries.")
+    assert dedup.similarity(a, a) == 1.0
+    assert dedup.similarity(a, b) >= 0.6
+    assert dedup.similarity(a, c) < 0.2
+    params = dedup.lsh_params(0.8)
+    assert params.bands * params.rows <= dedup.NUM_PERM
+    assert dedup.band_buckets(a, params, "staff") != dedup.band_buckets(a, params, "hr")
+    assert dedup.acl_key(["b", "a", "a"]) == dedup.acl_key(["a", "b"])
+
+
+@pytest.fixture
+def boilerplate_corpus(tmp_path):
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    for i in range(5):
+        legal = BOILERPLATE if i != 2 else BOILERPLATE.replace("and it must be", "and must be")  # near-duplicate
+        (folder / f"policy-{i}.md").write_text(
+            f"# Policy {i}\n\nPolicy {i} covers topic number {i}: " + f"specific rule {i} " * 20 + f"\n\n## Legal notice\n\n{legal}\n"
+        )
+    (folder / "hr-policy.md").write_text(f"# HR policy\n\nSalary bands are reviewed yearly.\n\n## Legal notice\n\n{BOILERPLATE}\n")
+    (folder / "hr-policy.md.meta.json").write_text(json.dumps({"acl_labels": ["hr"]}))
+    return folder
+
+
+def _boilerplate_rows(db):
+    table = sql.Identifier(store.active_version(db).table_name)
+    return db.execute(
+        sql.SQL("SELECT chunk_id, doc_id, acl_labels FROM {} WHERE text LIKE %s ORDER BY acl_labels").format(table),
+        ("%property of Northwind%",),
+    ).fetchall()
+
+
+def _occurrences(db, group_id):
+    return db.execute("SELECT count(*) FROM chunks WHERE group_id = %s", (group_id,)).fetchone()[0]
+
+
+def test_boilerplate_is_stored_once_per_label_set_and_survives_partial_deletion(make_settings, boilerplate_corpus, db):
+    settings = make_settings([{"name": "policies", "root": str(boilerplate_corpus), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        first = run_ingest(settings, instance=instance)
+        assert first["success"], first.get("errors")
+        rows = _boilerplate_rows(db)
+        assert [r[2] for r in rows] == [["hr"], ["staff"]]  # same paragraph, different labels: separate
+        (hr_group, _, _), (staff_group, _, _) = rows
+        assert _occurrences(db, staff_group) == 5 and _occurrences(db, hr_group) == 1
+
+        hits = search(db, "may this document be disclosed to third parties", ["staff", "hr"], k=10)
+        legal_hits = [h for h in hits if "property of Northwind" in h.text]
+        assert len(legal_hits) == 2 and {h.occurrences for h in legal_hits} == {5, 1}
+
+        for i in (0, 1, 2, 3):  # delete four of the five: the group lives on, owned by the survivor
+            (boilerplate_corpus / f"policy-{i}.md").unlink()
+        summary = run_ingest(settings, instance=instance)
+        assert summary["deleted"] == 4 and summary["vectors_embedded"] == 0
+        rows = _boilerplate_rows(db)
+        assert len(rows) == 2
+        staff_row = [r for r in rows if r[2] == ["staff"]][0]
+        assert staff_row[0] == staff_group and _occurrences(db, staff_group) == 1
+        survivor = db.execute("SELECT doc_id FROM documents WHERE rel_path = 'policy-4.md'").fetchone()[0]
+        assert staff_row[1] == survivor
+
+        (boilerplate_corpus / "policy-4.md").unlink()  # the last occurrence goes: so does the group
+        run_ingest(settings, instance=instance)
+        assert [r[2] for r in _boilerplate_rows(db)] == [["hr"]]
+        assert db.execute("SELECT count(*) FROM chunk_groups WHERE group_id = %s", (staff_group,)).fetchone()[0] == 0
+        assert db.execute("SELECT count(*) FROM chunk_group_bands WHERE group_id = %s", (staff_group,)
+                          ).fetchone()[0] == 0
+
+
+def test_relabelling_a_document_moves_its_chunks_out_of_shared_groups(make_settings, boilerplate_corpus, db):
+    settings = make_settings([{"name": "policies", "root": str(boilerplate_corpus), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        run_ingest(settings, instance=instance)
+        owner = _boilerplate_rows(db)[1][1]
+        owner_path = db.execute("SELECT rel_path FROM documents WHERE doc_id = %s", (owner,)).fetchone()[0]
+        (boilerplate_corpus / f"{owner_path}.meta.json").write_text(json.dumps({"acl_labels": ["board"]}))
+        summary = run_ingest(settings, instance=instance)
+        assert summary["relabelled"] == 1 and summary["vectors_embedded"] == 0
+    rows = _boilerplate_rows(db)
+    assert sorted(r[2] for r in rows) == [["board"], ["hr"], ["staff"]]
+    by_labels = {tuple(r[2]): r for r in rows}
+    assert by_labels[("board",)][1] == owner
+    assert _occurrences(db, by_labels[("staff",)][0]) == 4
+    # No group mixes label sets.
+    mixed = db.execute(
+        """SELECT c.group_id FROM chunks c JOIN documents d USING (doc_id) GROUP BY c.group_id
+           HAVING count(DISTINCT d.acl_labels) > 1"""
+    ).fetchall()
+    assert mixed == []
+    # The staff user sees the staff copy only; the board copy stays with the board.
+    staff_hits = search(db, "disclosed to third parties", ["staff"], k=10)
+    assert all(owner != h.doc_id for h in staff_hits)
