@@ -104,12 +104,33 @@ class ChunkingConfig:
 
 
 @dataclass(frozen=True)
+class PrefixConfig:
+    """Contextual prefixes: `template` (default, deterministic) or `llm` (OpenAI-compatible chat endpoint)."""
+
+    mode: str = "template"
+    endpoint: str | None = None  # e.g. http://localhost:8000/v1
+    model: str | None = None
+    api_key_env: str | None = None  # name of the environment variable holding the API key
+    prompt_version: str = "v1"  # part of the cache key: bump it when the prompt changes
+    timeout_seconds: float = 30.0
+    max_retries: int = 3
+    max_concurrency: int = 4
+    max_tokens: int = 80
+    document_chars: int = 8000  # how much of the document the LLM sees
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("template", "llm"):
+            raise ConfigError(f"prefix.mode must be 'template' or 'llm', got {self.mode!r}")
+
+
+@dataclass(frozen=True)
 class Settings:
     data_dir: Path = field(default_factory=lambda: Path(".rag_data").resolve())
     database_url: str | None = None  # external Postgres; None starts the embedded server
     dagster_database_url: str | None = None  # defaults to database_url when that is set
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
     sources: tuple[SourceConfig, ...] = ()
     refresh_cron: str = "0 * * * *"
     batch_size: int = 64  # documents per unit of work in each stage
@@ -161,10 +182,16 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         batch_size=int(embedding_raw.get("batch_size", EmbeddingConfig.batch_size)),
         device=os.environ.get("RAG_EMBEDDING_DEVICE") or embedding_raw.get("device", EmbeddingConfig.device),
     )
+    prefix_raw = raw.get("prefix") or {}
+    unknown = set(prefix_raw) - set(PrefixConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown prefix settings: {sorted(unknown)}")
+    prefix = PrefixConfig(**prefix_raw)
     chunking = ChunkingConfig(
         max_tokens=chunking_raw.get("max_tokens"),
         overlap_tokens=int(chunking_raw.get("overlap_tokens", 0)),
-        prefix_token_budget=int(chunking_raw.get("prefix_token_budget", 32)),
+        # An LLM-written sentence needs room beside the title › section › page template.
+        prefix_token_budget=int(chunking_raw.get("prefix_token_budget") or (96 if prefix.mode == "llm" else 32)),
     )
     data_dir = os.environ.get("RAG_DATA_DIR") or raw.get("data_dir")
     sources = tuple(SourceConfig.from_mapping(s, base_dir) for s in raw.get("sources") or [])
@@ -180,6 +207,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         or database_url,
         embedding=embedding,
         chunking=chunking,
+        prefix=prefix,
         sources=sources,
         refresh_cron=raw.get("refresh_cron", Settings.refresh_cron),
         batch_size=int(raw.get("batch_size", Settings.batch_size)),

@@ -28,6 +28,7 @@ from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.database import connect
 from rag_pipeline.embedding import get_embedder, input_sha, load_tokenizer, max_sequence_length, resolve_model
 from rag_pipeline.parsing import DeadLetter, parse_file, parser_version
+from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.sources import ScanProblem, UnsafePathError, document_password, safe_join, scan_source
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,9 @@ class ChunkStats(StageStats):
     chunks_written: int = 0
     requeued_for_new_chunker: int = 0
     chunker_version: str = ""
+    prefixes_generated: int = 0  # LLM calls made
+    prefixes_cached: int = 0  # LLM prefixes reused from the cache
+    prefix_failures: int = 0  # documents left in the queue because the endpoint failed
     token_counts: list[int] = field(default_factory=list)
 
 
@@ -267,36 +271,83 @@ def chunk_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
     model_location = resolve_model(active.embedding_model).location
     stats = ChunkStats(chunker_version=current_chunker_version(settings, model_location))
     chunker: Chunker | None = None  # the tokenizer loads only when there is something to chunk
-    budget = settings.chunking.prefix_token_budget
-    with connect(db_url) as conn:
-        with conn.transaction():
-            stats.requeued_for_new_chunker = store.requeue_for_chunker(conn, stats.chunker_version)
-        after = ""
-        while batch := store.pending_documents(conn, "pending_chunk", settings.batch_size, after):
-            conn.commit()
-            chunker = chunker or build_chunker(settings, model_location)
-            for doc in batch:
-                with conn.transaction():
-                    if not store.claim(conn, doc.doc_id, "pending_chunk"):
-                        continue
-                    chunks = chunker.chunk(doc.doc_id, store.document_pages(conn, doc.doc_id))
-                    title = doc.title or PurePosixPath(doc.rel_path).stem
-                    prefixes = [
-                        truncate_to_tokens(
-                            chunker.tokenizer,
-                            template_prefix(title, c.section_path, c.page_start, c.page_end),
-                            budget,
-                        )
-                        for c in chunks
-                    ]
-                    store.replace_chunks(conn, doc.doc_id, chunks, prefixes, chunker.version)
-                stats.documents_chunked += 1
-                stats.chunks_written += len(chunks)
-                stats.token_counts.extend(c.token_count for c in chunks)
-            after = batch[-1].doc_id
-            progress(f"chunk: {stats.documents_chunked} documents, {stats.chunks_written} chunks so far")
+    prefixer = LlmPrefixer(settings.prefix) if settings.prefix.mode == "llm" else None
+    try:
+        with connect(db_url) as conn:
+            with conn.transaction():
+                stats.requeued_for_new_chunker = store.requeue_for_chunker(conn, stats.chunker_version)
+            after = ""
+            while batch := store.pending_documents(conn, "pending_chunk", settings.batch_size, after):
+                conn.commit()
+                chunker = chunker or build_chunker(settings, model_location)
+                for doc in batch:
+                    _chunk_one(conn, doc, chunker, prefixer, settings, stats)
+                after = batch[-1].doc_id
+                progress(f"chunk: {stats.documents_chunked} documents, {stats.chunks_written} chunks so far")
+    finally:
+        if prefixer is not None:
+            prefixer.close()
     stats.seconds = time.perf_counter() - started
     return stats
+
+
+def _chunk_one(
+    conn: psycopg.Connection,
+    doc: store.PendingDocument,
+    chunker: Chunker,
+    prefixer: LlmPrefixer | None,
+    settings: Settings,
+    stats: ChunkStats,
+) -> None:
+    pages = store.document_pages(conn, doc.doc_id)
+    conn.commit()  # end the read: the write below must be a transaction of its own
+    chunks = chunker.chunk(doc.doc_id, pages)
+    title = doc.title or PurePosixPath(doc.rel_path).stem
+    prefixes = [template_prefix(title, c.section_path, c.page_start, c.page_end) for c in chunks]
+    if prefixer is not None:
+        # The LLM is called outside any transaction (no row lock is held while waiting on the network);
+        # what it writes is cached at once, so a retry after a failure pays only for what is missing.
+        try:
+            sentences = _llm_sentences(conn, doc, chunks, pages, prefixer, settings, stats)
+        except PrefixError as exc:
+            stats.prefix_failures += 1
+            log.warning("no contextual prefix for %s/%s, left for the next run: %s", doc.source, doc.rel_path, exc)
+            return
+        prefixes = [f"{p}\n{sentences[c.content_hash]}" for p, c in zip(prefixes, chunks, strict=True)]
+    budget = settings.chunking.prefix_token_budget
+    prefixes = [truncate_to_tokens(chunker.tokenizer, p, budget) for p in prefixes]
+    with conn.transaction():
+        if not store.claim(conn, doc.doc_id, "pending_chunk"):
+            return
+        store.replace_chunks(conn, doc.doc_id, chunks, prefixes, chunker.version)
+    stats.documents_chunked += 1
+    stats.chunks_written += len(chunks)
+    stats.token_counts.extend(c.token_count for c in chunks)
+
+
+def _llm_sentences(
+    conn: psycopg.Connection,
+    doc: store.PendingDocument,
+    chunks: list,
+    pages: list[tuple[int, str]],
+    prefixer: LlmPrefixer,
+    settings: Settings,
+    stats: ChunkStats,
+) -> dict[str, str]:
+    version = settings.prefix.prompt_version
+    doc_hash = doc.content_hash or ""
+    sentences = store.cached_prefixes(conn, doc.doc_id, doc_hash, version)
+    conn.commit()
+    missing = [PrefixRequest(c.content_hash, c.text) for c in chunks if c.content_hash not in sentences]
+    stats.prefixes_cached += len({c.content_hash for c in chunks}) - len({r.chunk_hash for r in missing})
+    if missing:
+        document = "\n\n".join(text for _, text in pages)
+        fresh = prefixer.prefixes(document, missing)
+        with conn.transaction():
+            store.store_prefixes(conn, doc.doc_id, doc_hash, version, fresh)
+        sentences.update(fresh)
+        stats.prefixes_generated += len(fresh)
+    return sentences
 
 
 # --- index -----------------------------------------------------------------------------------------

@@ -374,6 +374,32 @@ def replace_chunks(
     )
 
 
+def cached_prefixes(conn: psycopg.Connection, doc_id: str, doc_hash: str, prompt_version: str) -> dict[str, str]:
+    """LLM prefixes already paid for this document content, by chunk hash; stale ones are dropped."""
+    conn.execute(
+        "DELETE FROM prefix_cache WHERE doc_id = %s AND (doc_content_hash <> %s OR prompt_version <> %s)",
+        (doc_id, doc_hash, prompt_version),
+    )
+    return dict(
+        conn.execute(
+            "SELECT chunk_hash, prefix FROM prefix_cache WHERE doc_id = %s AND doc_content_hash = %s"
+            " AND prompt_version = %s",
+            (doc_id, doc_hash, prompt_version),
+        ).fetchall()
+    )
+
+
+def store_prefixes(
+    conn: psycopg.Connection, doc_id: str, doc_hash: str, prompt_version: str, prefixes: dict[str, str]
+) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO prefix_cache (doc_id, doc_content_hash, chunk_hash, prompt_version, prefix)
+               VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+            [(doc_id, doc_hash, chunk_hash, prompt_version, text) for chunk_hash, text in prefixes.items()],
+        )
+
+
 @dataclass(frozen=True)
 class StoredChunk:
     chunk_id: str

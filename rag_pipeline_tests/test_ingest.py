@@ -185,3 +185,39 @@ def test_cli_style_sources_and_labels(make_settings, tmp_path, instance, db):
     assert summary["success"] and summary["parsed"] == 1
     labels = db.execute(sql.SQL("SELECT DISTINCT acl_labels FROM {}").format(_active_table(db))).fetchall()
     assert labels == [(["ops"],)]
+
+
+def _long_document(paragraph_count: int = 50) -> str:
+    sections = []
+    for i in range(paragraph_count):
+        words = " ".join(f"term{i}x{j}" for j in range(12))
+        sections.append(f"## Clause {i}\n\nClause {i} of the supply agreement sets the obligations numbered {i}: {words}.")
+    return "# Supply agreement\n\n" + "\n\n".join(sections) + "\n"
+
+
+def test_editing_one_paragraph_of_a_50_chunk_document_reembeds_one_chunk(make_settings, tmp_path, instance):
+    folder = tmp_path / "contracts"
+    folder.mkdir()
+    path = folder / "agreement.md"
+    path.write_text(_long_document())
+    settings = make_settings([{"name": "contracts", "root": str(folder), "acl_labels": ["legal"]}])
+    first = run_ingest(settings, instance=instance)
+    assert first["chunks_written"] == 50 and first["vectors_embedded"] == 50
+    path.write_text(path.read_text().replace("obligations numbered 17:", "duties numbered 17:"))
+    second = run_ingest(settings, instance=instance)
+    assert second["parsed"] == 1 and second["chunks_written"] == 50
+    assert second["vectors_embedded"] == 1 and second["vectors_reused"] == 49
+
+
+def test_changing_only_the_chunker_reembeds_nothing_that_stayed_the_same(make_settings, tmp_path, instance, db):
+    folder = tmp_path / "contracts"
+    folder.mkdir()
+    (folder / "agreement.md").write_text(_long_document(20))
+    source = [{"name": "contracts", "root": str(folder), "acl_labels": ["legal"]}]
+    first = run_ingest(make_settings(source, chunking={"max_tokens": 200}), instance=instance)
+    assert first["vectors_embedded"] == 20
+    second = run_ingest(make_settings(source, chunking={"max_tokens": 180}), instance=instance)
+    assert second["documents_chunked"] == 1 and second["chunks_written"] == 20  # re-chunked: new chunker version
+    assert second["vectors_embedded"] == 0 and second["vectors_reused"] == 20
+    versions = {r[0] for r in db.execute("SELECT DISTINCT chunker_version FROM chunks").fetchall()}
+    assert versions == {"structure+recursive-tokens/2;max=180;overlap=0"}

@@ -1,0 +1,137 @@
+"""LLM contextual prefixes over real HTTP against a small OpenAI-compatible server on 127.0.0.1."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from dagster import DagsterInstance
+from psycopg import sql
+
+from rag_pipeline import store
+from rag_pipeline.config import ConfigError, PrefixConfig
+from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
+from rag_pipeline.retrieval import search
+
+
+class FakeChatServer:
+    """Speaks /v1/chat/completions; `fail_next` makes the next N requests answer 503."""
+
+    def __init__(self):
+        self.calls = 0
+        self.fail_next = 0
+        self.bodies: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.calls += 1
+                server.bodies.append(body)
+                if self.path != "/v1/chat/completions":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                if server.fail_next > 0:
+                    server.fail_next -= 1
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                chunk = body["messages"][0]["content"].split("<chunk>")[1].split("</chunk>")[0].strip()
+                answer = f"Situated: this part covers {chunk.split()[0].strip('#')} matters."
+                payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def chat_server():
+    server = FakeChatServer()
+    yield server
+    server.stop()
+
+
+def test_client_retries_and_reports_failures(chat_server):
+    config = PrefixConfig(mode="llm", endpoint=chat_server.url, model="m", max_retries=2, timeout_seconds=5)
+    prefixer = LlmPrefixer(config)
+    chat_server.fail_next = 2
+    result = prefixer.prefixes("Doc text", [PrefixRequest("h1", "Battery facts")])
+    assert result == {"h1": "Situated: this part covers Battery matters."}
+    assert chat_server.calls == 3
+    assert chat_server.bodies[-1]["model"] == "m" and chat_server.bodies[-1]["temperature"] == 0
+    chat_server.fail_next = 10
+    with pytest.raises(PrefixError, match="HTTP 503"):
+        prefixer.prefixes("Doc text", [PrefixRequest("h2", "Other")])
+    prefixer.close()
+    with pytest.raises(PrefixError, match="endpoint"):
+        LlmPrefixer(PrefixConfig(mode="llm"))
+    with pytest.raises(ConfigError):
+        PrefixConfig(mode="magic")
+
+
+def test_llm_prefixes_are_paid_once(make_settings, corpus, chat_server, db):
+    source = [{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}]
+    prefix = {"mode": "llm", "endpoint": chat_server.url, "model": "test-model", "max_retries": 0}
+    with DagsterInstance.ephemeral() as instance:
+        first = run_ingest(make_settings(source, prefix=prefix), instance=instance)
+        assert first["success"], first.get("errors")
+        chunks = db.execute("SELECT prefix, text FROM chunks").fetchall()
+        assert chunks and all("Situated: this part covers" in p for p, _ in chunks)
+        assert all("Situated" not in t for _, t in chunks)  # stored apart from the chunk text
+        calls_after_first = chat_server.calls
+        assert calls_after_first == len({t for _, t in chunks})
+
+        # Re-chunking the same content pays nothing: every prefix comes from the cache.
+        db.execute("UPDATE documents SET status = 'pending_chunk' WHERE status = 'indexed'")
+        again = run_ingest(make_settings(source, prefix=prefix), instance=instance)
+        assert again["documents_chunked"] == 5 and again["vectors_embedded"] == 0
+        assert chat_server.calls == calls_after_first
+
+        # A chunker change pays only for chunks whose text is new.
+        first_texts = {t for _, t in chunks}
+        second = run_ingest(make_settings(source, prefix=prefix, chunking={"max_tokens": 60}), instance=instance)
+        assert second["documents_chunked"] == 5
+        new_texts = {t for (t,) in db.execute("SELECT text FROM chunks").fetchall()} - first_texts
+        assert new_texts and chat_server.calls - calls_after_first == len(new_texts)
+
+        hits = search(db, "how long does the battery last", ["staff"], k=3)
+        assert hits[0].prefix.startswith("nw200-faq") and "Situated" in hits[0].prefix
+        assert "Situated" not in hits[0].text
+        table = sql.Identifier(store.active_version(db).table_name)
+        matched = db.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE tsv @@ to_tsquery('english', 'situated')").format(table)
+        ).fetchone()[0]
+        assert matched > 0  # BM25 sees the prefix too
+
+
+def test_a_failing_endpoint_leaves_documents_queued_and_the_index_intact(make_settings, corpus, chat_server, db):
+    source = [{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}]
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(make_settings(source), instance=instance)["success"]
+        rows_before = db.execute("SELECT count(*) FROM active_chunks").fetchone()[0]
+        chat_server.fail_next = 1000
+        prefix = {"mode": "llm", "endpoint": chat_server.url, "model": "m", "max_retries": 0}
+        broken = run_ingest(make_settings(source, prefix=prefix, chunking={"max_tokens": 150}), instance=instance)
+        assert broken["success"] and broken["documents_chunked"] == 0
+        assert db.execute("SELECT count(*) FROM documents WHERE status = 'pending_chunk'").fetchone()[0] == 5
+        assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == rows_before
+        chat_server.fail_next = 0
+        healed = run_ingest(make_settings(source, prefix=prefix, chunking={"max_tokens": 150}), instance=instance)
+        assert healed["documents_chunked"] == 5
+        assert db.execute("SELECT count(*) FROM documents WHERE status = 'pending_chunk'").fetchone()[0] == 0
