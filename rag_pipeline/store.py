@@ -356,16 +356,17 @@ def replace_chunks(
     conn: psycopg.Connection, doc_id: str, chunks: Sequence[Chunk], prefixes: Sequence[str], chunker_version: str
 ) -> None:
     conn.execute("DELETE FROM chunks WHERE doc_id = %s", (doc_id,))
+    parser_version = conn.execute("SELECT parser_version FROM documents WHERE doc_id = %s", (doc_id,)).fetchone()[0]
     with conn.cursor().copy(
         """COPY chunks (chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
-                        content_type, token_count, content_hash, chunker_version) FROM STDIN"""
+                        content_type, token_count, content_hash, chunker_version, parser_version) FROM STDIN"""
     ) as copy:
         for chunk, prefix in zip(chunks, prefixes, strict=True):
             copy.write_row(
                 (
                     chunk.chunk_id, doc_id, chunk.ordinal, chunk.text, prefix, chunk.section_path,
                     chunk.page_start, chunk.page_end, chunk.content_type, chunk.token_count,
-                    chunk.content_hash, chunker_version,
+                    chunk.content_hash, chunker_version, parser_version,
                 )
             )
     conn.execute(

@@ -221,3 +221,25 @@ def test_changing_only_the_chunker_reembeds_nothing_that_stayed_the_same(make_se
     assert second["vectors_embedded"] == 0 and second["vectors_reused"] == 20
     versions = {r[0] for r in db.execute("SELECT DISTINCT chunker_version FROM chunks").fetchall()}
     assert versions == {"structure+recursive-tokens/2;max=180;overlap=0"}
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "torture").exists(),
+                    reason="shared/torture is not beside the checkout")
+def test_three_column_document_chunks_have_no_furniture_and_read_in_order(make_settings, tmp_path, instance, db):
+    folder = tmp_path / "fedreg"
+    folder.mkdir()
+    torture = Path(__file__).resolve().parents[2] / "shared" / "torture" / "docs"
+    shutil.copy(torture / "fedreg_2020-17221_3col.pdf", folder / "fedreg.pdf")
+    summary = run_ingest(make_settings([{"name": "fr", "root": str(folder), "acl_labels": ["public"]}]),
+                         instance=instance)
+    assert summary["parsed"] == 1 and summary["chunks_written"] > 30
+    texts = [" ".join(t.split()) for (t,) in db.execute("SELECT text FROM chunks ORDER BY ordinal").fetchall()]
+    import re
+
+    assert not [t for t in texts if re.search(r"Federal Register\s*/\s*Vol\. 85", t)]
+    assert not [t for t in texts if re.search(r"\b4770\d\b|\b4771\d\b", t) and len(t) < 12]  # no bare page numbers
+    whole = " ".join(texts)
+    assert "Investigation of the accident has been completed by the Indonesian authorities" in whole
+    cleaning = db.execute("SELECT cleaning FROM documents").fetchone()[0]
+    assert cleaning["running_header_footer"] > 1000
+    assert {r[0] for r in db.execute("SELECT DISTINCT parser_version FROM chunks").fetchall()} != {None}
