@@ -31,7 +31,7 @@ def test_docling_formats():
     assert len(docx) == 1 and docx[0].tier == "docling"
     assert "Safety equipment" in docx[0].markdown and "| Payroll" in docx[0].markdown
     html = list(parse_file(SAMPLE_CORPUS / "products" / "nw200-faq.html"))
-    assert "nine hours" in html[0].markdown and html[0].markdown.count("## ") == 3
+    assert "nine hours" in html[0].markdown and html[0].markdown.count("## ") == 4
 
 
 def test_dead_letter_reasons(tmp_path):

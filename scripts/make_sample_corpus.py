@@ -129,6 +129,12 @@ def quarterly_report(path: Path) -> None:
     pdf.output(str(path))
 
 
+# The same notice closes several staff documents: the index keeps it once (near-duplicate detection).
+NOTICE = (
+    "This document is internal to Northwind Robotics. Do not forward it outside the company; if you find a "
+    "printed copy in a public place, hand it to reception or to the security desk."
+)
+
 TRAVEL_POLICY = """# Travel and expenses policy
 
 ## Booking travel
@@ -149,7 +155,10 @@ Rail is preferred to air for trips under four hours between Lyon and Paris, Gene
 
 Submit receipts in the expense tool within 30 days of returning. Claims older than 90 days are not
 reimbursed. Alcohol is never reimbursed, except at client dinners approved by a director.
-"""
+
+## Notice
+
+""" + NOTICE + "\n"
 
 FAQ_HTML = """<!DOCTYPE html>
 <html><head><title>Warehouse robot FAQ</title></head>
@@ -164,6 +173,8 @@ to keep braking distances safe around people.</p>
 <h2>Which floors does it need?</h2>
 <p>Floors must be level within 5 mm over 3 metres. The robot navigates with floor-mounted QR markers, so
 epoxy coatings must be matte; glossy floors confuse the downward camera.</p>
+<h2>Notice</h2>
+<p>""" + NOTICE + """</p>
 </body></html>
 """
 
@@ -194,6 +205,8 @@ def onboarding_guide(path: Path) -> None:
                            ("Security incidents", "extension 4400")]:
         cells = table.add_row().cells
         cells[0].text, cells[1].text = topic, contact
+    document.add_heading("Notice", level=2)
+    document.add_paragraph(NOTICE)
     document.save(str(path))
 
 
