@@ -124,6 +124,47 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
+    """Parse one file through the cascade, as ingestion would (cleaning included), and report every page."""
+    from rag_pipeline.cascade import Cascade, parse_document
+    from rag_pipeline.cleaning import clean_document
+    from rag_pipeline.parsing import DeadLetter, parser_version
+
+    path = Path(args.file)
+    report: dict[str, Any] = {"file": str(path), "status": "ok", "reason": None, "detail": None,
+                              "parser_version": parser_version(), "pages": []}
+    cascade = Cascade(settings.parsing)
+    try:
+        pages = parse_document(path, args.password, cascade)
+        texts, removed = clean_document([p.markdown for p in pages])
+        report["chars_removed"] = removed
+        report["pages"] = [
+            {"page": p.page, "tier": p.tier, "signals": p.signals, "markdown": text, "tables": p.tables,
+             "seconds": round(p.seconds, 4)}
+            for p, text in zip(pages, texts, strict=True)
+        ]
+    except DeadLetter as exc:
+        report.update(status="dead_letter", reason=exc.reason, detail=exc.detail)
+    except FileNotFoundError:
+        report.update(status="dead_letter", reason="missing", detail=f"no such file: {path}")
+    finally:
+        cascade.close()
+    report["tiers_unavailable"] = cascade.unavailable
+    if args.json:
+        _print_json(report)
+    else:
+        if report["status"] != "ok":
+            print(f"{path}: dead letter ({report['reason']}): {report['detail']}")
+        for page in report["pages"]:
+            escalation = page["signals"].get("escalation")
+            note = f"  escalated: {escalation}" if escalation else ""
+            print(f"page {page['page']:>4}  {page['tier']:<10} {len(page['markdown']):>7} chars  "
+                  f"{page['tables']} tables  {page['seconds']:.3f}s{note}")
+        for tier, why in report["tiers_unavailable"].items():
+            print(f"note: tier {tier} could not run: {why}")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     home = _prepare_instance(settings)
     workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
@@ -166,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
     search.add_argument("--json", action="store_true")
     search.set_defaults(func=cmd_search)
+
+    parse = sub.add_parser("parse", help="parse one file through the cascade and show each page")
+    parse.add_argument("file")
+    parse.add_argument("--password", help="password of an encrypted PDF")
+    parse.add_argument("--json", action="store_true")
+    parse.set_defaults(func=cmd_parse)
 
     ui = sub.add_parser("ui", help="serve the Dagster UI (and daemon) on the project's instance")
     ui.add_argument("--host", default="127.0.0.1")

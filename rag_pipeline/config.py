@@ -124,6 +124,43 @@ class PrefixConfig:
 
 
 @dataclass(frozen=True)
+class VlmConfig:
+    """Tier 3: a vision-language model behind an OpenAI-compatible chat endpoint. Off unless configured."""
+
+    endpoint: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    timeout_seconds: float = 120.0
+    max_retries: int = 2
+    max_concurrency: int = 2
+    page_budget: int = 50  # pages per run at most: a runaway corpus must not run up a bill
+    dpi: int = 150
+    max_tokens: int = 2048
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.endpoint and self.model)
+
+
+@dataclass(frozen=True)
+class ParsingConfig:
+    """The structural check that decides which PDF pages leave tier 1 (pdfplumber), and the tiers after it."""
+
+    min_chars_per_page: int = 80  # fewer characters than this on a page that is mostly image: a scan
+    min_image_coverage: float = 0.3  # share of the page covered by images for "mostly image"
+    max_bad_glyph_ratio: float = 0.05  # (cid:NN), U+FFFD and private-use glyphs per character
+    max_ragged_table_ratio: float = 0.34  # share of table rows whose cell count differs from the header's
+    docling_artifacts_path: str | None = None  # Docling's layout-model folder; the Docling tier needs it
+    ocr_engine: str = "rapidocr"  # rapidocr | none
+    ocr_dpi: int = 200
+    vlm: VlmConfig = field(default_factory=VlmConfig)
+
+    def __post_init__(self) -> None:
+        if self.ocr_engine not in ("rapidocr", "none"):
+            raise ConfigError(f"parsing.ocr_engine must be 'rapidocr' or 'none', got {self.ocr_engine!r}")
+
+
+@dataclass(frozen=True)
 class Settings:
     data_dir: Path = field(default_factory=lambda: Path(".rag_data").resolve())
     database_url: str | None = None  # external Postgres; None starts the embedded server
@@ -131,6 +168,7 @@ class Settings:
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    parsing: ParsingConfig = field(default_factory=ParsingConfig)
     sources: tuple[SourceConfig, ...] = ()
     refresh_cron: str = "0 * * * *"
     batch_size: int = 64  # documents per unit of work in each stage
@@ -153,6 +191,16 @@ class Settings:
 
     def with_sources(self, sources: tuple[SourceConfig, ...]) -> Settings:
         return replace(self, sources=sources)
+
+
+def _parsing_config(raw: dict[str, Any]) -> ParsingConfig:
+    raw = dict(raw)
+    vlm_raw = raw.pop("vlm", None) or {}
+    for name, given, known in (("parsing", raw, ParsingConfig), ("parsing.vlm", vlm_raw, VlmConfig)):
+        unknown = set(given) - set(known.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown {name} settings: {sorted(unknown)}")
+    return ParsingConfig(**raw, vlm=VlmConfig(**vlm_raw))
 
 
 def _config_path(explicit: str | Path | None) -> Path | None:
@@ -187,6 +235,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
     if unknown:
         raise ConfigError(f"unknown prefix settings: {sorted(unknown)}")
     prefix = PrefixConfig(**prefix_raw)
+    parsing = _parsing_config(raw.get("parsing") or {})
     chunking = ChunkingConfig(
         max_tokens=chunking_raw.get("max_tokens"),
         overlap_tokens=int(chunking_raw.get("overlap_tokens", 0)),
@@ -208,6 +257,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         embedding=embedding,
         chunking=chunking,
         prefix=prefix,
+        parsing=parsing,
         sources=sources,
         refresh_cron=raw.get("refresh_cron", Settings.refresh_cron),
         batch_size=int(raw.get("batch_size", Settings.batch_size)),

@@ -9,9 +9,9 @@ document is still in the state the work was planned for.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -22,12 +22,13 @@ import numpy as np
 import psycopg
 
 from rag_pipeline import dedup, store
+from rag_pipeline.cascade import Cascade, parse_document
 from rag_pipeline.chunking import Chunker, chunker_version, template_prefix, truncate_to_tokens
 from rag_pipeline.cleaning import clean_document, content_hash
 from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.database import connect
 from rag_pipeline.embedding import get_embedder, input_sha, load_tokenizer, max_sequence_length, resolve_model
-from rag_pipeline.parsing import DeadLetter, parse_file, parser_version
+from rag_pipeline.parsing import DeadLetter, parser_version
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.sources import ScanProblem, UnsafePathError, document_password, safe_join, scan_source
 
@@ -71,6 +72,10 @@ class ParseStats(StageStats):
     tiers: dict[str, int] = field(default_factory=dict)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     chars_removed: dict[str, int] = field(default_factory=dict)  # by cleaning rule
+    escalated: int = 0  # pages that failed the structural check
+    escalation_reasons: dict[str, int] = field(default_factory=dict)
+    unresolved_pages: int = 0  # failed the check and no tier could do better
+    tiers_unavailable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -179,30 +184,26 @@ def discover(db_url: str, sources: Sequence[SourceConfig], progress: Progress = 
 def parse_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> ParseStats:
     started = time.perf_counter()
     stats = ParseStats()
-    tiers: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    cleaning: Counter[str] = Counter()
     version = parser_version()
-    with connect(db_url) as conn:
+    cascade = Cascade(settings.parsing)
+    with connect(db_url) as conn, contextlib.closing(cascade):
         roots = {s.name: s for s in store.registered_sources(conn)}
         after = ""
         while batch := store.pending_documents(conn, "pending_parse", settings.batch_size, after):
             conn.commit()
             for doc in batch:
-                outcome = _parse_one(conn, doc, roots[doc.source], version, tiers, cleaning)
-                if outcome.startswith("dead_letter:"):
-                    reasons[outcome.split(":", 1)[1]] += 1
-                else:
-                    setattr(stats, outcome, getattr(stats, outcome) + 1)
+                _parse_one(conn, doc, roots[doc.source], version, cascade, stats)
             after = batch[-1].doc_id
-            progress(f"parse: {stats.parsed} parsed, {sum(reasons.values())} dead-lettered so far")
-    stats.pages = sum(tiers.values())
-    stats.tiers = dict(tiers)
-    stats.dead_letter_reasons = dict(reasons)
-    stats.dead_lettered = sum(reasons.values())
-    stats.chars_removed = dict(cleaning)
+            progress(f"parse: {stats.parsed} parsed, {stats.dead_lettered} dead-lettered so far")
+    stats.tiers_unavailable = dict(cascade.unavailable)
+    for tier, why in cascade.unavailable.items():
+        progress(f"parse: tier {tier} could not run: {why}")
     stats.seconds = time.perf_counter() - started
     return stats
+
+
+def _count(mapping: dict[str, int], key: str, amount: int = 1) -> None:
+    mapping[key] = mapping.get(key, 0) + amount
 
 
 def _parse_one(
@@ -210,52 +211,66 @@ def _parse_one(
     doc: store.PendingDocument,
     source: SourceConfig,
     version: str,
-    tiers: Counter,
-    cleaning: Counter,
-) -> str:
+    cascade: Cascade,
+    stats: ParseStats,
+) -> None:
     try:
         path = safe_join(source.root, doc.rel_path)
         password = document_password(source, doc.rel_path)
     except UnsafePathError as exc:
-        return _dead_letter(conn, doc, DeadLetter("unsupported", str(exc)))
-    page_tiers: Counter[str] = Counter()
+        _dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
+        return
     try:
-        # Pages stream out of the parser one by one (pdfplumber's per-page objects are freed as it goes);
-        # only their text is kept, because furniture is found by comparing pages.
-        pages = list(parse_file(path, password))
+        # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because
+        # furniture is found by comparing pages.
+        pages = parse_document(path, password, cascade)
         texts, removed = clean_document([page.markdown for page in pages])
         for page, text in zip(pages, texts, strict=True):
             page.markdown = text
-            page_tiers[page.tier] += 1
         new_hash = content_hash(texts)
         unchanged = new_hash == doc.indexed_content_hash
         with conn.transaction():
             if not store.claim(conn, doc.doc_id, "pending_parse", doc.fingerprint):
-                return "vanished"
+                stats.vanished += 1
+                return
             store.replace_pages(conn, doc.doc_id, pages, version)
             store.finish_parse(
                 conn, doc.doc_id, new_hash, len(pages), version, "indexed" if unchanged else "pending_chunk",
                 removed,
             )
-        for rule, count in removed.items():
-            cleaning[rule] += count
     except DeadLetter as exc:
-        return _dead_letter(conn, doc, exc)
+        _dead_letter(conn, doc, exc, stats)
+        return
     except FileNotFoundError:
-        return "vanished"  # deleted after discovery; the next scan logs the deletion
+        stats.vanished += 1  # deleted after discovery; the next scan logs the deletion
+        return
     except Exception as exc:  # a parser bug must not stop the run or lose the document
         log.exception("parser failed on %s/%s", doc.source, doc.rel_path)
-        return _dead_letter(conn, doc, DeadLetter("parser_error", f"{type(exc).__name__}: {exc}"))
-    tiers.update(page_tiers)
-    return "content_unchanged" if unchanged else "parsed"
+        _dead_letter(conn, doc, DeadLetter("parser_error", f"{type(exc).__name__}: {exc}"), stats)
+        return
+    if unchanged:
+        stats.content_unchanged += 1
+    else:
+        stats.parsed += 1
+    stats.pages += len(pages)
+    for page in pages:
+        _count(stats.tiers, page.tier)
+        if "escalation" in page.signals:
+            stats.escalated += 1
+            _count(stats.escalation_reasons, page.signals["escalation"])
+        if page.signals.get("unresolved"):
+            stats.unresolved_pages += 1
+    for rule, count in removed.items():
+        _count(stats.chars_removed, rule, count)
 
 
-def _dead_letter(conn: psycopg.Connection, doc: store.PendingDocument, exc: DeadLetter) -> str:
+def _dead_letter(conn: psycopg.Connection, doc: store.PendingDocument, exc: DeadLetter, stats: ParseStats) -> None:
     with conn.transaction():
         if store.claim(conn, doc.doc_id, "pending_parse", doc.fingerprint):
             store.dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
     log.warning("dead-lettered %s/%s: %s", doc.source, doc.rel_path, exc)
-    return f"dead_letter:{exc.reason}"
+    stats.dead_lettered += 1
+    _count(stats.dead_letter_reasons, exc.reason)
 
 
 # --- chunk -----------------------------------------------------------------------------------------

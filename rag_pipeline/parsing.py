@@ -237,6 +237,14 @@ def _mark_headings(text: str, levels: dict[str, int]) -> str:
     return "\n".join(out)
 
 
+def _ragged_ratio(rows: list[list[Any]]) -> float:
+    """Share of a table's rows whose filled-cell count differs from its header's: a sign of broken structure."""
+    filled = [sum(1 for c in row if c not in (None, "")) for row in rows if any(c not in (None, "") for c in row)]
+    if len(filled) < 2:
+        return 0.0
+    return round(sum(1 for n in filled[1:] if n != filled[0]) / (len(filled) - 1), 3)
+
+
 def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     tables = page.find_tables()
     boxes = [t.bbox for t in tables]
@@ -254,11 +262,21 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     text = _mark_headings(text, headings)
     table_markdown = [md for md in (table_to_markdown(t.extract()) for t in tables) if md]
     markdown = "\n\n".join(part for part in [text.strip(), *table_markdown] if part)
+    bad_glyphs = len(CID_GLYPH_RE.findall(text)) + sum(
+        1 for ch in text if ch == "\ufffd" or 0xE000 <= ord(ch) <= 0xF8FF
+    )
+    page_area = float(page.width) * float(page.height) or 1.0
+    image_area = sum(
+        max(0.0, float(i["x1"]) - float(i["x0"])) * max(0.0, float(i["bottom"]) - float(i["top"])) for i in page.images
+    )
     signals = {
         "chars": len(page.chars),
         "text_layer": bool(page.chars),
         "cid_glyphs": len(CID_GLYPH_RE.findall(text)),
         "replacement_glyphs": text.count("\ufffd"),
+        "bad_glyph_ratio": round(bad_glyphs / max(1, len(text)), 4),
+        "image_coverage": round(min(1.0, image_area / page_area), 3),
+        "ragged_table_ratio": max((_ragged_ratio(t.extract()) for t in tables), default=0.0),
         "images": len(page.images),
         "rotation": int(page.rotation or 0),
         "headings": len(headings),

@@ -244,3 +244,21 @@ def test_three_column_document_chunks_have_no_furniture_and_read_in_order(make_s
     cleaning = db.execute("SELECT cleaning FROM documents").fetchone()[0]
     assert cleaning["running_header_footer"] > 1000
     assert {r[0] for r in db.execute("SELECT DISTINCT parser_version FROM chunks").fetchall()} != {None}
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "torture").exists(),
+                    reason="shared/torture is not beside the checkout")
+def test_a_scanned_page_is_escalated_to_ocr_and_becomes_searchable(make_settings, tmp_path, instance, db):
+    from rag_pipeline.retrieval import search
+
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    torture = Path(__file__).resolve().parents[2] / "shared" / "torture" / "docs"
+    shutil.copy(torture / "docling_ocr_test_scanned.pdf", folder / "scan.pdf")
+    summary = run_ingest(make_settings([{"name": "scans", "root": str(folder), "acl_labels": ["ops"]}]),
+                         instance=instance)
+    assert summary["parsed"] == 1 and summary["chunks_written"] == 1
+    tier, signals = db.execute("SELECT tier, signals FROM document_pages").fetchone()
+    assert tier == "ocr" and signals["escalation"] == "image_only"
+    hits = search(db, "which package converts PDF documents to JSON and Markdown", ["ops"], k=1)
+    assert hits and "Docling bundles PDF document conversion" in hits[0].text

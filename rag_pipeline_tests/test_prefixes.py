@@ -1,9 +1,5 @@
 """LLM contextual prefixes over real HTTP against a small OpenAI-compatible server on 127.0.0.1."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 from dagster import DagsterInstance
 from psycopg import sql
@@ -13,51 +9,7 @@ from rag_pipeline.config import ConfigError, PrefixConfig
 from rag_pipeline.defs.instance import run_ingest
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.retrieval import search
-
-
-class FakeChatServer:
-    """Speaks /v1/chat/completions; `fail_next` makes the next N requests answer 503."""
-
-    def __init__(self):
-        self.calls = 0
-        self.fail_next = 0
-        self.bodies: list[dict] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.calls += 1
-                server.bodies.append(body)
-                if self.path != "/v1/chat/completions":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                if server.fail_next > 0:
-                    server.fail_next -= 1
-                    self.send_response(503)
-                    self.end_headers()
-                    return
-                chunk = body["messages"][0]["content"].split("<chunk>")[1].split("</chunk>")[0].strip()
-                answer = f"Situated: this part covers {chunk.split()[0].strip('#')} matters."
-                payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from rag_pipeline_tests.chat_server import FakeChatServer
 
 
 @pytest.fixture

@@ -85,6 +85,10 @@ def parsed_documents(context: dg.AssetExecutionContext, rag: RagResource):
             "pages": stats.pages,
             "seconds": round(stats.seconds, 3),
             "tier_mix": _table(("tier", "pages"), sorted(stats.tiers.items())),
+            "pages_escalated": stats.escalated,
+            "pages_unresolved": stats.unresolved_pages,
+            "escalations": _table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
+            "tiers_unavailable": _table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
             "chars_removed_by_cleaning": _table(("rule", "characters"), sorted(stats.chars_removed.items())),
             "dead_letters_this_run": _table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
             "dead_letters_all": _table(

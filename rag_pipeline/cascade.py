@@ -1,0 +1,246 @@
+"""The PDF parser cascade: escalate only the pages that fail a structural check.
+
+Tier 1 (pdfplumber) parses every page and records signals. A page whose signals fail the check goes to
+the next tier that can fix its problem:
+
+- tier 2, Docling's layout pipeline, for broken glyphs and broken table structure (only that page:
+  `page_range`); it needs its layout-model weights (`parsing.docling_artifacts_path`) and says so when absent;
+- OCR (RapidOCR, ONNX models shipped on PyPI, offline) for image-only and broken-glyph pages;
+- tier 3, a vision-language model behind an OpenAI-compatible endpoint, off unless configured, with a
+  per-run page budget.
+
+Every attempt is recorded in the page's signals (`escalation`, `attempts`), whatever its outcome; a page
+no tier could fix keeps its tier-1 text and is marked `unresolved`.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from rag_pipeline.config import ParsingConfig, VlmConfig
+from rag_pipeline.llm import ChatClient, EndpointError
+from rag_pipeline.parsing import ParsedPage
+
+log = logging.getLogger(__name__)
+
+VLM_PROMPT = (
+    "Transcribe this document page to GitHub-flavoured Markdown. Keep the reading order, headings as #, "
+    "tables as Markdown tables with their header row. Output only the Markdown."
+)
+
+# Which tiers can fix which failure, in the order they are tried.
+REMEDIES = {
+    "image_only": ("ocr", "vlm"),
+    "glyph_failure": ("docling", "ocr", "vlm"),
+    "table_structure": ("docling", "vlm"),
+}
+
+
+def escalation_reason(signals: dict[str, Any], config: ParsingConfig) -> str | None:
+    """Why a tier-1 page cannot be trusted, or None if it passes the structural check."""
+    chars = int(signals.get("chars", 0))
+    coverage = float(signals.get("image_coverage", 0.0))
+    if chars < config.min_chars_per_page and coverage >= config.min_image_coverage:
+        return "image_only"  # a scan, or a page that is mostly a picture of text
+    if float(signals.get("bad_glyph_ratio", 0.0)) > config.max_bad_glyph_ratio:
+        return "glyph_failure"  # fonts without a Unicode map: (cid:NN), U+FFFD, private-use code points
+    if float(signals.get("ragged_table_ratio", 0.0)) > config.max_ragged_table_ratio:
+        return "table_structure"
+    return None
+
+
+class TierUnavailable(RuntimeError):
+    """A tier cannot run here (missing models, not configured, budget spent); the message says why."""
+
+
+@dataclass
+class VlmBudget:
+    """Pages tier 3 may still parse in this run; shared by every document of the run."""
+
+    pages: int
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.pages <= 0:
+                return False
+            self.pages -= 1
+            return True
+
+
+def render_page(path: Path, page_number: int, dpi: int, password: str | None) -> Any:
+    """One PDF page as a PIL image (pdfium renders it; nothing else of the file is kept)."""
+    import pypdfium2 as pdfium
+
+    document = pdfium.PdfDocument(str(path), password=password or None)
+    try:
+        return document[page_number - 1].render(scale=dpi / 72).to_pil()
+    finally:
+        document.close()
+
+
+@lru_cache(maxsize=1)
+def _rapidocr() -> Any:
+    from rapidocr import RapidOCR
+
+    return RapidOCR(params={"Global.log_level": "warning"})
+
+
+_ocr_lock = threading.Lock()
+
+
+def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str | None) -> str:
+    if config.ocr_engine == "none":
+        raise TierUnavailable("OCR is switched off (parsing.ocr_engine: none)")
+    image = render_page(path, page_number, config.ocr_dpi, password)
+    with _ocr_lock:  # one ONNX session, already multi-threaded
+        result = _rapidocr()(image)
+    return "\n".join(result.txts or ())
+
+
+def docling_unavailable_reason(config: ParsingConfig) -> str | None:
+    """Why Docling's PDF layout pipeline cannot run here, or None when it can."""
+    if not config.docling_artifacts_path:
+        return "Docling layout models not configured (parsing.docling_artifacts_path)"
+    if not Path(config.docling_artifacts_path).is_dir():
+        return f"Docling layout models not found at {config.docling_artifacts_path}"
+    if importlib.util.find_spec("docling_parse") is None:
+        return "Docling's PDF backend is not installed (pip install 'docling-slim[format-pdf-docling]')"
+    return None
+
+
+@lru_cache(maxsize=2)
+def _docling_pdf_converter(artifacts_path: str) -> Any:
+    from docling.datamodel.base_models import InputFormat
+    from docling.datamodel.pipeline_options import PdfPipelineOptions
+    from docling.document_converter import DocumentConverter, PdfFormatOption
+
+    options = PdfPipelineOptions(artifacts_path=artifacts_path, do_ocr=False, do_table_structure=True)
+    return DocumentConverter(
+        allowed_formats=[InputFormat.PDF],
+        format_options={InputFormat.PDF: PdfFormatOption(pipeline_options=options)},
+    )
+
+
+def docling_page(path: Path, page_number: int, config: ParsingConfig) -> str:
+    reason = docling_unavailable_reason(config)
+    if reason:
+        raise TierUnavailable(reason)
+    converter = _docling_pdf_converter(str(config.docling_artifacts_path))
+    result = converter.convert(path, page_range=(page_number, page_number), raises_on_error=False)
+    if result.document is None or not result.document.pages:
+        raise TierUnavailable(f"Docling produced no page ({result.status})")
+    return result.document.export_to_markdown(page_no=page_number)
+
+
+class VlmPageParser:
+    def __init__(self, config: VlmConfig):
+        if not config.enabled:
+            raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
+        self.config = config
+        self._client = ChatClient(
+            config.endpoint or "", config.model or "", api_key_env=config.api_key_env,
+            timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def page(self, path: Path, page_number: int, password: str | None) -> str:
+        image = render_page(path, page_number, self.config.dpi, password)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        content = [{"type": "text", "text": VLM_PROMPT}, {"type": "image_url", "image_url": {"url": data_url}}]
+        try:
+            return self._client.chat(content, self.config.max_tokens).strip()
+        except EndpointError as exc:
+            raise TierUnavailable(f"vision-language model: {exc}") from exc
+
+
+class Cascade:
+    """Escalates the failing pages of one run. Reuse one instance per run (it holds the VLM budget)."""
+
+    def __init__(self, config: ParsingConfig):
+        self.config = config
+        self.budget = VlmBudget(config.vlm.page_budget)
+        self._vlm: VlmPageParser | None = VlmPageParser(config.vlm) if config.vlm.enabled else None
+        self.unavailable: dict[str, str] = {}  # tier -> why it could not run (reported once per run)
+
+    def close(self) -> None:
+        if self._vlm is not None:
+            self._vlm.close()
+
+    def _tier(self, tier: str, path: Path, page: int, password: str | None) -> str:
+        if tier == "docling":
+            return docling_page(path, page, self.config)
+        if tier == "ocr":
+            return ocr_page(path, page, self.config, password)
+        if self._vlm is None:
+            raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
+        if not self.budget.take():
+            raise TierUnavailable(f"VLM page budget of {self.config.vlm.page_budget} spent for this run")
+        return self._vlm.page(path, page, password)
+
+    def _escalate(self, path: Path, page: ParsedPage, reason: str, password: str | None) -> ParsedPage:
+        attempts: list[dict[str, Any]] = []
+        for tier in REMEDIES[reason]:
+            started = time.perf_counter()
+            try:
+                markdown = self._tier(tier, path, page.page, password)
+            except TierUnavailable as exc:
+                self.unavailable.setdefault(tier, str(exc))
+                attempts.append({"tier": tier, "outcome": "unavailable", "detail": str(exc)})
+                continue
+            except Exception as exc:  # a tier's crash must not lose the page: try the next one
+                log.warning("%s failed on %s page %s: %s", tier, path.name, page.page, exc)
+                attempts.append({"tier": tier, "outcome": "error", "detail": f"{type(exc).__name__}: {exc}"})
+                continue
+            seconds = time.perf_counter() - started
+            if markdown.strip():
+                attempts.append({"tier": tier, "outcome": "ok", "seconds": round(seconds, 3)})
+                signals = {**page.signals, "escalation": reason, "attempts": attempts}
+                return ParsedPage(page.page, tier, markdown, page.seconds + seconds, page.tables, signals)
+            attempts.append({"tier": tier, "outcome": "empty"})
+        signals = {**page.signals, "escalation": reason, "attempts": attempts, "unresolved": True}
+        return ParsedPage(page.page, page.tier, page.markdown, page.seconds, page.tables, signals)
+
+    def run(self, path: Path, pages: list[ParsedPage], password: str | None = None) -> list[ParsedPage]:
+        """Return the pages with every failing one replaced by the best tier that could parse it."""
+        failing = []
+        for index, page in enumerate(pages):
+            reason = escalation_reason(page.signals, self.config) if page.tier == "pdfplumber" else None
+            if reason:
+                failing.append((index, reason))
+        if not failing:
+            return pages
+        out = list(pages)
+        workers = max(1, self.config.vlm.max_concurrency if self._vlm else 1)
+        escalate: Callable[[tuple[int, str]], ParsedPage] = lambda item: self._escalate(  # noqa: E731
+            path, pages[item[0]], item[1], password
+        )
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for (index, _), page in zip(failing, pool.map(escalate, failing), strict=True):
+                out[index] = page
+        return out
+
+
+def parse_document(path: Path, password: str | None, cascade: Cascade | None) -> list[ParsedPage]:
+    """Parse a file with tier 1, then escalate its failing PDF pages through the cascade."""
+    from rag_pipeline.parsing import PDF_SUFFIXES, parse_file
+
+    pages = list(parse_file(path, password))
+    if cascade is not None and path.suffix.lower() in PDF_SUFFIXES:
+        pages = cascade.run(path, pages, password)
+    return pages

@@ -1,0 +1,82 @@
+"""The parser cascade: structural check, per-page escalation, tier availability, the `parse` CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rag_pipeline.cascade import Cascade, escalation_reason, parse_document
+from rag_pipeline.config import ParsingConfig, VlmConfig
+from rag_pipeline_tests.chat_server import FakeChatServer
+from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
+
+SCANNED = TORTURE / "docs" / "docling_ocr_test_scanned.pdf"
+needs_torture = pytest.mark.skipif(not SCANNED.exists(), reason="shared/torture is not beside the checkout")
+
+
+def test_structural_check():
+    config = ParsingConfig()
+    good = {"chars": 2000, "image_coverage": 0.1, "bad_glyph_ratio": 0.0, "ragged_table_ratio": 0.0}
+    assert escalation_reason(good, config) is None
+    assert escalation_reason({**good, "chars": 0, "image_coverage": 0.9}, config) == "image_only"
+    assert escalation_reason({**good, "chars": 0, "image_coverage": 0.0}, config) is None  # a blank page
+    assert escalation_reason({**good, "bad_glyph_ratio": 0.2}, config) == "glyph_failure"
+    assert escalation_reason({**good, "ragged_table_ratio": 0.8}, config) == "table_structure"
+    strict = ParsingConfig(max_bad_glyph_ratio=0.0)
+    assert escalation_reason({**good, "bad_glyph_ratio": 0.01}, strict) == "glyph_failure"
+
+
+def test_text_layer_pages_stay_in_tier_one():
+    cascade = Cascade(ParsingConfig())
+    pages = parse_document(SAMPLE_CORPUS / "finance" / "q3-report.pdf", None, cascade)
+    assert [p.tier for p in pages] == ["pdfplumber", "pdfplumber"]
+    assert not any("escalation" in p.signals for p in pages)
+
+
+@needs_torture
+def test_image_only_page_is_read_by_ocr_and_docling_absence_is_reported():
+    cascade = Cascade(ParsingConfig())
+    (page,) = parse_document(SCANNED, None, cascade)
+    assert page.tier == "ocr" and page.signals["escalation"] == "image_only"
+    text = " ".join(page.markdown.split())
+    assert "Docling bundles PDF document conversion to JSON and Markdown" in text
+    assert page.signals["attempts"][-1]["outcome"] == "ok"
+    glyphs = Cascade(ParsingConfig(docling_artifacts_path="/nonexistent/models", ocr_engine="none"))
+    unresolved = glyphs._escalate(SCANNED, page, "glyph_failure", None)
+    assert unresolved.signals["unresolved"] is True
+    assert "not found at /nonexistent/models" in glyphs.unavailable["docling"]
+    assert [a["outcome"] for a in unresolved.signals["attempts"]] == ["unavailable", "unavailable", "unavailable"]
+
+
+@needs_torture
+def test_vision_language_model_tier_over_http_with_a_page_budget():
+    server = FakeChatServer()
+    try:
+        vlm = VlmConfig(endpoint=server.url, model="vlm-test", page_budget=1, max_retries=0)
+        cascade = Cascade(ParsingConfig(ocr_engine="none", vlm=vlm))
+        (page,) = parse_document(SCANNED, None, cascade)
+        assert page.tier == "vlm" and page.markdown.startswith("# Transcribed page")
+        assert server.images == 1 and server.bodies[-1]["model"] == "vlm-test"
+        (again,) = parse_document(SCANNED, None, cascade)  # the budget of one page is spent
+        assert again.tier == "pdfplumber" and again.signals["unresolved"]
+        assert "budget" in cascade.unavailable["vlm"]
+        assert server.images == 1
+        cascade.close()
+    finally:
+        server.stop()
+
+
+def test_parse_cli_contract(tmp_path):
+    cli = [sys.executable, "-m", "rag_pipeline.cli", "parse"]
+    ok = subprocess.run([*cli, str(SAMPLE_CORPUS / "finance" / "q3-report.pdf"), "--json"],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    report = json.loads(ok.stdout)
+    assert report["status"] == "ok" and report["reason"] is None and report["parser_version"]
+    first = report["pages"][0]
+    assert {"page", "tier", "signals", "markdown", "tables", "seconds"} <= set(first)
+    assert first["page"] == 1 and first["tier"] == "pdfplumber" and first["tables"] == 1
+    broken = subprocess.run([*cli, str(SAMPLE_CORPUS / "legacy" / "scanned-contract.pdf"), "--json"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    report = json.loads(broken.stdout)
+    assert report["status"] == "dead_letter" and report["reason"] == "truncated" and report["pages"] == []
