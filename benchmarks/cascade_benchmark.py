@@ -1,0 +1,89 @@
+"""Parser-cascade cost: cascade wall time / pdfplumber-only wall time on the same text-layer PDFs, and peak
+resident memory while parsing the 117-page torture document.
+
+    .venv/bin/python benchmarks/cascade_benchmark.py [--torture ../shared/torture] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from rag_pipeline.cascade import Cascade, parse_document  # noqa: E402
+from rag_pipeline.config import ParsingConfig  # noqa: E402
+from rag_pipeline.parsing import parse_file  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TEXT_LAYER = [
+    "fedreg_2020-17221_3col.pdf",
+    "camelot_12s0324_borderless_2tables.pdf",
+    "pdfplumber_WARN_report_16p_table.pdf",
+    "pdfplumber_nics_rotated.pdf",
+    "docling_redp5110_sampled.pdf",
+    "pypdf_multilang.pdf",
+]
+
+MEMORY_PROBE = """
+import json, resource, sys, time
+from pathlib import Path
+from rag_pipeline.cascade import Cascade, parse_document
+from rag_pipeline.config import ParsingConfig
+started = time.perf_counter()
+pages = parse_document(Path(sys.argv[1]), None, Cascade(ParsingConfig()))
+print(json.dumps({"pages": len(pages), "seconds": time.perf_counter() - started,
+                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--torture", type=Path, default=REPO.parent / "shared" / "torture")
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    docs = [args.torture / "docs" / name for name in TEXT_LAYER]
+    docs += sorted((REPO / "sample_corpus").rglob("*.pdf"))
+    docs = [d for d in docs if d.exists() and "scanned-contract" not in d.name]
+    cascade = Cascade(ParsingConfig())
+    parse_document(docs[0], None, cascade)  # warm imports outside the timings
+
+    tier1 = cascaded = 0.0
+    escalated = pages = 0
+    for _ in range(args.repeat):
+        for doc in docs:
+            tier1 += timed(lambda d=doc: list(parse_file(d)))
+            result: list = []
+            cascaded += timed(lambda d=doc, out=result: out.extend(parse_document(d, None, cascade)))
+            pages += len(result)
+            escalated += sum(1 for p in result if "escalation" in p.signals)
+    print(f"text-layer corpus: {len(docs)} PDFs, {pages // args.repeat} pages, "
+          f"{escalated // args.repeat} escalated by the structural check")
+    print("| measurement | value | goal |")
+    print("|---|---|---|")
+    print(f"| pdfplumber only | {tier1 / args.repeat:.2f} s | |")
+    print(f"| cascade | {cascaded / args.repeat:.2f} s | |")
+    print(f"| cascade / pdfplumber | {cascaded / tier1:.3f} | <= 1.15 |")
+
+    long_doc = args.torture / "docs" / "pysample_GeoTopo_117p.pdf"
+    if long_doc.exists():
+        probe = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(long_doc)], capture_output=True, text=True,
+                               check=True)
+        stats = json.loads(probe.stdout.strip().splitlines()[-1])
+        print(f"| peak RSS, {stats['pages']}-page PDF through the cascade | {stats['max_rss_mb']:.0f} MB | bounded |")
+        print(f"| seconds for it | {stats['seconds']:.1f} s | |")
+
+
+if __name__ == "__main__":
+    main()
