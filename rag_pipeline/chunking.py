@@ -184,14 +184,18 @@ class Chunker:
             pieces.append("\n".join(head + current))
         return pieces
 
-    def _pieces(self, section_text: str) -> list[str]:
+    def _pieces(self, section_text: str) -> tuple[list[str], int]:
+        """The section cut into chunk texts, and how many of them (at the end) come from a table that
+        closes the section (the one that may run on over a page break)."""
         pieces: list[str] = []
+        closing_table = 0
         blocks = blocks_of(section_text)
         if len(blocks) > 1:
             # Headings already travel in every chunk's section path and prefix: alone they are noise.
             blocks = [b for b in blocks if b.kind == "table" or any(
                 line.strip() and not _heading(line) for line in b.text.split("\n"))] or blocks
         for block in blocks:
+            closing_table = 0
             if block.kind == "table":
                 caption = ""
                 if pieces and TABLE_CAPTION_RE.match(pieces[-1].split("\n")[-1].strip()):
@@ -201,20 +205,33 @@ class Chunker:
                     pieces[-1] = "\n".join(prose_lines)
                     if not pieces[-1].strip():
                         pieces.pop()
-                pieces.extend(self.split_table(block.text, caption))
+                table_pieces = self.split_table(block.text, caption)
+                pieces.extend(table_pieces)
+                closing_table = len(table_pieces)
             elif self.count_tokens(block.text) <= self.max_tokens:
                 pieces.append(block.text)
             else:
                 pieces.extend(self._splitter.split_text(block.text))
-        return pieces
+        return pieces, closing_table
 
-    def chunk(self, doc_id: str, pages: Sequence[tuple[int, str]]) -> list[Chunk]:
+    def chunk(
+        self, doc_id: str, pages: Sequence[tuple[int, str]], table_reach: dict[int, int] | None = None
+    ) -> list[Chunk]:
+        """Chunks in document order. `table_reach` maps a page to the last page its final table runs on to
+        (tables joined over page breaks), so those table pieces get their true page span."""
         chunks: list[Chunk] = []
-        for section in sections_of(pages):
-            for piece in self._pieces(section.text):
+        table_reach = table_reach or {}
+        sections = sections_of(pages)
+        for number, section in enumerate(sections):
+            pieces, closing_table = self._pieces(section.text)
+            last_of_page = number + 1 == len(sections) or sections[number + 1].page != section.page
+            for position, piece in enumerate(pieces):
                 piece = piece.strip()
                 if not piece:
                     continue
+                content_type = content_type_of(piece)
+                runs_on = last_of_page and position >= len(pieces) - closing_table
+                page_end = table_reach.get(section.page, section.page) if runs_on else section.page
                 text_hash = hashlib.sha256(piece.encode()).hexdigest()
                 ordinal = len(chunks)
                 chunk_id = hashlib.sha256(f"{doc_id}|{self.version}|{ordinal}|{text_hash}".encode()).hexdigest()
@@ -225,8 +242,8 @@ class Chunker:
                         text=piece,
                         section_path=SECTION_SEPARATOR.join(section.path),
                         page_start=section.page,
-                        page_end=section.page,
-                        content_type=content_type_of(piece),
+                        page_end=page_end,
+                        content_type=content_type,
                         token_count=self.count_tokens(piece),
                         content_hash=text_hash,
                     )

@@ -114,3 +114,78 @@ def clean_document(pages: list[str]) -> tuple[list[str], dict[str, int]]:
         removed["hyphenation"] += len(text) - len(repaired)
         cleaned.append(clean_text(repaired))
     return cleaned, removed
+
+
+# --- tables split by page breaks --------------------------------------------------------------------
+
+
+def _blocks(text: str) -> list[list[str]]:
+    """Consecutive non-empty lines, split where table lines meet non-table lines or a blank line."""
+    blocks: list[list[str]] = []
+    for line in text.split("\n"):
+        if not line.strip():
+            blocks.append([])
+            continue
+        is_table = line.lstrip().startswith("|")
+        if blocks and blocks[-1] and blocks[-1][-1].lstrip().startswith("|") == is_table:
+            blocks[-1].append(line)
+        else:
+            blocks.append([line])
+    return [b for b in blocks if b]
+
+
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def _is_separator(row: str) -> bool:
+    return bool(re.fullmatch(r"\|(\s*:?-{3,}:?\s*\|)+", row.strip()))
+
+
+def join_continued_tables(pages: list[str]) -> tuple[list[str], dict[int, int]]:
+    """Join a table that runs over a page break into one table on the page where it starts.
+
+    A page ending in a table followed by a page starting with a table of the same width is a continuation:
+    a repeated header row is dropped; otherwise the next page's first row (which the tier-1 parser took for
+    a header) becomes a data row. Returns the pages and, by 0-based page index, the last page each joined
+    table reaches.
+    """
+    texts = list(pages)
+    reaches: dict[int, int] = {}
+    owner: int | None = None  # page holding a table that may go on over the next break
+    for index in range(1, len(texts)):
+        previous = owner if owner is not None else index - 1
+        owner = None
+        before, after = _blocks(texts[previous]), _blocks(texts[index])
+        if not before or not after:
+            continue
+        tail, head = before[-1], after[0]
+        if not (tail[0].lstrip().startswith("|") and head[0].lstrip().startswith("|")):
+            continue
+        if len(_cells(tail[0])) != len(_cells(head[0])):
+            continue
+        rows = head[2:] if len(head) > 1 and _is_separator(head[1]) else head
+        if _cells(head[0]) != _cells(tail[0]) and rows is not head:
+            rows = [head[0], *rows]  # no repeated header: the first row is data
+        before[-1] = tail + rows
+        texts[previous] = "\n\n".join("\n".join(block) for block in before)
+        texts[index] = "\n\n".join("\n".join(block) for block in after[1:])
+        reaches[previous] = index
+        if not after[1:]:
+            owner = previous  # the whole page was table: it may continue further
+    return texts, reaches
+
+
+def clean_parsed_pages(pages: list) -> dict[str, int]:
+    """Clean a parsed document in place (furniture, normalisation, tables joined over page breaks).
+
+    `pages` are parsing.ParsedPage objects; a page where a joined table starts records the last page it
+    reaches in its signals (`table_continues_to`). Returns the characters each cleaning rule removed.
+    """
+    texts, removed = clean_document([page.markdown for page in pages])
+    texts, reaches = join_continued_tables(texts)
+    for index, (page, text) in enumerate(zip(pages, texts, strict=True)):
+        page.markdown = text
+        if index in reaches:
+            page.signals = {**page.signals, "table_continues_to": pages[reaches[index]].page}
+    return removed

@@ -127,7 +127,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
     """Parse one file through the cascade, as ingestion would (cleaning included), and report every page."""
     from rag_pipeline.cascade import Cascade, parse_document
-    from rag_pipeline.cleaning import clean_document
+    from rag_pipeline.cleaning import clean_parsed_pages
     from rag_pipeline.parsing import DeadLetter, parser_version
 
     path = Path(args.file)
@@ -136,12 +136,11 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
     cascade = Cascade(settings.parsing)
     try:
         pages = parse_document(path, args.password, cascade)
-        texts, removed = clean_document([p.markdown for p in pages])
-        report["chars_removed"] = removed
+        report["chars_removed"] = clean_parsed_pages(pages)
         report["pages"] = [
-            {"page": p.page, "tier": p.tier, "signals": p.signals, "markdown": text, "tables": p.tables,
+            {"page": p.page, "tier": p.tier, "signals": p.signals, "markdown": p.markdown, "tables": p.tables,
              "seconds": round(p.seconds, 4)}
-            for p, text in zip(pages, texts, strict=True)
+            for p in pages
         ]
     except DeadLetter as exc:
         report.update(status="dead_letter", reason=exc.reason, detail=exc.detail)

@@ -24,7 +24,7 @@ import psycopg
 from rag_pipeline import dedup, store
 from rag_pipeline.cascade import Cascade, parse_document
 from rag_pipeline.chunking import Chunker, chunker_version, template_prefix, truncate_to_tokens
-from rag_pipeline.cleaning import clean_document, content_hash
+from rag_pipeline.cleaning import clean_parsed_pages, content_hash
 from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.database import connect
 from rag_pipeline.embedding import get_embedder, input_sha, load_tokenizer, max_sequence_length, resolve_model
@@ -224,10 +224,8 @@ def _parse_one(
         # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because
         # furniture is found by comparing pages.
         pages = parse_document(path, password, cascade)
-        texts, removed = clean_document([page.markdown for page in pages])
-        for page, text in zip(pages, texts, strict=True):
-            page.markdown = text
-        new_hash = content_hash(texts)
+        removed = clean_parsed_pages(pages)
+        new_hash = content_hash([page.markdown for page in pages])
         unchanged = new_hash == doc.indexed_content_hash
         with conn.transaction():
             if not store.claim(conn, doc.doc_id, "pending_parse", doc.fingerprint):
@@ -315,8 +313,9 @@ def _chunk_one(
     stats: ChunkStats,
 ) -> None:
     pages = store.document_pages(conn, doc.doc_id)
+    table_reach = store.table_continuations(conn, doc.doc_id)
     conn.commit()  # end the read: the write below must be a transaction of its own
-    chunks = chunker.chunk(doc.doc_id, pages)
+    chunks = chunker.chunk(doc.doc_id, pages, table_reach)
     title = doc.title or PurePosixPath(doc.rel_path).stem
     prefixes = [template_prefix(title, c.section_path, c.page_start, c.page_end) for c in chunks]
     if prefixer is not None:

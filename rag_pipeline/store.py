@@ -349,6 +349,16 @@ def document_pages(conn: psycopg.Connection, doc_id: str) -> list[tuple[int, str
     ]
 
 
+def table_continuations(conn: psycopg.Connection, doc_id: str) -> dict[int, int]:
+    """Pages whose last table runs on over page breaks -> the last page it reaches."""
+    rows = conn.execute(
+        """SELECT page, (signals->>'table_continues_to')::int FROM document_pages
+           WHERE doc_id = %s AND signals ? 'table_continues_to'""",
+        (doc_id,),
+    ).fetchall()
+    return dict(rows)
+
+
 # --- chunks ----------------------------------------------------------------------------------------
 
 

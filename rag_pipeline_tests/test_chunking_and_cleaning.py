@@ -3,6 +3,7 @@ import pytest
 from rag_pipeline.chunking import Chunker, sections_of, template_prefix, truncate_to_tokens
 from rag_pipeline.cleaning import clean_text, content_hash
 from rag_pipeline.embedding import load_tokenizer, max_sequence_length, resolve_model
+from rag_pipeline_tests.conftest import TORTURE
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +132,39 @@ def test_repeated_table_headers_are_not_furniture():
     page = "| Name | City |\n|---|---|\n| Ann | Lyon |"
     cleaned, _ = clean_document([page, page.replace("Ann", "Bob"), page.replace("Ann", "Cy")])
     assert all(p.startswith("| Name | City |") for p in cleaned)
+
+
+def test_tables_continued_over_page_breaks_are_joined():
+    from rag_pipeline.cleaning import join_continued_tables
+
+    header = "| Name | City |\n|---|---|"
+    pages = [
+        f"Intro text.\n\n{header}\n| Ann | Lyon |",
+        f"{header}\n| Bob | Turin |",  # repeated header: dropped
+        "| Cy | Geneva |\n|---|---|\n| Di | Bern |",  # no header: the parser's "header" is a data row
+        "Closing words.\n\n| A | B | C |\n|---|---|---|\n| 1 | 2 | 3 |",  # prose first: a new table
+        "| X | Y |\n|---|---|\n| 1 | 2 |",  # different width from the table above: not joined
+    ]
+    joined, reaches = join_continued_tables(pages)
+    assert joined[0] == "Intro text.\n\n| Name | City |\n|---|---|\n| Ann | Lyon |\n| Bob | Turin |\n| Cy | Geneva |\n| Di | Bern |"
+    assert joined[1] == "" and joined[2] == ""
+    assert reaches == {0: 2}
+    assert joined[3] == pages[3] and joined[4] == pages[4]
+
+
+@pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
+def test_a_sixteen_page_table_becomes_one_table_whose_pieces_repeat_the_header(tokenizer):
+    from rag_pipeline.cleaning import clean_parsed_pages
+    from rag_pipeline.parsing import parse_file
+
+    pages = list(parse_file(TORTURE / "docs" / "pdfplumber_WARN_report_16p_table.pdf"))
+    clean_parsed_pages(pages)
+    assert pages[0].signals["table_continues_to"] >= 15
+    reach = {p.page: p.signals["table_continues_to"] for p in pages if "table_continues_to" in p.signals}
+    chunks = Chunker(tokenizer, max_tokens=222).chunk("warn", [(p.page, p.markdown) for p in pages], reach)
+    big = [c for c in chunks if c.content_type == "table" and c.page_start == 1 and c.page_end >= 15]
+    assert len(big) > 10
+    headers = {c.text.split("\n")[0] for c in big}
+    assert len(headers) == 1 and "Company" in headers.pop()
+    assert all(c.text.split("\n")[1].startswith("|---") for c in big)
+    assert "Maxim Integrated Product" in " ".join(c.text for c in big)
