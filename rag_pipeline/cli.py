@@ -164,6 +164,21 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_torture(args: argparse.Namespace, settings: Settings) -> int:
+    """The torture-set harness (it lives beside the package, in torture_set/)."""
+    from rag_pipeline.config import PROJECT_ROOT
+
+    sys.path.insert(0, str(PROJECT_ROOT))
+    from torture_set.harness import main as harness_main
+
+    forwarded = ["--tiers", args.tiers] + (["--json"] if args.json else [])
+    if args.markdown:
+        forwarded += ["--markdown", args.markdown]
+    if args.torture:
+        forwarded += ["--torture", args.torture]
+    return harness_main(forwarded)
+
+
 def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     home = _prepare_instance(settings)
     workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
@@ -212,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     parse.add_argument("--password", help="password of an encrypted PDF")
     parse.add_argument("--json", action="store_true")
     parse.set_defaults(func=cmd_parse)
+
+    torture = sub.add_parser("torture", help="score every parser tier on the torture set")
+    torture.add_argument("--torture", help="folder with manifest.csv (default ../shared/torture)")
+    torture.add_argument("--tiers", default="pdfplumber,cascade,ocr")
+    torture.add_argument("--markdown", help="also write the scoreboard as Markdown here")
+    torture.add_argument("--json", action="store_true")
+    torture.set_defaults(func=cmd_torture)
 
     ui = sub.add_parser("ui", help="serve the Dagster UI (and daemon) on the project's instance")
     ui.add_argument("--host", default="127.0.0.1")
