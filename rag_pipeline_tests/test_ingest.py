@@ -262,3 +262,21 @@ def test_a_scanned_page_is_escalated_to_ocr_and_becomes_searchable(make_settings
     assert tier == "ocr" and signals["escalation"] == "image_only"
     hits = search(db, "which package converts PDF documents to JSON and Markdown", ["ops"], k=1)
     assert hits and "Docling bundles PDF document conversion" in hits[0].text
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "torture").exists(),
+                    reason="shared/torture is not beside the checkout")
+def test_encrypted_pdf_opens_with_the_sidecar_password(make_settings, tmp_path, instance, db):
+    folder = tmp_path / "vault"
+    folder.mkdir()
+    torture = Path(__file__).resolve().parents[2] / "shared" / "torture" / "docs"
+    shutil.copy(torture / "camelot_health_protected_encrypted.pdf", folder / "locked.pdf")
+    shutil.copy(torture / "camelot_health_protected_encrypted.pdf", folder / "opened.pdf")
+    (folder / "opened.pdf.meta.json").write_text(json.dumps({"password": "userpass"}))
+    summary = run_ingest(make_settings([{"name": "vault", "root": str(folder), "acl_labels": ["hr"]}]),
+                         instance=instance)
+    assert summary["parsed"] == 1 and summary["dead_letter_reasons"] == {"encrypted": 1}
+    statuses = dict(db.execute("SELECT rel_path, status FROM documents").fetchall())
+    assert statuses == {"locked.pdf": "dead_letter", "opened.pdf": "indexed"}
+    stored = db.execute("SELECT metadata::text FROM documents WHERE rel_path = 'opened.pdf'").fetchone()[0]
+    assert "userpass" not in stored  # the password is used, never stored
