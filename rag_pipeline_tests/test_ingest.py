@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,28 @@ from psycopg import sql
 from rag_pipeline import store
 from rag_pipeline.defs.instance import run_ingest
 from rag_pipeline.sources import doc_id_for
+from rag_pipeline_tests.conftest import TORTURE
+
+needs_torture = pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
+
+
+@pytest.fixture
+def ingest_torture(make_settings, tmp_path, instance):
+    """Ingest copies of torture documents (name -> copy name, optional sidecar) as one labelled source."""
+
+    def run(copies: list[tuple[str, str]], labels: list[str], sidecars: dict[str, dict] | None = None) -> dict:
+        folder = tmp_path / "torture_copies"
+        folder.mkdir(exist_ok=True)
+        for original, copy_name in copies:
+            shutil.copy(TORTURE / "docs" / original, folder / copy_name)
+        for copy_name, sidecar in (sidecars or {}).items():
+            (folder / f"{copy_name}.meta.json").write_text(json.dumps(sidecar))
+        settings = make_settings([{"name": "torture", "root": str(folder), "acl_labels": labels}])
+        summary = run_ingest(settings, instance=instance)
+        assert summary["success"], summary.get("errors")
+        return summary
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -224,19 +247,11 @@ def test_changing_only_the_chunker_reembeds_nothing_that_stayed_the_same(make_se
     assert versions == {"structure+recursive-tokens/2;max=180;overlap=0"}
 
 
-@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "torture").exists(),
-                    reason="shared/torture is not beside the checkout")
-def test_three_column_document_chunks_have_no_furniture_and_read_in_order(make_settings, tmp_path, instance, db):
-    folder = tmp_path / "fedreg"
-    folder.mkdir()
-    torture = Path(__file__).resolve().parents[2] / "shared" / "torture" / "docs"
-    shutil.copy(torture / "fedreg_2020-17221_3col.pdf", folder / "fedreg.pdf")
-    summary = run_ingest(make_settings([{"name": "fr", "root": str(folder), "acl_labels": ["public"]}]),
-                         instance=instance)
+@needs_torture
+def test_three_column_document_chunks_have_no_furniture_and_read_in_order(ingest_torture, db):
+    summary = ingest_torture([("fedreg_2020-17221_3col.pdf", "fedreg.pdf")], ["public"])
     assert summary["parsed"] == 1 and summary["chunks_written"] > 30
     texts = [" ".join(t.split()) for (t,) in db.execute("SELECT text FROM chunks ORDER BY ordinal").fetchall()]
-    import re
-
     assert not [t for t in texts if re.search(r"Federal Register\s*/\s*Vol\. 85", t)]
     assert not [t for t in texts if re.search(r"\b4770\d\b|\b4771\d\b", t) and len(t) < 12]  # no bare page numbers
     whole = " ".join(texts)
@@ -246,17 +261,11 @@ def test_three_column_document_chunks_have_no_furniture_and_read_in_order(make_s
     assert {r[0] for r in db.execute("SELECT DISTINCT parser_version FROM chunks").fetchall()} != {None}
 
 
-@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "torture").exists(),
-                    reason="shared/torture is not beside the checkout")
-def test_a_scanned_page_is_escalated_to_ocr_and_becomes_searchable(make_settings, tmp_path, instance, db):
+@needs_torture
+def test_a_scanned_page_is_escalated_to_ocr_and_becomes_searchable(ingest_torture, db):
     from rag_pipeline.retrieval import search
 
-    folder = tmp_path / "scans"
-    folder.mkdir()
-    torture = Path(__file__).resolve().parents[2] / "shared" / "torture" / "docs"
-    shutil.copy(torture / "docling_ocr_test_scanned.pdf", folder / "scan.pdf")
-    summary = run_ingest(make_settings([{"name": "scans", "root": str(folder), "acl_labels": ["ops"]}]),
-                         instance=instance)
+    summary = ingest_torture([("docling_ocr_test_scanned.pdf", "scan.pdf")], ["ops"])
     assert summary["parsed"] == 1 and summary["chunks_written"] == 1
     tier, signals = db.execute("SELECT tier, signals FROM document_pages").fetchone()
     assert tier == "ocr" and signals["escalation"] == "image_only"
@@ -264,17 +273,12 @@ def test_a_scanned_page_is_escalated_to_ocr_and_becomes_searchable(make_settings
     assert hits and "Docling bundles PDF document conversion" in hits[0].text
 
 
-@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "torture").exists(),
-                    reason="shared/torture is not beside the checkout")
-def test_encrypted_pdf_opens_with_the_sidecar_password(make_settings, tmp_path, instance, db):
-    folder = tmp_path / "vault"
-    folder.mkdir()
-    torture = Path(__file__).resolve().parents[2] / "shared" / "torture" / "docs"
-    shutil.copy(torture / "camelot_health_protected_encrypted.pdf", folder / "locked.pdf")
-    shutil.copy(torture / "camelot_health_protected_encrypted.pdf", folder / "opened.pdf")
-    (folder / "opened.pdf.meta.json").write_text(json.dumps({"password": "userpass"}))
-    summary = run_ingest(make_settings([{"name": "vault", "root": str(folder), "acl_labels": ["hr"]}]),
-                         instance=instance)
+@needs_torture
+def test_encrypted_pdf_opens_with_the_sidecar_password(ingest_torture, db):
+    encrypted = "camelot_health_protected_encrypted.pdf"
+    summary = ingest_torture(
+        [(encrypted, "locked.pdf"), (encrypted, "opened.pdf")], ["hr"], {"opened.pdf": {"password": "userpass"}}
+    )
     assert summary["parsed"] == 1 and summary["dead_letter_reasons"] == {"encrypted": 1}
     statuses = dict(db.execute("SELECT rel_path, status FROM documents").fetchall())
     assert statuses == {"locked.pdf": "dead_letter", "opened.pdf": "indexed"}
