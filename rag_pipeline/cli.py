@@ -107,11 +107,19 @@ def _print_attention_list(settings: Settings, limit: int = 20) -> None:
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline import store
     from rag_pipeline.database import connect, resolve_urls
     from rag_pipeline.retrieval import search
 
     with connect(resolve_urls(settings).index) as conn:
-        hits = search(conn, args.query, args.labels, k=args.k, mode=args.mode, device=settings.embedding.device)
+        version = None
+        if args.version is not None:
+            version = next((v for v in store.index_versions(conn) if v.version_id == args.version), None)
+            if version is None or version.status == "retired":
+                print(f"error: no searchable index version {args.version} (see rag-pipeline index list)", file=sys.stderr)
+                return 2
+        hits = search(conn, args.query, args.labels, k=args.k, mode=args.mode, version=version,
+                      device=settings.embedding.device)
     if args.json:
         _print_json([hit.to_dict() for hit in hits])
         return 0
@@ -121,6 +129,42 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
         pages = f"p.{hit.page_start}" if hit.page_start == hit.page_end else f"pp.{hit.page_start}-{hit.page_end}"
         print(f"{rank:>2}. {hit.score:.4f}  {hit.source}:{hit.path} {pages}  [{hit.section_path}]")
         print("    " + " ".join(hit.text.split())[:200])
+    return 0
+
+
+def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
+    """Index versions (blue/green): which exist, which one readers use."""
+    from rag_pipeline import store
+    from rag_pipeline.database import connect, resolve_urls
+
+    with connect(resolve_urls(settings).index) as conn:
+        versions = store.index_versions(conn)
+        active = store.active_version(conn)
+        times = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                "SELECT version_id, created_at, promoted_at, retired_at FROM index_versions"
+            ).fetchall()
+        }
+    rows = [
+        {
+            "version": v.version_id, "status": v.status, "active": active is not None and v.version_id == active.version_id,
+            "embedding_model": v.embedding_model, "model_revision": v.model_revision, "dimensions": v.dimensions,
+            "chunker_version": v.chunker_version, "parser_version": v.parser_version, "rows": v.row_count,
+            "table": v.table_name, "created_at": times[v.version_id][0], "promoted_at": times[v.version_id][1],
+            "retired_at": times[v.version_id][2],
+        }
+        for v in versions
+    ]
+    if args.json:
+        _print_json(rows)
+        return 0
+    if not rows:
+        print("no index versions yet: run `rag-pipeline ingest`")
+    for row in rows:
+        marker = "*" if row["active"] else " "
+        print(f"{marker} v{row['version']:<3} {row['status']:<9} {row['embedding_model']} ({row['dimensions']} dims)"
+              f"  {row['rows']} rows  created {row['created_at']:%Y-%m-%d %H:%M}")
     return 0
 
 
@@ -219,8 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--labels", required=True, help="the caller's ACL labels, comma-separated")
     search.add_argument("-k", type=int, default=10)
     search.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
+    search.add_argument("--version", type=int, help="search this index version instead of the active one")
     search.add_argument("--json", action="store_true")
     search.set_defaults(func=cmd_search)
+
+    index = sub.add_parser("index", help="index versions (blue/green)")
+    index_sub = index.add_subparsers(dest="index_command", required=True)
+    index_list = index_sub.add_parser("list", help="every index version, the active one marked with *")
+    index_list.add_argument("--json", action="store_true")
+    index_list.set_defaults(func=cmd_index)
 
     parse = sub.add_parser("parse", help="parse one file through the cascade and show each page")
     parse.add_argument("file")

@@ -99,6 +99,14 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     no_labels = subprocess.run([*cli, "search", "battery"], env=cli_env, capture_output=True, text=True)
     assert no_labels.returncode != 0 and "--labels" in no_labels.stderr
 
+    listed = subprocess.run([*cli, "index", "list", "--json"], env=cli_env, capture_output=True, text=True)
+    (version,) = json.loads(listed.stdout)
+    assert version["active"] and version["status"] == "active" and version["dimensions"] == 384
+    assert version["rows"] == summary["chunks_written"] - summary["near_duplicates"]
+    missing = subprocess.run([*cli, "search", "battery", "--labels", "staff", "--version", "99"], env=cli_env,
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "no searchable index version 99" in missing.stderr
+
     # The runs live in Dagster's Postgres storage: the same instance the UI reads.
     os.environ["DAGSTER_HOME"] = cli_env["DAGSTER_HOME"]
     try:
