@@ -106,20 +106,54 @@ def _print_attention_list(settings: Settings, limit: int = 20) -> None:
         print(f"  ... and {hidden} more (see the parsed_documents asset in the UI)")
 
 
-def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+def _searchable_version(conn: Any, number: int) -> Any:
     from rag_pipeline import store
+    from rag_pipeline.retrieval import SearchError
+
+    version = next((v for v in store.index_versions(conn) if v.version_id == number), None)
+    if version is None or version.status == "retired":
+        raise SearchError(f"no searchable index version {number} (see rag-pipeline index list)")
+    return version
+
+
+def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
+    """Golden-set metrics of one index version, or of two side by side (--compare V1 V2)."""
+    from dataclasses import asdict
+
+    from rag_pipeline.database import connect, resolve_urls
+    from rag_pipeline.evaluation import evaluate, load_golden, report_table
+
+    questions = load_golden(Path(args.golden))
+    floor = settings.min_similarity if args.min_similarity is None else args.min_similarity
+    with connect(resolve_urls(settings).index) as conn:
+        targets = [_searchable_version(conn, v) for v in args.compare] if args.compare else [
+            _searchable_version(conn, args.version) if args.version is not None else None
+        ]
+        reports = [
+            evaluate(conn, questions, args.labels, k=args.k, mode=args.mode, version=target,
+                     min_similarity=floor, device=settings.embedding.device)
+            for target in targets
+        ]
+    if args.json:
+        _print_json([asdict(r) for r in reports])
+    else:
+        for report in reports:
+            print(f"v{report.version} ({report.model}), mode {report.mode}, k={report.k}, "
+                  f"{report.questions} questions, score floor {floor}")
+        print(report_table(reports))
+    return 0
+
+
+def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     from rag_pipeline.database import connect, resolve_urls
     from rag_pipeline.retrieval import search
 
     with connect(resolve_urls(settings).index) as conn:
         version = None
         if args.version is not None:
-            version = next((v for v in store.index_versions(conn) if v.version_id == args.version), None)
-            if version is None or version.status == "retired":
-                print(f"error: no searchable index version {args.version} (see rag-pipeline index list)", file=sys.stderr)
-                return 2
+            version = _searchable_version(conn, args.version)
         hits = search(conn, args.query, args.labels, k=args.k, mode=args.mode, version=version,
-                      device=settings.embedding.device)
+                      device=settings.embedding.device, min_similarity=settings.min_similarity)
     if args.json:
         _print_json([hit.to_dict() for hit in hits])
         return 0
@@ -267,6 +301,17 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--json", action="store_true")
     search.set_defaults(func=cmd_search)
 
+    evaluate = sub.add_parser("eval", help="golden-set retrieval metrics")
+    evaluate.add_argument("golden", help="golden set, JSON Lines")
+    evaluate.add_argument("--labels", required=True, help="the ACL labels to evaluate as, comma-separated")
+    evaluate.add_argument("-k", type=int, default=10)
+    evaluate.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
+    evaluate.add_argument("--version", type=int)
+    evaluate.add_argument("--compare", type=int, nargs=2, metavar=("V1", "V2"))
+    evaluate.add_argument("--min-similarity", type=float, help="score floor (default: retrieval.min_similarity)")
+    evaluate.add_argument("--json", action="store_true")
+    evaluate.set_defaults(func=cmd_eval)
+
     index = sub.add_parser("index", help="index versions (blue/green)")
     index_sub = index.add_subparsers(dest="index_command", required=True)
     index_list = index_sub.add_parser("list", help="every index version, the active one marked with *")
@@ -306,9 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from rag_pipeline.database import DatabaseError
         from rag_pipeline.embedding import ModelUnavailableError
+        from rag_pipeline.evaluation import GoldenSetError
         from rag_pipeline.retrieval import SearchError
 
-        if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError):
+        if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError | GoldenSetError):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         raise

@@ -173,6 +173,8 @@ class Settings:
     refresh_cron: str = "0 * * * *"
     batch_size: int = 64  # documents per unit of work in each stage
     dedup_threshold: float = 0.8  # estimated Jaccard on word 3-shingles above which chunks are near-duplicates
+    # Score floor: chunks less similar to the query than this are not returned. Model-specific; None = off.
+    min_similarity: float | None = None
     config_file: Path | None = None
 
     @property
@@ -262,5 +264,6 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         refresh_cron=raw.get("refresh_cron", Settings.refresh_cron),
         batch_size=int(raw.get("batch_size", Settings.batch_size)),
         dedup_threshold=float((raw.get("dedup") or {}).get("threshold", Settings.dedup_threshold)),
+        min_similarity=(raw.get("retrieval") or {}).get("min_similarity"),
         config_file=path,
     )

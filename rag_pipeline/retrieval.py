@@ -49,6 +49,7 @@ class SearchHit:
     score: float
     dense_rank: int | None
     sparse_rank: int | None
+    similarity: float = 0.0  # cosine similarity of the chunk to the query
     occurrences: int = 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +77,7 @@ fused AS (
 )
 SELECT t.chunk_id, t.doc_id, doc.source, doc.rel_path, t.page_start, t.page_end, t.section_path,
        t.content_type, t.text, t.prefix, f.score, f.dense_rank, f.sparse_rank,
+       1 - (t.embedding <=> %(vector)s) AS similarity,
        -- a near-duplicate group comes back once; this says in how many places (the caller may see) it occurs
        (SELECT count(*) FROM chunks oc JOIN documents od ON od.doc_id = oc.doc_id
         WHERE oc.group_id = t.chunk_id AND od.acl_labels && %(labels)s::text[]) AS occurrences
@@ -83,6 +85,8 @@ FROM fused f
 JOIN {table} t USING (chunk_id)
 JOIN documents doc ON doc.doc_id = t.doc_id
 WHERE t.acl_labels && %(labels)s::text[]
+  -- the score floor: "no good evidence" is an empty answer, not the nearest noise
+  AND (%(min_similarity)s::float8 IS NULL OR 1 - (t.embedding <=> %(vector)s) >= %(min_similarity)s::float8)
 ORDER BY f.score DESC, t.chunk_id
 LIMIT %(k)s
 """
@@ -101,8 +105,12 @@ def search(
     ef_search: int | None = None,
     dense_weight: float = 1.0,
     sparse_weight: float = 1.0,
+    min_similarity: float | None = None,
 ) -> list[SearchHit]:
-    """Top-k chunks for `query` that carry at least one of the caller's `labels`."""
+    """Top-k chunks for `query` that carry at least one of the caller's `labels`.
+
+    With `min_similarity`, chunks whose cosine similarity to the query is below it are never returned
+    (in every mode but `sparse`, which has no query vector)."""
     caller_labels = parse_labels(labels)
     if not caller_labels:
         raise SearchError("search needs the caller's ACL labels; there is no unlabelled search")
@@ -143,13 +151,14 @@ def search(
                 "sparse_weight": sparse_weight,
                 "rrf_k": RRF_K,
                 "k": k,
+                "min_similarity": None if mode == "sparse" else min_similarity,
             },
         ).fetchall()
     return [
         SearchHit(
             chunk_id=r[0], doc_id=r[1], source=r[2], path=r[3], page_start=r[4], page_end=r[5],
             section_path=r[6], content_type=r[7], text=r[8], prefix=r[9], score=float(r[10]),
-            dense_rank=r[11], sparse_rank=r[12], occurrences=max(1, int(r[13])),
+            dense_rank=r[11], sparse_rank=r[12], similarity=float(r[13]), occurrences=max(1, int(r[14])),
         )
         for r in rows
     ]

@@ -1,0 +1,68 @@
+"""Golden-set evaluation: exact metric values on hand-made results, and the shipped golden set end to end."""
+
+import json
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+
+from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline.evaluation import GoldDoc, GoldenSetError, GoldQuestion, evaluate, load_golden, report_table, score_question
+from rag_pipeline.retrieval import SearchHit
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
+
+
+def _hit(path: str, start: int, end: int | None = None, chunk_id: str = "c") -> SearchHit:
+    return SearchHit(chunk_id, "d", "s", path, start, end or start, "", "prose", "text", "", 0.1, 1, 1)
+
+
+def test_metrics_on_known_rankings():
+    question = GoldQuestion("q", "?", True, "table", (GoldDoc("a.pdf", (2, 3)),))
+    result = score_question(question, [_hit("b.pdf", 1), _hit("a.pdf", 2), _hit("a.pdf", 2), _hit("a.pdf", 3)], k=4)
+    assert result.hit == 1.0 and result.recall == 1.0
+    assert result.reciprocal_rank == pytest.approx(0.5)
+    # gains 0, 1, 0 (same page again), 1; ideal: two gold pages at ranks 1 and 2
+    expected = (1 / 1.584962500721156 + 1 / 2.321928094887362) / (1 + 1 / 1.584962500721156)
+    assert result.ndcg == pytest.approx(expected)
+    partial = score_question(question, [_hit("a.pdf", 3)], k=4)
+    assert partial.recall == 0.5 and partial.reciprocal_rank == 1.0
+    spanning = score_question(question, [_hit("a.pdf", 1, 4)], k=4)
+    assert spanning.recall == 1.0  # a chunk spanning pages 1-4 covers both gold pages
+    by_id = GoldQuestion("q", "?", True, "x", gold_chunk_ids=("wanted",))
+    assert score_question(by_id, [_hit("z", 1, chunk_id="wanted")], k=1).hit == 1.0
+    unanswerable = GoldQuestion("u", "?", False, "unanswerable")
+    assert score_question(unanswerable, [], k=3).abstained is True
+    assert score_question(unanswerable, [_hit("a.pdf", 1)], k=3).abstained is False
+
+
+def test_golden_set_validation(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "q1", "question": "?", "answerable": True}) + "\n")
+    with pytest.raises(GoldenSetError, match="no gold"):
+        load_golden(bad)
+    shipped = load_golden(GOLDEN)
+    assert len(shipped) >= 40
+    assert sum(not q.answerable for q in shipped) >= 5
+    assert {"table", "multi_page"} <= {q.slice for q in shipped}
+    assert any(len(g.pages) > 1 for q in shipped for g in q.gold)
+
+
+def test_shipped_golden_set_on_the_sample_corpus(make_settings, corpus, db):
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    questions = load_golden(GOLDEN)
+    reports = {mode: evaluate(db, questions, ["staff", "finance"], k=3, mode=mode) for mode in ("dense", "sparse")}
+    for report in reports.values():
+        assert set(report.metrics) >= {"overall", "prose", "table", "finance", "multi_page", "unanswerable"}
+        assert 0.0 <= report.metrics["overall"]["ndcg@k"] <= 1.0
+    assert reports["dense"].metrics["overall"]["recall@k"] >= 0.9
+    # Questions are paraphrased: keyword matching alone must not solve the set.
+    assert reports["sparse"].metrics["overall"]["recall@k"] < 0.95
+    # Without the finance label the finance questions cannot be answered: the ACL holds in evaluation too.
+    staff_only = evaluate(db, [q for q in questions if q.slice == "finance"], ["staff"], k=3, mode="dense")
+    assert staff_only.metrics["overall"]["hit@k"] == 0.0
+    floor = evaluate(db, questions, ["staff", "finance"], k=3, mode="dense", min_similarity=0.35)
+    assert floor.metrics["unanswerable"]["abstention"] > 0.0
+    assert "Δ hit@k" in report_table([reports["dense"], reports["sparse"]])
