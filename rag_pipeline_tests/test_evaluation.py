@@ -7,7 +7,15 @@ import pytest
 from dagster import DagsterInstance
 
 from rag_pipeline.defs.instance import run_ingest
-from rag_pipeline.evaluation import GoldDoc, GoldenSetError, GoldQuestion, evaluate, load_golden, report_table, score_question
+from rag_pipeline.evaluation import (
+    GoldDoc,
+    GoldenSetError,
+    GoldQuestion,
+    evaluate,
+    load_golden,
+    report_table,
+    score_question,
+)
 from rag_pipeline.retrieval import SearchHit
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
