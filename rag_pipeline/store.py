@@ -137,7 +137,7 @@ def reconcile_source(
     # Classify every existing document whose file or metadata differs from what is stored.
     conn.execute(
         """CREATE TEMP TABLE scan_changes ON COMMIT DROP AS
-           SELECT s.*, d.status AS old_status,
+           SELECT s.*, d.status AS old_status, d.acl_labels AS old_labels,
                   CASE WHEN cardinality(s.acl_labels) = 0 THEN 'hold'
                        WHEN d.fingerprint <> s.fingerprint THEN 'changed'
                        WHEN d.status = 'held_no_labels' THEN 'released'
@@ -174,8 +174,10 @@ def reconcile_source(
     for change, number in conn.execute("SELECT change, count(*) FROM scan_changes GROUP BY change").fetchall():
         if change in ("changed", "released", "retitled", "relabelled"):
             setattr(counts, change, number)
+    # Labels change on the rows at once, whatever else changed: a narrowed ACL must not wait for re-parsing
+    # (which may fail, or run later) to take effect.
     relabelled = [r[0] for r in conn.execute(
-        "SELECT doc_id FROM scan_changes WHERE change = 'relabelled'"
+        "SELECT doc_id FROM scan_changes WHERE change <> 'hold' AND acl_labels <> old_labels"
     ).fetchall()]
     if relabelled:
         relabel_index_rows(conn, relabelled)

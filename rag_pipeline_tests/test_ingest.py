@@ -11,7 +11,9 @@ from dagster import DagsterInstance
 from psycopg import sql
 
 from rag_pipeline import store
+from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline.ingest import discover
 from rag_pipeline.sources import doc_id_for
 from rag_pipeline_tests.conftest import TORTURE
 
@@ -284,3 +286,14 @@ def test_encrypted_pdf_opens_with_the_sidecar_password(ingest_torture, db):
     assert statuses == {"locked.pdf": "dead_letter", "opened.pdf": "indexed"}
     stored = db.execute("SELECT metadata::text FROM documents WHERE rel_path = 'opened.pdf'").fetchone()[0]
     assert "userpass" not in stored  # the password is used, never stored
+
+
+def test_narrowed_labels_apply_at_once_even_when_the_file_also_changed(ingest, db, corpus):
+    ingest()
+    path = corpus / "handbook" / "travel-policy.md"
+    (corpus / "handbook" / "travel-policy.md.meta.json").write_text(json.dumps({"acl_labels": ["travel-desk"]}))
+    path.write_text(path.read_text() + "\nA new paragraph.\n")
+    # Reconcile alone (no parsing yet): the rows already carry only the new label.
+    discover(db.info.dsn, [SourceConfig("sample", corpus, acl_labels=("staff",))])
+    assert {tuple(r[2]) for r in _index_rows(db, "handbook/travel-policy.md")} == {("travel-desk",)}
+    assert _doc(db, "handbook/travel-policy.md")["status"] == "pending_parse"
