@@ -21,7 +21,6 @@ import io
 import logging
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -226,10 +225,13 @@ class Cascade:
         if not failing:
             return pages
         out = list(pages)
+        # Only the VLM tier waits on the network: OCR and Docling already use every core.
         workers = max(1, self.config.vlm.max_concurrency if self._vlm else 1)
-        escalate: Callable[[tuple[int, str]], ParsedPage] = lambda item: self._escalate(  # noqa: E731
-            path, pages[item[0]], item[1], password
-        )
+
+        def escalate(item: tuple[int, str]) -> ParsedPage:
+            index, reason = item
+            return self._escalate(path, pages[index], reason, password)
+
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for (index, _), page in zip(failing, pool.map(escalate, failing), strict=True):
                 out[index] = page

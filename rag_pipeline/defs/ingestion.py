@@ -1,6 +1,5 @@
 """Ingestion assets: source_documents -> parsed_documents -> document_chunks -> search_index."""
 
-
 import statistics
 from typing import Any
 

@@ -1,6 +1,5 @@
 """The one resource every asset uses: settings, the database (started and migrated on first use)."""
 
-
 import threading
 
 import dagster as dg
