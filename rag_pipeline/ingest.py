@@ -390,19 +390,8 @@ def index_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
                 with conn.transaction():
                     if not store.claim(conn, doc.doc_id, "pending_index"):
                         continue
-                    chunks = store.assign_groups(conn, chunks_by_doc[doc.doc_id], doc.acl_labels, params)
-                    stats.occurrences += len(chunks)
-                    for version in versions:
-                        vectors = vectors_by_version[version.version_id]
-                        released = store.delete_document_rows(conn, version, doc.doc_id)
-                        rows = [store.IndexRow(c, sha, vectors[sha])
-                                for c in chunks for sha in (input_sha(c.embedding_input),)]
-                        written = store.insert_group_rows(conn, version, doc.acl_labels, rows)
-                        stats.rows_written += written
-                        stats.deduplicated += len(rows) - written
-                        # Groups this document owned but no longer holds get a row from another occurrence.
-                        _rehome_groups(conn, version, settings, released, stats)
-                    store.drop_empty_groups(conn, [c.group_id for c in chunks_by_doc[doc.doc_id] if c.group_id])
+                    write_document(conn, doc, chunks_by_doc[doc.doc_id], versions, vectors_by_version, params,
+                                   settings, stats)
                     store.mark_indexed(conn, doc.doc_id)
                 stats.documents_indexed += 1
             progress(
@@ -413,6 +402,66 @@ def index_pending(db_url: str, settings: Settings, progress: Progress = _quiet) 
             for version in versions:
                 store.refresh_version_stats(conn, version)
     stats.dedup_rate = round(stats.deduplicated / stats.occurrences, 4) if stats.occurrences else 0.0
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+def write_document(
+    conn: psycopg.Connection,
+    doc: store.PendingDocument,
+    stored_chunks: list[store.StoredChunk],
+    versions: Sequence[store.IndexVersion],
+    vectors_by_version: dict[int, dict[str, np.ndarray]],
+    params: dedup.LshParams,
+    settings: Settings,
+    stats: IndexStats,
+) -> None:
+    """Replace one document's rows in the given versions (inside the caller's transaction)."""
+    chunks = store.assign_groups(conn, stored_chunks, doc.acl_labels, params)
+    stats.occurrences += len(chunks)
+    for version in versions:
+        vectors = vectors_by_version[version.version_id]
+        released = store.delete_document_rows(conn, version, doc.doc_id)
+        rows = [store.IndexRow(c, sha, vectors[sha]) for c in chunks for sha in (input_sha(c.embedding_input),)]
+        written = store.insert_group_rows(conn, version, doc.acl_labels, rows)
+        stats.rows_written += written
+        stats.deduplicated += len(rows) - written
+        # Groups this document owned but no longer holds get a row from another occurrence.
+        _rehome_groups(conn, version, settings, released, stats)
+    store.drop_empty_groups(conn, [c.group_id for c in stored_chunks if c.group_id])
+
+
+def backfill_version(
+    db_url: str, settings: Settings, version_id: int, shard: int, shards: int, progress: Progress = _quiet
+) -> IndexStats:
+    """Fill a building version with the indexed documents of one hash shard, from their stored chunks.
+
+    Reads the live documents (never an export) and only embeds: parsing and chunking are reused. Documents
+    that change meanwhile are written to the building version by the index stage, like to the active one.
+    """
+    started = time.perf_counter()
+    stats = IndexStats()
+    params = dedup.lsh_params(settings.dedup_threshold)
+    with connect(db_url) as conn:
+        version = next((v for v in store.index_versions(conn) if v.version_id == version_id), None)
+        if version is None or version.status != "building":
+            raise RuntimeError(f"index version {version_id} is not building")
+        stats.versions = [f"v{version.version_id} ({version.embedding_model})"]
+        after = ""
+        while batch := store.shard_documents(conn, shard, shards, settings.batch_size, after):
+            after = batch[-1].doc_id
+            chunks_by_doc = store.chunks_of(conn, [d.doc_id for d in batch])
+            vectors = {version.version_id: _vectors_for(conn, version, settings, chunks_by_doc, stats)}
+            conn.commit()
+            for doc in batch:
+                with conn.transaction():
+                    if not store.claim(conn, doc.doc_id, "indexed"):
+                        continue  # changed meanwhile: the index stage writes it to every writable version
+                    write_document(conn, doc, chunks_by_doc[doc.doc_id], [version], vectors, params, settings, stats)
+                stats.documents_indexed += 1
+            progress(f"backfill v{version_id} shard {shard}/{shards}: {stats.documents_indexed} documents")
+        with conn.transaction():
+            store.refresh_version_stats(conn, version)
     stats.seconds = time.perf_counter() - started
     return stats
 

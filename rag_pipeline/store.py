@@ -287,6 +287,20 @@ def pending_documents(
     return [PendingDocument(*r[:7], tuple(r[7]), r[8]) for r in rows]
 
 
+def shard_documents(
+    conn: psycopg.Connection, shard: int, shards: int, limit: int, after: str = ""
+) -> list[PendingDocument]:
+    """Indexed documents of one hash shard (for backfills that N workers share), in doc_id order."""
+    rows = conn.execute(
+        """SELECT doc_id, source, rel_path, fingerprint, content_hash, indexed_content_hash, title, acl_labels,
+                  chunker_version
+           FROM documents WHERE status = 'indexed' AND abs(hashtext(doc_id)) %% %s = %s AND doc_id > %s
+           ORDER BY doc_id LIMIT %s""",
+        (shards, shard, after, limit),
+    ).fetchall()
+    return [PendingDocument(*r[:7], tuple(r[7]), r[8]) for r in rows]
+
+
 def requeue_for_chunker(conn: psycopg.Connection, chunker_version: str) -> int:
     """Indexed documents chunked by another chunker version go back to chunking (their text is kept)."""
     return conn.execute(
@@ -489,7 +503,8 @@ _VERSION_COLUMNS = sql.SQL(
 
 def index_versions(conn: psycopg.Connection, statuses: Sequence[str] | None = None) -> list[IndexVersion]:
     query = sql.SQL(
-        "SELECT {} FROM index_versions v WHERE %(all)s OR v.status = ANY(%(statuses)s) ORDER BY v.version_id"
+        "SELECT {} FROM index_versions v WHERE v.dropped_at IS NULL AND (%(all)s OR v.status = ANY(%(statuses)s))"
+        " ORDER BY v.version_id"
     ).format(_VERSION_COLUMNS)
     rows = conn.execute(query, {"all": statuses is None, "statuses": list(statuses or ())}).fetchall()
     return [IndexVersion(*row) for row in rows]
@@ -504,8 +519,9 @@ def active_version(conn: psycopg.Connection) -> IndexVersion | None:
 
 
 def writable_versions(conn: psycopg.Connection) -> list[IndexVersion]:
-    """Versions that receive every write: the active one and any being built beside it."""
-    return index_versions(conn, ("active", "building"))
+    """Versions that receive every write: the active one, any being built beside it, and a previous active
+    one kept (table not dropped) for rollback, so that rolling back never serves a stale index."""
+    return index_versions(conn, ("active", "building", "retired"))
 
 
 def create_index_version(

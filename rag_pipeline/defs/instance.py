@@ -102,3 +102,45 @@ def run_ingest(
         ]
         summary["errors"] = failures
     return summary
+
+
+def run_index_build(settings: Settings, model: str, instance: Any = None) -> dict[str, Any]:
+    """Start building a version for `model` beside the active one and backfill every shard through Dagster.
+
+    The shards run here one after another; from the UI (or a cluster run launcher) the same job runs as a
+    backfill over all partitions, in parallel.
+    """
+    import dagster as dg
+
+    from rag_pipeline import store, versions
+    from rag_pipeline.database import connect, resolve_urls
+    from rag_pipeline.definitions import build_definitions
+    from rag_pipeline.defs.index_versions import shards
+    from rag_pipeline.embedding import get_embedder, resolve_model
+    from rag_pipeline.ingest import current_chunker_version
+    from rag_pipeline.parsing import parser_version
+
+    db_url = resolve_urls(settings).index
+    resolved = resolve_model(model)
+    embedder = get_embedder(model, settings.embedding.device, settings.embedding.batch_size)
+    with connect(db_url) as conn, conn.transaction():
+        active = store.active_version(conn)
+        chunker = current_chunker_version(settings, resolve_model(active.embedding_model).location) if active else ""
+        version = versions.start_build(
+            conn, resolved.name, resolved.location, embedder.dimensions, chunker, parser_version()
+        )
+    job = build_definitions(settings).resolve_job_def("build_index_version")
+    if instance is None:
+        instance = dg.DagsterInstance.get()
+    runs = []
+    for key in shards.get_partition_keys():
+        result = job.execute_in_process(
+            instance=instance, partition_key=key, raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+        )
+        runs.append({"shard": key, "run_id": result.run_id, "success": result.success})
+    with connect(db_url) as conn:
+        rows = {v.version_id: v.row_count for v in store.index_versions(conn)}
+    return {"version": version.version_id, "model": resolved.name, "dimensions": embedder.dimensions,
+            "rows": rows.get(version.version_id, 0), "shards": runs,
+            "success": all(r["success"] for r in runs)}

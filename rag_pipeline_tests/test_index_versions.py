@@ -1,0 +1,116 @@
+"""Blue/green index versions: build beside the active one as a sharded Dagster job, deletions during the build,
+gated promotion, rollback, retirement."""
+
+import pytest
+from dagster import DagsterInstance
+from psycopg import sql
+
+from rag_pipeline import store, versions
+from rag_pipeline.defs.instance import run_index_build, run_ingest
+from rag_pipeline.embedding import resolve_model
+from rag_pipeline.retrieval import search
+from rag_pipeline.sources import doc_id_for
+from rag_pipeline_tests.test_evaluation import GOLDEN
+
+
+def _rows(db, version, doc_id=None):
+    query = sql.SQL("SELECT count(*) FROM {} WHERE %(all)s OR doc_id = %(doc)s").format(
+        sql.Identifier(version.table_name)
+    )
+    return db.execute(query, {"all": doc_id is None, "doc": doc_id or ""}).fetchone()[0]
+
+
+def test_build_promote_rollback_retire(make_settings, corpus, db):
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+    # The same weights named by folder: a different model string, so the candidate embeds afresh.
+    candidate_model = resolve_model("all-MiniLM-L6-v2").location
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+        v1 = store.active_version(db)
+
+        # A build that has not run its shards yet is incomplete: promotion refuses.
+        with db.transaction():
+            draft = versions.start_build(db, candidate_model, candidate_model, 384, v1.chunker_version,
+                                         v1.parser_version)
+        with pytest.raises(versions.VersionError, match="already building"):
+            with db.transaction():
+                versions.start_build(db, "other", "other", 8, "c", "p")
+        gates = versions.check_gates(db, draft)
+        assert gates.missing_groups > 0 and not gates.passed
+        with pytest.raises(versions.VersionError, match="incomplete"):
+            with db.transaction():
+                versions.promote(db, draft.version_id, gates)
+        with db.transaction():
+            versions.retire(db, draft.version_id)
+        assert draft.version_id not in {v.version_id for v in store.index_versions(db)}
+
+        # A deletion while the new version builds reaches it as well.
+        summary = run_index_build(settings, candidate_model, instance=instance)
+        assert summary["success"] and len(summary["shards"]) == 8 and summary["rows"] == v1.row_count
+        v2 = store.index_versions(db, ("building",))[0]
+        (corpus / "products" / "nw200-faq.html").unlink()
+        assert run_ingest(settings, instance=instance)["deleted"] == 1
+        faq = doc_id_for("sample", "products/nw200-faq.html")
+        assert _rows(db, v2, faq) == 0 and _rows(db, v1, faq) == 0
+        edited = corpus / "handbook" / "travel-policy.md"
+        edited.write_text(edited.read_text().replace("14 days", "21 days"))
+        assert run_ingest(settings, instance=instance)["changed"] == 1
+        v2_texts = [t for (t,) in db.execute(sql.SQL("SELECT text FROM {}").format(sql.Identifier(v2.table_name)))]
+        assert any("21 days" in t for t in v2_texts) and not any("14 days" in t for t in v2_texts)
+
+        gates = versions.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
+        assert gates.passed, gates.failures
+        assert gates.quality["candidate"]["recall@k"] >= gates.quality["active"]["recall@k"] - 0.02
+        with db.transaction():
+            versions.promote(db, v2.version_id, gates)
+        assert store.active_version(db).version_id == v2.version_id
+        assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == _rows(db, v2)
+        hits = search(db, "how far ahead should flights be booked", ["staff"], k=1)
+        assert "21 days" in hits[0].text
+
+        # The previous version keeps receiving writes, so rolling back is instant and not stale.
+        edited.write_text(edited.read_text().replace("21 days", "28 days"))
+        run_ingest(settings, instance=instance)
+        with db.transaction():
+            back = versions.rollback(db)
+        assert back.version_id == v1.version_id and store.active_version(db).version_id == v1.version_id
+        assert "28 days" in search(db, "how far ahead should flights be booked", ["staff"], k=1)[0].text
+
+        with pytest.raises(versions.VersionError, match="is active"):
+            with db.transaction():
+                versions.retire(db, v1.version_id)
+        with db.transaction():
+            versions.retire(db, v2.version_id)
+        assert db.execute("SELECT to_regclass(%s)", (v2.table_name,)).fetchone()[0] is None
+        assert run_ingest(settings, instance=instance)["success"]  # writes go on without the dropped table
+        events = [r[0] for r in db.execute("SELECT event FROM index_version_events ORDER BY id").fetchall()]
+        assert events == ["build", "drop", "build", "promote", "rollback", "drop"]
+
+
+def test_swap_minilm_to_mpnet(make_settings, corpus, db):
+    """The real swap: all-MiniLM-L6-v2 (384 dims) -> all-mpnet-base-v2 (768 dims, installed by `make`)."""
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+        v1 = store.active_version(db)
+        summary = run_index_build(settings, "all-mpnet-base-v2", instance=instance)
+        assert summary["success"] and summary["dimensions"] == 768
+        v2 = store.index_versions(db, ("building",))[0]
+        column = db.execute(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass"
+            " AND attname = 'embedding'", (v2.table_name,)
+        ).fetchone()[0]
+        assert column == "halfvec(768)"
+        (corpus / "handbook" / "onboarding-guide.docx").unlink()  # deleted during the build
+        assert run_ingest(settings, instance=instance)["deleted"] == 1
+        gates = versions.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
+        assert gates.replayed_deletions_left == 0 and gates.missing_groups == 0
+        assert gates.passed, gates.failures
+        with db.transaction():
+            versions.promote(db, v2.version_id, gates)
+        hits = search(db, "which extension reaches the security desk", ["staff"], k=3)
+        assert hits and all(h.path != "handbook/onboarding-guide.docx" for h in hits)
+        assert store.active_version(db).dimensions == 768
+        with db.transaction():
+            assert versions.rollback(db).version_id == v1.version_id
+        assert search(db, "which extension reaches the security desk", ["staff"], k=3)
