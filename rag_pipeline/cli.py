@@ -130,7 +130,8 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
         ]
         reports = [
             evaluate(conn, questions, args.labels, k=args.k, mode=args.mode, version=target,
-                     min_similarity=floor, device=settings.embedding.device)
+                     min_similarity=floor, device=settings.embedding.device,
+                     dense_weight=settings.dense_weight, sparse_weight=settings.sparse_weight)
             for target in targets
         ]
     if args.json:
@@ -152,7 +153,8 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
         if args.version is not None:
             version = _searchable_version(conn, args.version)
         hits = search(conn, args.query, args.labels, k=args.k, mode=args.mode, version=version,
-                      device=settings.embedding.device, min_similarity=settings.min_similarity)
+                      device=settings.embedding.device, min_similarity=settings.min_similarity,
+                      dense_weight=settings.dense_weight, sparse_weight=settings.sparse_weight)
     if args.json:
         _print_json([hit.to_dict() for hit in hits])
         return 0

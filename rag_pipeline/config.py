@@ -175,6 +175,8 @@ class Settings:
     dedup_threshold: float = 0.8  # estimated Jaccard on word 3-shingles above which chunks are near-duplicates
     # Score floor: chunks less similar to the query than this are not returned. Model-specific; None = off.
     min_similarity: float | None = None
+    dense_weight: float = 1.0  # Reciprocal Rank Fusion weight of the dense list
+    sparse_weight: float = 1.0  # ... and of the BM25-style list
     config_file: Path | None = None
 
     @property
@@ -265,5 +267,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         batch_size=int(raw.get("batch_size", Settings.batch_size)),
         dedup_threshold=float((raw.get("dedup") or {}).get("threshold", Settings.dedup_threshold)),
         min_similarity=(raw.get("retrieval") or {}).get("min_similarity"),
+        dense_weight=float((raw.get("retrieval") or {}).get("dense_weight", 1.0)),
+        sparse_weight=float((raw.get("retrieval") or {}).get("sparse_weight", 1.0)),
         config_file=path,
     )

@@ -167,6 +167,8 @@ def evaluate(
     version: store.IndexVersion | None = None,
     min_similarity: float | None = None,
     device: str = "cpu",
+    dense_weight: float = 1.0,
+    sparse_weight: float = 1.0,
 ) -> EvalReport:
     version = version or store.active_version(conn)
     if version is None:
@@ -175,7 +177,7 @@ def evaluate(
         score_question(
             q,
             search(conn, q.question, labels, k=k, mode=mode, version=version, device=device,
-                   min_similarity=min_similarity),
+                   min_similarity=min_similarity, dense_weight=dense_weight, sparse_weight=sparse_weight),
             k,
         )
         for q in questions

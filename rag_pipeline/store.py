@@ -519,9 +519,9 @@ def active_version(conn: psycopg.Connection) -> IndexVersion | None:
 
 
 def writable_versions(conn: psycopg.Connection) -> list[IndexVersion]:
-    """Versions that receive every write: the active one, any being built beside it, and a previous active
+    """Versions that receive every write: the active one, any being built (or built and ready) beside it, and a previous active
     one kept (table not dropped) for rollback, so that rolling back never serves a stale index."""
-    return index_versions(conn, ("active", "building", "retired"))
+    return index_versions(conn, ("active", "building", "ready", "retired"))
 
 
 def create_index_version(

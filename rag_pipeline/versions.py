@@ -43,11 +43,19 @@ def start_build(
 ) -> store.IndexVersion:
     """A new version in status 'building'; from now on every write reaches it too."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtext('rag_pipeline:index_versions'))")
-    if store.index_versions(conn, ("building",)):
-        raise VersionError("another index version is already building: promote or retire it first")
+    if store.index_versions(conn, ("building", "ready")):
+        raise VersionError("another index version is already building (or ready): promote or retire it first")
     version = store.create_index_version(conn, model, location, dimensions, chunker_version, parser_version)
     record(conn, version.version_id, "build", model=model, dimensions=dimensions)
     return version
+
+
+def mark_ready(conn: psycopg.Connection, version_id: int) -> None:
+    """Backfill complete: the version is ready to be promoted (it keeps receiving writes meanwhile)."""
+    conn.execute(
+        "UPDATE index_versions SET status = 'ready', ready_at = now() WHERE version_id = %s AND status = 'building'",
+        (version_id,),
+    )
 
 
 @dataclass

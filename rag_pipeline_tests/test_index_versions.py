@@ -47,7 +47,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         # A deletion while the new version builds reaches it as well.
         summary = run_index_build(settings, candidate_model, instance=instance)
         assert summary["success"] and len(summary["shards"]) == 8 and summary["rows"] == v1.row_count
-        v2 = store.index_versions(db, ("building",))[0]
+        (v2,) = store.index_versions(db, ("ready",))  # all shards done and complete
         (corpus / "products" / "nw200-faq.html").unlink()
         assert run_ingest(settings, instance=instance)["deleted"] == 1
         faq = doc_id_for("sample", "products/nw200-faq.html")
@@ -95,7 +95,7 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
         v1 = store.active_version(db)
         summary = run_index_build(settings, "all-mpnet-base-v2", instance=instance)
         assert summary["success"] and summary["dimensions"] == 768
-        v2 = store.index_versions(db, ("building",))[0]
+        (v2,) = store.index_versions(db, ("ready",))
         column = db.execute(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass"
             " AND attname = 'embedding'", (v2.table_name,)

@@ -139,7 +139,9 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
             run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
         )
         runs.append({"shard": key, "run_id": result.run_id, "success": result.success})
-    with connect(db_url) as conn:
+    with connect(db_url) as conn, conn.transaction():
+        if all(r["success"] for r in runs) and versions.check_gates(conn, version).passed:
+            versions.mark_ready(conn, version.version_id)
         rows = {v.version_id: v.row_count for v in store.index_versions(conn)}
     return {"version": version.version_id, "model": resolved.name, "dimensions": embedder.dimensions,
             "rows": rows.get(version.version_id, 0), "shards": runs,
