@@ -54,13 +54,22 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _prepare_instance(settings: Settings) -> Path:
+def _index_url(settings: Settings) -> str:
+    """The index database, started if embedded and migrated to the schema this code expects."""
     from rag_pipeline.database import migrate, resolve_urls
+
+    url = resolve_urls(settings).index
+    migrate(url)
+    return url
+
+
+def _prepare_instance(settings: Settings) -> Path:
+    """The index database ready, and DAGSTER_HOME pointing at Dagster's storage on the same server."""
+    from rag_pipeline.database import resolve_urls
     from rag_pipeline.defs.instance import prepare_dagster_home
 
-    urls = resolve_urls(settings)
-    migrate(urls.index)
-    return prepare_dagster_home(settings, urls.dagster)
+    _index_url(settings)
+    return prepare_dagster_home(settings, resolve_urls(settings).dagster)
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
@@ -91,9 +100,9 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
 def _print_attention_list(settings: Settings, limit: int = 20) -> None:
     """Documents a person should look at: held back for missing labels, or dead-lettered."""
     from rag_pipeline import store
-    from rag_pipeline.database import connect, resolve_urls
+    from rag_pipeline.database import connect
 
-    with connect(resolve_urls(settings).index) as conn:
+    with connect(_index_url(settings)) as conn:
         held = store.held_documents(conn)
         dead = store.dead_letter_summary(conn)
     for source, rel_path in held[:limit]:
@@ -119,12 +128,12 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     """Golden-set metrics of one index version, or of two side by side (--compare V1 V2)."""
     from dataclasses import asdict
 
-    from rag_pipeline.database import connect, resolve_urls
+    from rag_pipeline.database import connect
     from rag_pipeline.evaluation import evaluate, load_golden, report_table
 
     questions = load_golden(Path(args.golden))
     floor = settings.min_similarity if args.min_similarity is None else args.min_similarity
-    with connect(resolve_urls(settings).index) as conn:
+    with connect(_index_url(settings)) as conn:
         targets = [_searchable_version(conn, v) for v in args.compare] if args.compare else [
             _searchable_version(conn, args.version) if args.version is not None else None
         ]
@@ -145,10 +154,10 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.database import connect, resolve_urls
+    from rag_pipeline.database import connect
     from rag_pipeline.retrieval import search
 
-    with connect(resolve_urls(settings).index) as conn:
+    with connect(_index_url(settings)) as conn:
         version = None
         if args.version is not None:
             version = _searchable_version(conn, args.version)
@@ -170,7 +179,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     """Index versions (blue/green): list, build, promote, roll back, retire."""
     from rag_pipeline import store, versions
-    from rag_pipeline.database import connect, resolve_urls
+    from rag_pipeline.database import connect
 
     if args.index_command == "build":
         from rag_pipeline.defs.instance import run_index_build
@@ -185,7 +194,7 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
                   f" shards succeeded. Next: rag-pipeline index promote {summary['version']}")
         return 0 if summary["success"] else 1
     if args.index_command in ("promote", "rollback", "retire"):
-        with connect(resolve_urls(settings).index) as conn, conn.transaction():
+        with connect(_index_url(settings)) as conn, conn.transaction():
             if args.index_command == "promote":
                 candidate = _searchable_version(conn, args.version)
                 gates = versions.check_gates(
@@ -205,7 +214,7 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"v{args.version} retired; its table is dropped")
         return 0
 
-    with connect(resolve_urls(settings).index) as conn:
+    with connect(_index_url(settings)) as conn:
         versions = store.index_versions(conn)
         active = store.active_version(conn)
         times = {
