@@ -120,6 +120,15 @@ def prepare_index(db_url: str, settings: Settings) -> store.IndexVersion:
         )
 
 
+def sizing_model_location(conn: psycopg.Connection) -> str:
+    """The model whose window sizes the chunks: the shortest among the versions that receive writes, so
+    that every chunk fits every version, and a swap (or a rollback) does not re-chunk the corpus."""
+    locations = [resolve_model(v.embedding_model).location for v in store.writable_versions(conn)]
+    if not locations:
+        raise RuntimeError("no index version yet: prepare_index must run first")
+    return min(locations, key=max_sequence_length)
+
+
 def chunk_size(settings: Settings, model_location: str) -> int:
     # Two special tokens ([CLS]/[SEP]) and the contextual prefix share the model's window with the chunk.
     return settings.chunking.max_tokens or (
@@ -277,11 +286,7 @@ def _dead_letter(conn: psycopg.Connection, doc: store.PendingDocument, exc: Dead
 def chunk_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> ChunkStats:
     started = time.perf_counter()
     with connect(db_url) as conn:
-        active = store.active_version(conn)
-    if active is None:
-        raise RuntimeError("no active index version: prepare_index must run first")
-    # Chunks are sized for the model that serves queries now.
-    model_location = resolve_model(active.embedding_model).location
+        model_location = sizing_model_location(conn)
     stats = ChunkStats(chunker_version=current_chunker_version(settings, model_location))
     chunker: Chunker | None = None  # the tokenizer loads only when there is something to chunk
     prefixer = LlmPrefixer(settings.prefix) if settings.prefix.mode == "llm" else None

@@ -111,6 +111,9 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
         hits = search(db, "which extension reaches the security desk", ["staff"], k=3)
         assert hits and all(h.path != "handbook/onboarding-guide.docx" for h in hits)
         assert store.active_version(db).dimensions == 768
+        # Chunks are sized for the shortest window among written versions: the swap re-chunks nothing.
+        after_swap = run_ingest(settings, instance=instance)
+        assert after_swap["documents_chunked"] == 0 and after_swap["vectors_embedded"] == 0
         with db.transaction():
             assert versions.rollback(db).version_id == v1.version_id
         assert search(db, "which extension reaches the security desk", ["staff"], k=3)

@@ -117,15 +117,14 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
     from rag_pipeline.definitions import build_definitions
     from rag_pipeline.defs.index_versions import shards
     from rag_pipeline.embedding import get_embedder, resolve_model
-    from rag_pipeline.ingest import current_chunker_version
+    from rag_pipeline.ingest import current_chunker_version, sizing_model_location
     from rag_pipeline.parsing import parser_version
 
     db_url = resolve_urls(settings).index
     resolved = resolve_model(model)
     embedder = get_embedder(model, settings.embedding.device, settings.embedding.batch_size)
     with connect(db_url) as conn, conn.transaction():
-        active = store.active_version(conn)
-        chunker = current_chunker_version(settings, resolve_model(active.embedding_model).location) if active else ""
+        chunker = current_chunker_version(settings, sizing_model_location(conn))
         version = versions.start_build(
             conn, resolved.name, resolved.location, embedder.dimensions, chunker, parser_version()
         )
