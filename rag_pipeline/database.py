@@ -34,7 +34,7 @@ MIGRATION_LOCK_KEY = 0x52414701
 
 
 class DatabaseError(RuntimeError):
-    pass
+    """The database is not there or not in the state this code expects."""
 
 
 @dataclass(frozen=True)

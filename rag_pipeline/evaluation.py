@@ -24,7 +24,7 @@ from rag_pipeline.retrieval import SearchHit, search
 
 
 class GoldenSetError(ValueError):
-    pass
+    """A golden set that cannot be used as it is; the message names the file and line."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ _OR_TSQUERY = sql.SQL(
 
 
 class SearchError(ValueError):
-    pass
+    """A search that must not run as asked (no labels, no index, bad arguments)."""
 
 
 @dataclass(frozen=True)

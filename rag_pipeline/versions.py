@@ -21,7 +21,7 @@ from rag_pipeline.evaluation import evaluate, load_golden
 
 
 class VersionError(RuntimeError):
-    pass
+    """A lifecycle step that is not allowed now (the message says why)."""
 
 
 def _version(conn: psycopg.Connection, version_id: int) -> store.IndexVersion:

@@ -17,7 +17,7 @@ class FakeChatServer:
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
-                pass
+                """Quiet: tests read the counters, not the access log."""
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
