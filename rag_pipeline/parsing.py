@@ -169,13 +169,14 @@ def _spans_gutter(line: list[dict[str, Any]], gutters: list[float]) -> bool:
     return False
 
 
-def column_text(page: Any) -> str | None:
-    """Text of a multi-column page in reading order (column by column), or None if it has one column."""
+def column_text(page: Any) -> tuple[str | None, int]:
+    """Text of a multi-column page in reading order (column by column) and its column count;
+    (None, 1) for a single-column page."""
     words = page.extract_words(keep_blank_chars=False, use_text_flow=False)
     lines = _group_lines(words)
     gutters = find_gutters(lines, float(page.width))
     if not gutters:
-        return None
+        return None, 1
     bounds = [float("-inf"), *gutters, float("inf")]
     out: list[str] = []
     columns: list[list[str]] = [[] for _ in gutters] + [[]]
@@ -195,7 +196,7 @@ def column_text(page: Any) -> str | None:
             if part:
                 columns[index].append(" ".join(part))
     flush()
-    return "\n".join(out)
+    return "\n".join(out), len(gutters) + 1
 
 
 def heading_levels(page: Any) -> dict[str, int]:
@@ -256,11 +257,12 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
 
     text_page = page.filter(outside_tables) if boxes else page
-    columns = column_text(text_page)
-    text = columns if columns is not None else (text_page.extract_text() or "")
+    column_ordered, column_count = column_text(text_page)
+    text = column_ordered if column_ordered is not None else (text_page.extract_text() or "")
     headings = heading_levels(text_page)
     text = _mark_headings(text, headings)
-    table_markdown = [md for md in (table_to_markdown(t.extract()) for t in tables) if md]
+    table_rows = [t.extract() for t in tables]
+    table_markdown = [md for md in (table_to_markdown(rows) for rows in table_rows) if md]
     markdown = "\n\n".join(part for part in [text.strip(), *table_markdown] if part)
     bad_glyphs = len(CID_GLYPH_RE.findall(text)) + sum(
         1 for ch in text if ch == "\ufffd" or 0xE000 <= ord(ch) <= 0xF8FF
@@ -276,12 +278,11 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         "replacement_glyphs": text.count("\ufffd"),
         "bad_glyph_ratio": round(bad_glyphs / max(1, len(text)), 4),
         "image_coverage": round(min(1.0, image_area / page_area), 3),
-        "ragged_table_ratio": max((_ragged_ratio(t.extract()) for t in tables), default=0.0),
+        "ragged_table_ratio": max((_ragged_ratio(rows) for rows in table_rows), default=0.0),
         "images": len(page.images),
         "rotation": int(page.rotation or 0),
         "headings": len(headings),
-        "columns": len(find_gutters(_group_lines(text_page.extract_words()), float(page.width))) + 1
-        if columns is not None else 1,
+        "columns": column_count,
     }
     return markdown, len(table_markdown), signals
 
