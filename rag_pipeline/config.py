@@ -161,6 +161,52 @@ class ParsingConfig:
 
 
 @dataclass(frozen=True)
+class ChecksConfig:
+    """Thresholds of the asset checks that keep the index true (see the README for each check)."""
+
+    golden_set: Path | None = None  # JSONL golden set for `retrieval_quality`; None: the check reports it is off
+    golden_labels: tuple[str, ...] = ()  # the ACL labels the golden questions are asked with
+    k: int = 10
+    quality_tolerance: float = 0.02  # recall@k and ndcg@k may fall this far below the baseline
+    near_empty_page_chars: int = 20  # a parsed page with fewer characters than this is "near-empty"
+    max_near_empty_page_share: float = 0.10
+    max_zero_text_documents: int = 0
+    max_dead_letter_share: float = 0.10  # dead letters per live (labelled) document
+    health_cron: str = "*/15 * * * *"  # the `index_health` schedule: checks alone, no materialization
+
+    def __post_init__(self) -> None:
+        if self.golden_set is not None and not self.golden_labels:
+            raise ConfigError("checks.golden_set needs checks.golden_labels: the labels to ask the questions with")
+
+
+@dataclass(frozen=True)
+class SmtpConfig:
+    host: str
+    port: int = 25
+    sender: str = "rag-pipeline@localhost"
+    recipients: tuple[str, ...] = ()
+    username: str | None = None
+    password_env: str | None = None  # name of the environment variable holding the password
+    starttls: bool = False
+    timeout_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.recipients:
+            raise ConfigError("alerts.smtp needs at least one recipient")
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    """Where failed checks and runs are reported. A structured log line is always written."""
+
+    webhook_url: str | None = None  # receives a JSON POST per alert
+    webhook_timeout_seconds: float = 10.0
+    smtp: SmtpConfig | None = None
+    ui_base_url: str | None = None  # e.g. http://127.0.0.1:3000: alerts then link to the run
+    max_attempts: int = 3  # per delivery, with exponential backoff
+
+
+@dataclass(frozen=True)
 class Settings:
     data_dir: Path = field(default_factory=lambda: Path(".rag_data").resolve())
     database_url: str | None = None  # external Postgres; None starts the embedded server
@@ -171,6 +217,11 @@ class Settings:
     parsing: ParsingConfig = field(default_factory=ParsingConfig)
     sources: tuple[SourceConfig, ...] = ()
     refresh_cron: str = "0 * * * *"
+    source_sensor_interval_seconds: int = 60  # how often the `source_changes` sensor looks at the folders
+    # How long a refresh stage waits for another refresh (or a backfill) to release the index write lock.
+    lock_timeout_seconds: int = 3600
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
     batch_size: int = 64  # documents per unit of work in each stage
     dedup_threshold: float = 0.8  # estimated Jaccard on word 3-shingles above which chunks are near-duplicates
     # Score floor: chunks less similar to the query than this are not returned. Model-specific; None = off.
@@ -200,11 +251,35 @@ class Settings:
 def _parsing_config(raw: dict[str, Any]) -> ParsingConfig:
     raw = dict(raw)
     vlm_raw = raw.pop("vlm", None) or {}
-    for name, given, known in (("parsing", raw, ParsingConfig), ("parsing.vlm", vlm_raw, VlmConfig)):
-        unknown = set(given) - set(known.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown {name} settings: {sorted(unknown)}")
+    _known_keys("parsing", raw, ParsingConfig)
+    _known_keys("parsing.vlm", vlm_raw, VlmConfig)
     return ParsingConfig(**raw, vlm=VlmConfig(**vlm_raw))
+
+
+def _known_keys(name: str, given: dict[str, Any], known: Any) -> None:
+    unknown = set(given) - set(known.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown {name} settings: {sorted(unknown)}")
+
+
+def _checks_config(raw: dict[str, Any], base_dir: Path) -> ChecksConfig:
+    _known_keys("checks", raw, ChecksConfig)
+    raw = dict(raw)
+    if raw.get("golden_set"):
+        raw["golden_set"] = (base_dir / str(raw["golden_set"])).resolve()
+    raw["golden_labels"] = parse_labels(raw.get("golden_labels"))
+    return ChecksConfig(**raw)
+
+
+def _alerts_config(raw: dict[str, Any]) -> AlertsConfig:
+    _known_keys("alerts", raw, AlertsConfig)
+    raw = dict(raw)
+    if smtp := raw.pop("smtp", None):
+        _known_keys("alerts.smtp", smtp, SmtpConfig)
+        smtp = dict(smtp)
+        smtp["recipients"] = parse_labels(smtp.get("recipients"))
+        raw["smtp"] = SmtpConfig(**smtp)
+    return AlertsConfig(**raw)
 
 
 def _config_path(explicit: str | Path | None) -> Path | None:
@@ -235,9 +310,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         device=os.environ.get("RAG_EMBEDDING_DEVICE") or embedding_raw.get("device", EmbeddingConfig.device),
     )
     prefix_raw = raw.get("prefix") or {}
-    unknown = set(prefix_raw) - set(PrefixConfig.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown prefix settings: {sorted(unknown)}")
+    _known_keys("prefix", prefix_raw, PrefixConfig)
     prefix = PrefixConfig(**prefix_raw)
     parsing = _parsing_config(raw.get("parsing") or {})
     chunking = ChunkingConfig(
@@ -264,6 +337,12 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         parsing=parsing,
         sources=sources,
         refresh_cron=raw.get("refresh_cron", Settings.refresh_cron),
+        source_sensor_interval_seconds=int(
+            raw.get("source_sensor_interval_seconds", Settings.source_sensor_interval_seconds)
+        ),
+        lock_timeout_seconds=parse_duration(raw.get("lock_timeout", Settings.lock_timeout_seconds)),
+        checks=_checks_config(raw.get("checks") or {}, base_dir),
+        alerts=_alerts_config(raw.get("alerts") or {}),
         batch_size=int(raw.get("batch_size", Settings.batch_size)),
         dedup_threshold=float((raw.get("dedup") or {}).get("threshold", Settings.dedup_threshold)),
         min_similarity=(raw.get("retrieval") or {}).get("min_similarity"),

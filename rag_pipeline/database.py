@@ -11,7 +11,7 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,3 +191,62 @@ def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now
+
+
+# --- the index write lock ----------------------------------------------------------------------------
+
+# Arbitrary constant: every stage that writes the index holds it (refreshes exclusively, the shards of a
+# version backfill shared), so two refreshes never write at once while backfill shards run in parallel.
+INDEX_WRITE_LOCK_KEY = 0x52414702
+LOCK_HOLDER_PREFIX = "rag_pipeline: "
+
+
+class IndexLockTimeout(DatabaseError):
+    """Another refresh (or a backfill) held the index write lock for longer than this one would wait."""
+
+
+def _lock_holders(conn: psycopg.Connection) -> str:
+    rows = conn.execute(
+        """SELECT a.application_name, a.pid, a.backend_start, l.mode
+           FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+           WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+             AND ((l.classid::bigint << 32) | l.objid::bigint) = %s AND a.pid <> pg_backend_pid()""",
+        (INDEX_WRITE_LOCK_KEY,),
+    ).fetchall()
+    return ", ".join(
+        f"{name.removeprefix(LOCK_HOLDER_PREFIX) or 'another session'} (pid {pid}, since "
+        f"{started:%Y-%m-%d %H:%M:%S}, {mode})" for name, pid, started, mode in rows
+    ) or "another session"
+
+
+@contextmanager
+def index_write_lock(
+    url: str, holder: str, *, shared: bool = False, timeout_seconds: float = 3600,
+    progress: Callable[[str], None] = log.info,
+) -> Iterator[None]:
+    """Hold the index write lock for the duration of the block; wait at most `timeout_seconds` for it.
+
+    A session-level advisory lock on a connection of its own: it is released when the block ends or when
+    the process dies (Postgres drops a dead session's locks), so a killed run never leaves it behind.
+    """
+    conn = psycopg.connect(url, autocommit=True, application_name=(LOCK_HOLDER_PREFIX + holder)[:63])
+    try:
+        try_lock, lock = (("pg_try_advisory_lock_shared", "pg_advisory_lock_shared") if shared
+                          else ("pg_try_advisory_lock", "pg_advisory_lock"))
+        acquired = conn.execute(sql.SQL("SELECT {}(%s)").format(sql.Identifier(try_lock)),
+                                (INDEX_WRITE_LOCK_KEY,)).fetchone()[0]
+        if not acquired:
+            progress(f"{holder}: waiting up to {timeout_seconds:.0f}s for the index write lock, held by "
+                     f"{_lock_holders(conn)}")
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, int(timeout_seconds * 1000))}ms",))
+            try:
+                conn.execute(sql.SQL("SELECT {}(%s)").format(sql.Identifier(lock)), (INDEX_WRITE_LOCK_KEY,))
+            except psycopg.errors.LockNotAvailable:
+                raise IndexLockTimeout(
+                    f"{holder}: the index write lock is still held by {_lock_holders(conn)} after "
+                    f"{timeout_seconds:.0f}s; another refresh is writing the index. Nothing was changed; run again "
+                    "once it has finished (or raise lock_timeout)."
+                ) from None
+        yield
+    finally:
+        conn.close()

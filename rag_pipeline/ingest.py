@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from rag_pipeline import dedup, store
+from rag_pipeline import dedup, store, versions
 from rag_pipeline.cascade import Cascade, parse_document
 from rag_pipeline.chunking import Chunker, chunker_version, template_prefix, truncate_to_tokens
 from rag_pipeline.cleaning import clean_parsed_pages, content_hash
 from rag_pipeline.config import Settings, SourceConfig
-from rag_pipeline.database import connect
+from rag_pipeline.database import connect, index_write_lock
 from rag_pipeline.embedding import get_embedder, input_sha, load_tokenizer, max_sequence_length, resolve_model
 from rag_pipeline.parsing import DeadLetter, parser_version
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
@@ -120,6 +120,16 @@ def prepare_index(db_url: str, settings: Settings) -> store.IndexVersion:
         )
 
 
+def start_version_build(db_url: str, settings: Settings, model: str) -> store.IndexVersion:
+    """Register a version for `model` in status 'building' beside the active one; the backfill fills it."""
+    resolved = resolve_model(model)
+    embedder = get_embedder(model, settings.embedding.device, settings.embedding.batch_size)
+    with connect(db_url) as conn, conn.transaction():
+        chunker = current_chunker_version(settings, sizing_model_location(conn))
+        return versions.start_build(conn, resolved.name, resolved.location, embedder.dimensions, chunker,
+                                    parser_version())
+
+
 def sizing_model_location(conn: psycopg.Connection) -> str:
     """The model whose window sizes the chunks: the shortest among the versions that receive writes, so
     that every chunk fits every version, and a swap (or a rollback) does not re-chunk the corpus."""
@@ -149,7 +159,14 @@ def build_chunker(settings: Settings, model_location: str) -> Chunker:
 # --- discover --------------------------------------------------------------------------------------
 
 
-def discover(db_url: str, sources: Sequence[SourceConfig], progress: Progress = _quiet) -> DiscoverStats:
+def discover(
+    db_url: str, sources: Sequence[SourceConfig], progress: Progress = _quiet, lock_timeout_seconds: float = 3600
+) -> DiscoverStats:
+    with index_write_lock(db_url, "discover", timeout_seconds=lock_timeout_seconds, progress=progress):
+        return _discover(db_url, sources, progress)
+
+
+def _discover(db_url: str, sources: Sequence[SourceConfig], progress: Progress) -> DiscoverStats:
     started = time.perf_counter()
     stats = DiscoverStats(sources=len(sources))
     for source in sources:
@@ -191,6 +208,11 @@ def discover(db_url: str, sources: Sequence[SourceConfig], progress: Progress = 
 
 
 def parse_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> ParseStats:
+    with index_write_lock(db_url, "parse", timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+        return _parse_pending(db_url, settings, progress)
+
+
+def _parse_pending(db_url: str, settings: Settings, progress: Progress) -> ParseStats:
     started = time.perf_counter()
     stats = ParseStats()
     version = parser_version()
@@ -284,6 +306,11 @@ def _dead_letter(conn: psycopg.Connection, doc: store.PendingDocument, exc: Dead
 
 
 def chunk_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> ChunkStats:
+    with index_write_lock(db_url, "chunk", timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+        return _chunk_pending(db_url, settings, progress)
+
+
+def _chunk_pending(db_url: str, settings: Settings, progress: Progress) -> ChunkStats:
     started = time.perf_counter()
     with connect(db_url) as conn:
         model_location = sizing_model_location(conn)
@@ -375,6 +402,11 @@ def _llm_sentences(
 def index_pending(db_url: str, settings: Settings, progress: Progress = _quiet) -> IndexStats:
     """Group pending documents' chunks into near-duplicate groups and write one row per group into every
     writable version, with vectors from the embedding cache where possible."""
+    with index_write_lock(db_url, "index", timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+        return _index_pending(db_url, settings, progress)
+
+
+def _index_pending(db_url: str, settings: Settings, progress: Progress) -> IndexStats:
     started = time.perf_counter()
     stats = IndexStats()
     params = dedup.lsh_params(settings.dedup_threshold)
@@ -443,7 +475,16 @@ def backfill_version(
 
     Reads the live documents (never an export) and only embeds: parsing and chunking are reused. Documents
     that change meanwhile are written to the building version by the index stage, like to the active one.
+    Shards share the write lock with each other, not with a refresh.
     """
+    with index_write_lock(db_url, f"backfill v{version_id} shard {shard}", shared=True,
+                          timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+        return _backfill_version(db_url, settings, version_id, shard, shards, progress)
+
+
+def _backfill_version(
+    db_url: str, settings: Settings, version_id: int, shard: int, shards: int, progress: Progress
+) -> IndexStats:
     started = time.perf_counter()
     stats = IndexStats()
     params = dedup.lsh_params(settings.dedup_threshold)

@@ -157,6 +157,24 @@ def scan_source(source: SourceConfig, problems: list[ScanProblem] | None = None)
             )
 
 
+def source_digest(source: SourceConfig) -> str:
+    """A digest of everything a refresh would see in a source (paths, fingerprints, labels, titles, metadata),
+    without reading any document: it changes exactly when a refresh would have work to do."""
+    digest = hashlib.sha256()
+    if not source.root.is_dir():
+        return "root-missing"
+    problems: list[ScanProblem] = []
+    for found in scan_source(source, problems):
+        digest.update(json.dumps(
+            [found.rel_path, found.fingerprint, found.acl_labels, found.title, found.metadata],
+            sort_keys=True, default=str,
+        ).encode())
+        digest.update(b"\n")
+    for problem in problems:
+        digest.update(f"problem:{problem.rel_path}:{problem.problem}\n".encode())
+    return digest.hexdigest()
+
+
 def document_password(source: SourceConfig, rel_path: str) -> str | None:
     """The password a file's sidecar supplies for an encrypted PDF, read only when parsing needs it."""
     path = safe_join(source.root, rel_path)

@@ -3,8 +3,9 @@ Dagster's executors, run launchers and backfills can spread it over N workers.""
 
 import dagster as dg
 
-from rag_pipeline import ingest, store
+from rag_pipeline import ingest, store, versions
 from rag_pipeline.database import connect
+from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
 
 GROUP = "index_versions"
@@ -47,3 +48,56 @@ build_index_version_job = dg.define_asset_job(
     partitions_def=shards,
     description="Backfill all shards of the building index version (launch as a backfill over every partition).",
 )
+
+
+# --- the swap from the UI: start a build, backfill it (above), promote it ---------------------------------
+
+
+class StartBuildConfig(dg.Config):
+    model: str  # sentence-transformers name or local folder, e.g. all-mpnet-base-v2
+
+
+@dg.op(description="Register an index version for a new embedding model, in status 'building'.")
+def start_index_version(context: dg.OpExecutionContext, config: StartBuildConfig, rag: RagResource) -> int:
+    version = ingest.start_version_build(rag.database_url(), rag.settings(), config.model)
+    context.log.info(
+        f"v{version.version_id} ({version.embedding_model}, {version.dimensions} dims) is building: launch a "
+        "backfill of build_index_version over all partitions, then promote_index_version"
+    )
+    context.add_output_metadata({"version": version.version_id, "model": version.embedding_model,
+                                 "dimensions": version.dimensions})
+    return version.version_id
+
+
+@dg.job(description="Step 1 of an embedding-model swap: start building a version for the model in the config.")
+def start_index_build():
+    start_index_version()
+
+
+class PromoteConfig(dg.Config):
+    version_id: int
+    force: bool = False  # promote even when a gate fails (recorded as forced)
+
+
+@dg.op(description="Check the gates (complete, deletions replayed, golden-set quality) and make the version active.")
+def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: RagResource) -> None:
+    settings = rag.settings()
+    with connect(rag.database_url()) as conn, conn.transaction():
+        candidate = next((v for v in store.index_versions(conn, ("building", "ready"))
+                          if v.version_id == config.version_id), None)
+        if candidate is None:
+            raise dg.Failure(f"v{config.version_id} is not a building or ready version")
+        checks = settings.checks
+        gates = versions.check_gates(conn, candidate, checks.golden_set, list(checks.golden_labels) or None,
+                                     k=checks.k, tolerance=checks.quality_tolerance)
+        context.add_output_metadata({"gate_failures": markdown_table(("failure",), [(f,) for f in gates.failures]),
+                                     "forced": config.force, "quality": dg.MetadataValue.json(gates.quality)})
+        if gates.failures and not config.force:
+            raise dg.Failure(f"v{config.version_id} not promoted: " + "; ".join(gates.failures))
+        versions.promote(conn, candidate.version_id, gates, force=config.force)
+    context.log.info(f"v{config.version_id} is active")
+
+
+@dg.job(description="Step 3 of an embedding-model swap: promote the built version if its gates pass.")
+def promote_index_version():
+    promote_version()

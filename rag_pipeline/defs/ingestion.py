@@ -1,16 +1,17 @@
 """Ingestion assets: source_documents -> parsed_documents -> document_chunks -> search_index."""
 
 import statistics
-from typing import Any
 
 import dagster as dg
 
 from rag_pipeline import ingest, store
 from rag_pipeline.config import SourceConfig, parse_labels
 from rag_pipeline.database import connect
+from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
 
 GROUP = "ingestion"
+REFRESH_TAG = "rag_pipeline/index_writer"
 
 
 class DiscoverConfig(dg.Config):
@@ -20,13 +21,7 @@ class DiscoverConfig(dg.Config):
     labels: list[str] = []  # default ACL labels for the sources given above
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dg.MetadataValue:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return dg.MetadataValue.md("\n".join(lines) if rows else "_none_")
-
-
-def _sources_to_scan(rag: RagResource, config: DiscoverConfig) -> list[SourceConfig]:
+def sources_to_scan(rag: RagResource, config: DiscoverConfig) -> list[SourceConfig]:
     if config.sources:
         labels = parse_labels(config.labels)
         return [SourceConfig.from_cli(spec, labels) for spec in config.sources]
@@ -40,10 +35,12 @@ def _sources_to_scan(rag: RagResource, config: DiscoverConfig) -> list[SourceCon
 def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: RagResource):
     db_url = rag.database_url()
     ingest.prepare_index(db_url, rag.settings())
-    sources = _sources_to_scan(rag, config)
+    sources = sources_to_scan(rag, config)
     if not sources:
         raise dg.Failure("no sources: add them to rag_pipeline.yaml or pass --source NAME=PATH")
-    stats = ingest.discover(db_url, sources, progress=context.log.info)
+    stats = ingest.discover(
+        db_url, sources, progress=context.log.info, lock_timeout_seconds=rag.settings().lock_timeout_seconds
+    )
     return dg.MaterializeResult(
         metadata={
             "documents_seen": stats.documents_seen,
@@ -54,11 +51,11 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
             "relabelled_without_reembedding": stats.relabelled,
             "held_no_acl_labels": stats.held_no_labels,
             "seconds": round(stats.seconds, 3),
-            "per_source": _table(
+            "per_source": markdown_table(
                 ("source", "seen", "new", "changed", "deleted", "relabelled", "held"),
                 [(name, *counts.values()) for name, counts in stats.per_source.items()],
             ),
-            "problems": _table(
+            "problems": markdown_table(
                 ("source", "path", "problem"), [tuple(p.values()) for p in stats.problems]
             ),
             "stats": dg.MetadataValue.json(stats.as_dict()),
@@ -83,14 +80,14 @@ def parsed_documents(context: dg.AssetExecutionContext, rag: RagResource):
             "dead_lettered": stats.dead_lettered,
             "pages": stats.pages,
             "seconds": round(stats.seconds, 3),
-            "tier_mix": _table(("tier", "pages"), sorted(stats.tiers.items())),
+            "tier_mix": markdown_table(("tier", "pages"), sorted(stats.tiers.items())),
             "pages_escalated": stats.escalated,
             "pages_unresolved": stats.unresolved_pages,
-            "escalations": _table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
-            "tiers_unavailable": _table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
-            "chars_removed_by_cleaning": _table(("rule", "characters"), sorted(stats.chars_removed.items())),
-            "dead_letters_this_run": _table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
-            "dead_letters_all": _table(
+            "escalations": markdown_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
+            "tiers_unavailable": markdown_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
+            "chars_removed_by_cleaning": markdown_table(("rule", "characters"), sorted(stats.chars_removed.items())),
+            "dead_letters_this_run": markdown_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
+            "dead_letters_all": markdown_table(
                 ("source", "path", "reason", "attempts"),
                 [(d["source"], d["rel_path"], d["reason"], d["attempts"]) for d in dead[:50]],
             ),
@@ -123,7 +120,7 @@ def document_chunks(context: dg.AssetExecutionContext, rag: RagResource):
             "llm_prefixes_cached": stats.prefixes_cached,
             "llm_prefix_failures": stats.prefix_failures,
             "seconds": round(stats.seconds, 3),
-            "chunk_tokens": _table(("statistic", "tokens"), distribution),
+            "chunk_tokens": markdown_table(("statistic", "tokens"), distribution),
             "stats": dg.MetadataValue.json(summary),
         }
     )
@@ -149,11 +146,11 @@ def search_index(context: dg.AssetExecutionContext, rag: RagResource):
             "near_duplicates": stats.deduplicated,
             "dedup_rate": stats.dedup_rate,
             "seconds": round(stats.seconds, 3),
-            "index_versions": _table(
+            "index_versions": markdown_table(
                 ("version", "status", "model", "dims", "rows"),
                 [(f"v{v.version_id}", v.status, v.embedding_model, v.dimensions, v.row_count) for v in versions],
             ),
-            "documents_by_status": _table(("status", "documents"), sorted(statuses.items())),
+            "documents_by_status": markdown_table(("status", "documents"), sorted(statuses.items())),
             "stats": dg.MetadataValue.json(stats.as_dict()),
         }
     )
@@ -164,4 +161,7 @@ ingest_job = dg.define_asset_job(
     "ingest",
     selection=dg.AssetSelection.groups(GROUP),
     description="Scan sources and bring the index up to date; work is proportional to what changed.",
+    # The run queue admits one run with this tag at a time (see prepare_dagster_home); the index write lock
+    # in Postgres serialises writers that bypass the queue (the CLI, tests, another deployment).
+    tags={REFRESH_TAG: "refresh"},
 )

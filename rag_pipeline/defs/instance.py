@@ -10,6 +10,7 @@ import yaml
 
 from rag_pipeline.config import Settings
 from rag_pipeline.database import sqlalchemy_url
+from rag_pipeline.defs.ingestion import REFRESH_TAG
 
 
 def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
@@ -19,7 +20,10 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
     config = {
         "storage": {"postgres": {"postgres_url": sqlalchemy_url(dagster_url)}},
         "telemetry": {"enabled": False},
-        "run_queue": {"max_concurrent_runs": 4},
+        "run_queue": {
+            "max_concurrent_runs": 4,
+            "tag_concurrency_limits": [{"key": REFRESH_TAG, "value": "refresh", "limit": 1}],
+        },
     }
     target = home / "dagster.yaml"
     text = yaml.safe_dump(config, sort_keys=False)
@@ -116,18 +120,10 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
     from rag_pipeline.database import connect, resolve_urls
     from rag_pipeline.definitions import build_definitions
     from rag_pipeline.defs.index_versions import shards
-    from rag_pipeline.embedding import get_embedder, resolve_model
-    from rag_pipeline.ingest import current_chunker_version, sizing_model_location
-    from rag_pipeline.parsing import parser_version
+    from rag_pipeline.ingest import start_version_build
 
     db_url = resolve_urls(settings).index
-    resolved = resolve_model(model)
-    embedder = get_embedder(model, settings.embedding.device, settings.embedding.batch_size)
-    with connect(db_url) as conn, conn.transaction():
-        chunker = current_chunker_version(settings, sizing_model_location(conn))
-        version = versions.start_build(
-            conn, resolved.name, resolved.location, embedder.dimensions, chunker, parser_version()
-        )
+    version = start_version_build(db_url, settings, model)
     job = build_definitions(settings).resolve_job_def("build_index_version")
     if instance is None:
         instance = dg.DagsterInstance.get()
@@ -142,6 +138,6 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
         if all(r["success"] for r in runs) and versions.check_gates(conn, version).passed:
             versions.mark_ready(conn, version.version_id)
         rows = {v.version_id: v.row_count for v in store.index_versions(conn)}
-    return {"version": version.version_id, "model": resolved.name, "dimensions": embedder.dimensions,
+    return {"version": version.version_id, "model": version.embedding_model, "dimensions": version.dimensions,
             "rows": rows.get(version.version_id, 0), "shards": runs,
             "success": all(r["success"] for r in runs)}

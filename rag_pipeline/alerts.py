@@ -1,0 +1,140 @@
+"""Alerts for failed asset checks and failed runs: a structured log line always, optionally a JSON webhook
+and e-mail over SMTP.
+
+Alerting is edge-triggered: a key (a check, or a job) alerts when it starts failing and once more when it
+recovers, never on every failed evaluation in between, so an hourly refresh that keeps failing sends one
+message, not one an hour.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import smtplib
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from typing import Any
+
+import httpx
+
+from rag_pipeline.config import AlertsConfig, SmtpConfig
+
+log = logging.getLogger("rag_pipeline.alerts")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The latest known state of one thing that can fail."""
+
+    key: str  # "check:search_index:acl_coverage" or "job:ingest"
+    failing: bool
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Alert:
+    key: str
+    state: str  # "failing" | "recovered"
+    summary: str
+    details: dict[str, Any]
+    at: str
+
+    def payload(self) -> dict[str, Any]:
+        return {"source": "rag_pipeline", **asdict(self)}
+
+    @property
+    def subject(self) -> str:
+        return f"[rag_pipeline] {self.state.upper()}: {self.key}"
+
+
+def transitions(previous: Mapping[str, bool], observations: Iterable[Observation]) -> tuple[list[Alert], dict[str, bool]]:
+    """Alerts for the keys whose state changed since `previous` (key -> failing), and the new state.
+
+    A key seen failing for the first time alerts; one seen healthy for the first time does not.
+    """
+    state = dict(previous)
+    alerts: list[Alert] = []
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    for observation in observations:
+        was_failing = state.get(observation.key, False)
+        if observation.failing != was_failing:
+            alerts.append(Alert(observation.key, "failing" if observation.failing else "recovered",
+                                observation.summary, observation.details, now))
+        state[observation.key] = observation.failing
+    return alerts, state
+
+
+class DeliveryError(RuntimeError):
+    """A sink did not accept an alert after every attempt."""
+
+
+def _with_retries(attempts: int, send: Any) -> None:
+    for attempt in range(1, attempts + 1):
+        try:
+            send()
+            return
+        except (httpx.HTTPError, OSError, smtplib.SMTPException, DeliveryError) as exc:
+            if attempt == attempts or isinstance(exc, DeliveryError):
+                raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+            time.sleep(0.5 * 2 ** (attempt - 1))
+
+
+class AlertSender:
+    """Delivers alerts to every configured sink; a sink that fails is reported, the others still get it."""
+
+    def __init__(self, config: AlertsConfig, logger: logging.Logger = log) -> None:
+        self.config = config
+        self.logger = logger
+
+    def send(self, alert: Alert) -> dict[str, str]:
+        """Deliver one alert; returns sink -> "sent" | "off" | "failed: why"."""
+        payload = alert.payload()
+        if self.config.ui_base_url and alert.details.get("run_id"):
+            payload["url"] = f"{self.config.ui_base_url.rstrip('/')}/runs/{alert.details['run_id']}"
+        level = logging.ERROR if alert.state == "failing" else logging.INFO
+        self.logger.log(level, json.dumps({"event": "rag_pipeline.alert", **payload}, default=str, sort_keys=True))
+        outcome = {"log": "sent", "webhook": "off", "smtp": "off"}
+        for sink, configured, deliver in (
+            ("webhook", self.config.webhook_url, self._post),
+            ("smtp", self.config.smtp, self._mail),
+        ):
+            if not configured:
+                continue
+            try:
+                _with_retries(self.config.max_attempts, lambda deliver=deliver: deliver(payload, alert))
+                outcome[sink] = "sent"
+            except DeliveryError as exc:
+                outcome[sink] = f"failed: {exc}"
+                self.logger.error(json.dumps({"event": "rag_pipeline.alert_delivery_failed", "sink": sink,
+                                              "key": alert.key, "error": str(exc)}))
+        return outcome
+
+    def _post(self, payload: dict[str, Any], alert: Alert) -> None:
+        assert self.config.webhook_url
+        response = httpx.post(self.config.webhook_url, json=payload, timeout=self.config.webhook_timeout_seconds)
+        if 400 <= response.status_code < 500 and response.status_code != 429:
+            # The receiver refuses this payload: sending it again will not help.
+            raise DeliveryError(f"webhook answered {response.status_code}: {response.text[:200]}")
+        response.raise_for_status()
+
+    def _mail(self, payload: dict[str, Any], alert: Alert) -> None:
+        smtp: SmtpConfig = self.config.smtp  # type: ignore[assignment]
+        message = EmailMessage()
+        message["Subject"] = alert.subject
+        message["From"] = smtp.sender
+        message["To"] = ", ".join(smtp.recipients)
+        message.set_content(f"{alert.summary}\n\n{json.dumps(payload, indent=2, default=str, sort_keys=True)}\n")
+        with smtplib.SMTP(smtp.host, smtp.port, timeout=smtp.timeout_seconds) as client:
+            if smtp.starttls:
+                client.starttls()
+            if smtp.username:
+                password = os.environ.get(smtp.password_env or "", "")
+                if not password:
+                    raise DeliveryError(f"alerts.smtp.password_env {smtp.password_env!r} is not set")
+                client.login(smtp.username, password)
+            client.send_message(message)

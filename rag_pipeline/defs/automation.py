@@ -1,0 +1,126 @@
+"""Automation: the refresh and health schedules, the sensor on the source folders, and the alert sensor."""
+
+import hashlib
+import json
+
+import dagster as dg
+
+from rag_pipeline.alerts import AlertSender, Observation, transitions
+from rag_pipeline.config import Settings
+from rag_pipeline.defs.checks import index_checks, index_health_job
+from rag_pipeline.defs.ingestion import DiscoverConfig, ingest_job, sources_to_scan
+from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.sources import source_digest
+
+RECENT_RUNS_PER_JOB = 50  # enough to see the latest run of every partition of a sharded backfill
+
+
+def schedules(settings: Settings) -> list[dg.ScheduleDefinition]:
+    # Off until switched on in the UI (or the daemon's deployment config): nothing launches by surprise.
+    return [
+        dg.ScheduleDefinition(
+            name="incremental_refresh", job=ingest_job, cron_schedule=settings.refresh_cron,
+            default_status=dg.DefaultScheduleStatus.STOPPED,
+            description="Re-scan every source and index what changed.",
+        ),
+        dg.ScheduleDefinition(
+            name="index_health_checks", job=index_health_job, cron_schedule=settings.checks.health_cron,
+            default_status=dg.DefaultScheduleStatus.STOPPED,
+            description="Run the six index checks without refreshing: a refresh that stopped running is noticed.",
+        ),
+    ]
+
+
+def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="source_changes", job=ingest_job, minimum_interval_seconds=settings.source_sensor_interval_seconds,
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Launches a refresh when files appear, change or disappear in a source folder (or their "
+        "sidecar metadata changes). The cursor holds each source's digest; the run key is the digest of all.",
+    )
+    def source_changes(context: dg.SensorEvaluationContext, rag: RagResource):
+        digests = {source.name: source_digest(source) for source in sources_to_scan(rag, DiscoverConfig())}
+        previous = json.loads(context.cursor) if context.cursor else {}
+        changed = sorted(name for name, digest in digests.items() if previous.get(name) != digest)
+        if not changed:
+            return dg.SkipReason(f"no change in {len(digests)} sources")
+        context.update_cursor(json.dumps(digests, sort_keys=True))
+        # The same state of the folders never launches twice, even if the cursor were lost.
+        return dg.RunRequest(
+            run_key=hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:32],
+            tags={"rag_pipeline/trigger": "source_changes", "rag_pipeline/changed_sources": ",".join(changed)[:200]},
+        )
+
+    return source_changes
+
+
+def _check_observations(instance: dg.DagsterInstance) -> list[Observation]:
+    keys = [key for check in index_checks for key in check.check_keys]
+    records = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    observations = []
+    for key, record in sorted(records.items(), key=lambda item: item[0].to_user_string()):
+        evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
+        if not isinstance(evaluation, dg.AssetCheckEvaluation):
+            continue  # planned or in flight: no verdict yet
+        observations.append(Observation(
+            key=f"check:{key.asset_key.to_user_string()}:{key.name}",
+            failing=not evaluation.passed,
+            summary=evaluation.description or f"check {key.name} {'failed' if not evaluation.passed else 'passed'}",
+            details={"check": key.name, "asset": key.asset_key.to_user_string(), "run_id": record.run_id,
+                     "severity": evaluation.severity.value if evaluation.severity else None},
+        ))
+    return observations
+
+
+def _run_failure_summary(instance: dg.DagsterInstance, run_id: str) -> str:
+    messages = []
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        error = entry.dagster_event.event_specific_data.error if entry.dagster_event else None
+        if error is not None:
+            messages.append(f"{entry.step_key}: {error.message.strip()[:300]}")
+    return "; ".join(messages[:3]) or "the run failed"
+
+
+def _run_observations(instance: dg.DagsterInstance, job_names: list[str]) -> list[Observation]:
+    observations = []
+    for job_name in job_names:
+        records = instance.get_run_records(
+            filters=dg.RunsFilter(job_name=job_name,
+                                  statuses=[dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE]),
+            limit=RECENT_RUNS_PER_JOB,
+        )
+        latest: dict[str, dg.DagsterRun] = {}
+        for record in records:  # newest first
+            latest.setdefault(record.dagster_run.tags.get("dagster/partition", ""), record.dagster_run)
+        for partition, run in sorted(latest.items()):
+            failing = run.status == dg.DagsterRunStatus.FAILURE
+            observations.append(Observation(
+                key=f"job:{job_name}" + (f"[{partition}]" if partition else ""),
+                failing=failing,
+                summary=(f"run {run.run_id[:8]} of {job_name} failed: {_run_failure_summary(instance, run.run_id)}"
+                         if failing else f"run {run.run_id[:8]} of {job_name} succeeded"),
+                details={"job": job_name, "partition": partition or None, "run_id": run.run_id},
+            ))
+    return observations
+
+
+def alert_sensor(job_names: list[str]) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="index_alerts", minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Sends an alert (structured log line; webhook and e-mail when configured) when a check or a "
+        "job starts failing, and once more when it recovers; never again in between.",
+    )
+    def index_alerts(context: dg.SensorEvaluationContext, rag: RagResource):
+        observations = _check_observations(context.instance) + _run_observations(context.instance, job_names)
+        previous = json.loads(context.cursor) if context.cursor else {}
+        alerts, state = transitions(previous, observations)
+        sender = AlertSender(rag.settings().alerts, context.log)
+        for alert in alerts:
+            sender.send(alert)
+        context.update_cursor(json.dumps(state, sort_keys=True))
+        failing = sorted(key for key, is_failing in state.items() if is_failing)
+        return dg.SkipReason(
+            f"{len(alerts)} alerts sent; failing now: {', '.join(failing) or 'nothing'}"
+        )
+
+    return index_alerts
