@@ -78,8 +78,10 @@ def _with_retries(attempts: int, send: Any) -> None:
         try:
             send()
             return
-        except (httpx.HTTPError, OSError, smtplib.SMTPException, DeliveryError) as exc:
-            if attempt == attempts or isinstance(exc, DeliveryError):
+        except DeliveryError:
+            raise  # refused for good: retrying cannot help
+        except (httpx.HTTPError, OSError, smtplib.SMTPException) as exc:
+            if attempt == attempts:
                 raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
             time.sleep(0.5 * 2 ** (attempt - 1))
 

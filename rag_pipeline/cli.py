@@ -153,6 +153,27 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_checks(args: argparse.Namespace, settings: Settings) -> int:
+    """The six index checks from a shell (the same functions the Dagster asset checks run)."""
+    from dataclasses import asdict
+
+    from rag_pipeline import health
+    from rag_pipeline.database import connect
+
+    with connect(_index_url(settings)) as conn:
+        if args.set_baseline:
+            metrics = health.rebaseline(conn, settings.checks, device=settings.embedding.device)
+            print(f"baseline recorded: {json.dumps(metrics['overall'])}")
+            return 0
+        outcomes = health.run_all(conn, settings)
+    if args.json:
+        _print_json({name: asdict(outcome) for name, outcome in outcomes.items()})
+    else:
+        for name, outcome in outcomes.items():
+            print(f"{'ok  ' if outcome.passed else 'FAIL'} {name:<18} {outcome.summary}")
+    return 0 if all(outcome.passed for outcome in outcomes.values()) else 1
+
+
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     from rag_pipeline.database import connect
     from rag_pipeline.retrieval import search
@@ -354,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--min-similarity", type=float, help="score floor (default: retrieval.min_similarity)")
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=cmd_eval)
+
+    checks = sub.add_parser("checks", help="run the six index checks; exit 1 if any fails")
+    checks.add_argument("--json", action="store_true")
+    checks.add_argument("--set-baseline", action="store_true",
+                        help="evaluate the golden set (checks.golden_set) now and make it the active version's baseline")
+    checks.set_defaults(func=cmd_checks)
 
     index = sub.add_parser("index", help="index versions (blue/green)")
     index_sub = index.add_subparsers(dest="index_command", required=True)

@@ -19,7 +19,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from rag_pipeline import store
-from rag_pipeline.config import ChecksConfig, SourceConfig
+from rag_pipeline.config import ChecksConfig, Settings, SourceConfig
 
 OFFENDERS_SHOWN = 20  # rows per table in check metadata: enough to act on, small enough to read
 
@@ -407,6 +407,31 @@ def set_baseline(conn: psycopg.Connection, version_id: int, golden_sha: str) -> 
     )
     conn.execute("UPDATE retrieval_evaluations SET is_baseline = true WHERE id = %s", (latest[0],))
     return True
+
+
+def rebaseline(conn: psycopg.Connection, config: ChecksConfig, device: str = "cpu") -> dict[str, dict[str, float]]:
+    """Evaluate the active version now and make the result its baseline (after an intended change)."""
+    if config.golden_set is None:
+        raise ValueError("no golden set configured (checks.golden_set)")
+    active = store.active_version(conn)
+    if active is None:
+        raise ValueError("there is no active index version")
+    golden_sha = golden_fingerprint(config)
+    metrics, _ = _evaluate_version(conn, active, config, golden_sha, device)
+    set_baseline(conn, active.version_id, golden_sha)
+    return metrics
+
+
+def run_all(conn: psycopg.Connection, settings: Settings) -> dict[str, CheckOutcome]:
+    """All six checks, in the order a person reads them."""
+    return {
+        "staleness": staleness(conn, settings.sources),
+        "deletion_replay": deletion_replay(conn),
+        "acl_coverage": acl_coverage(conn),
+        "index_drift": index_drift(conn),
+        "parse_health": parse_health(conn, settings.checks),
+        "retrieval_quality": retrieval_quality(conn, settings.checks, device=settings.embedding.device),
+    }
 
 
 def retrieval_quality(conn: psycopg.Connection, config: ChecksConfig, device: str = "cpu") -> CheckOutcome:

@@ -27,6 +27,7 @@ from rag_pipeline.database import EmbeddedPostgres, connect, ensure_database, mi
 SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "sample_corpus"
 TORTURE = Path(__file__).resolve().parent.parent.parent / "shared" / "torture"
 TEMPLATE_DB = "rag_test_template"
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
 
 
 @pytest.fixture(autouse=True)
@@ -102,3 +103,53 @@ def make_settings(tmp_path: Path, db_url: str):
         return load_settings(path)
 
     return make
+
+
+def _write_settings(path: Path, db_url: str, corpus: Path, **overrides):
+    config = {"database_url": db_url, "data_dir": str(path.parent / "data"),
+              "sources": [{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}]}
+    config.update(overrides)
+    path.write_text(yaml.safe_dump(config))
+    return load_settings(path)
+
+
+@pytest.fixture(scope="session")
+def ingested(pg_admin_url, template_url, tmp_path_factory):
+    """A database holding a clean ingest of the sample corpus, used as a template."""
+    from dagster import DagsterInstance
+
+    from rag_pipeline.defs.instance import run_ingest
+
+    workdir = tmp_path_factory.mktemp("checks")
+    corpus = workdir / "corpus"
+    shutil.copytree(SAMPLE_CORPUS, corpus)
+    name = f"checks_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE_DB)))
+    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+    settings = _write_settings(workdir / "rag_pipeline.yaml", url, corpus)
+    with DagsterInstance.ephemeral() as instance:
+        summary = run_ingest(settings, instance=instance)
+    assert summary["success"], summary.get("errors")
+    yield name, corpus
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def clone(ingested, pg_admin_url, tmp_path):
+    """A private copy of the ingested database, its settings, and an open autocommit connection."""
+    template, corpus = ingested
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+    settings = _write_settings(
+        tmp_path / "rag_pipeline.yaml", url, corpus,
+        checks={"golden_set": str(GOLDEN), "golden_labels": ["staff"], "max_dead_letter_share": 0.2},
+    )
+    conn = connect(url, autocommit=True)
+    yield conn, settings
+    conn.close()
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -3,75 +3,21 @@ passes again once repaired. One sample-corpus ingest is cloned (CREATE DATABASE 
 
 from __future__ import annotations
 
-import uuid
+import json
 from pathlib import Path
 
 import psycopg
 import pytest
-import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance
 from psycopg import sql
 
 from rag_pipeline import health, store
-from rag_pipeline.config import ChecksConfig, SourceConfig, load_settings
-from rag_pipeline.database import connect
+from rag_pipeline.config import ChecksConfig, SourceConfig
 from rag_pipeline.definitions import build_definitions
 from rag_pipeline.defs.checks import CHECK_NAMES
 from rag_pipeline.defs.instance import run_ingest
 from rag_pipeline.ingest import index_pending
 from rag_pipeline.sources import doc_id_for
-from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TEMPLATE_DB
-
-REPO = Path(__file__).resolve().parent.parent
-GOLDEN = REPO / "golden" / "sample_corpus.jsonl"
-
-
-def _write_settings(path: Path, db_url: str, corpus: Path, **overrides):
-    config = {"database_url": db_url, "data_dir": str(path.parent / "data"),
-              "sources": [{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}]}
-    config.update(overrides)
-    path.write_text(yaml.safe_dump(config))
-    return load_settings(path)
-
-
-@pytest.fixture(scope="module")
-def ingested(pg_admin_url, template_url, tmp_path_factory):
-    """A database holding a clean ingest of the sample corpus, used as a template."""
-    import shutil
-
-    workdir = tmp_path_factory.mktemp("checks")
-    corpus = workdir / "corpus"
-    shutil.copytree(SAMPLE_CORPUS, corpus)
-    name = f"checks_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE_DB)))
-    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
-    settings = _write_settings(workdir / "rag_pipeline.yaml", url, corpus)
-    with DagsterInstance.ephemeral() as instance:
-        summary = run_ingest(settings, instance=instance)
-    assert summary["success"], summary.get("errors")
-    yield name, corpus
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def clone(ingested, pg_admin_url, tmp_path):
-    """A private copy of the ingested database, its settings, and an open autocommit connection."""
-    template, corpus = ingested
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
-    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
-    settings = _write_settings(
-        tmp_path / "rag_pipeline.yaml", url, corpus,
-        checks={"golden_set": str(GOLDEN), "golden_labels": ["staff"], "max_dead_letter_share": 0.2},
-    )
-    conn = connect(url, autocommit=True)
-    yield conn, settings
-    conn.close()
-    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _table(conn) -> sql.Identifier:
@@ -84,14 +30,7 @@ def _doc_id(rel_path: str) -> str:
 
 def test_every_check_passes_on_a_clean_ingest(clone):
     conn, settings = clone
-    outcomes = {
-        "staleness": health.staleness(conn, settings.sources),
-        "deletion_replay": health.deletion_replay(conn),
-        "acl_coverage": health.acl_coverage(conn),
-        "index_drift": health.index_drift(conn),
-        "parse_health": health.parse_health(conn, settings.checks),
-        "retrieval_quality": health.retrieval_quality(conn, settings.checks),
-    }
+    outcomes = health.run_all(conn, settings)
     assert set(outcomes) == set(CHECK_NAMES)
     for name, outcome in outcomes.items():
         assert outcome.passed, (name, outcome.summary)
@@ -302,3 +241,28 @@ def test_check_results_in_dagster_and_blocking_failures_fail_the_run(clone):
             [AssetCheckKey(AssetKey("search_index"), "acl_coverage")])
         evaluation = next(iter(record.values())).event.dagster_event.event_specific_data
         assert not evaluation.passed and evaluation.severity.value == "ERROR"
+
+
+def test_checks_from_the_cli(clone, capsys):
+    conn, settings = clone
+    from rag_pipeline.cli import main
+
+    assert main(["--config", str(settings.config_file), "checks", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == set(CHECK_NAMES) and all(r["passed"] for r in report.values())
+
+    conn.execute(sql.SQL("UPDATE {} SET acl_labels = '{{public}}' WHERE ordinal = 0").format(_table(conn)))
+    assert main(["--config", str(settings.config_file), "checks"]) == 1
+    assert "FAIL acl_coverage" in capsys.readouterr().out
+
+    # Re-baselining records the current result as the active version's baseline.
+    golden_sha = health.golden_fingerprint(settings.checks)
+    version_id = store.active_version(conn).version_id
+    # A baseline from an earlier, better index state (recall 1.0).
+    conn.execute("UPDATE retrieval_evaluations SET metrics = jsonb_set(metrics, '{overall,recall@k}', '1.0'), "
+                 "index_state = 'earlier' WHERE is_baseline")
+    assert not health.retrieval_quality(conn, settings.checks).passed
+    assert main(["--config", str(settings.config_file), "checks", "--set-baseline"]) == 0
+    assert "baseline recorded" in capsys.readouterr().out
+    assert health.baseline(conn, version_id, golden_sha)["overall"]["recall@k"] < 1.0
+    assert health.retrieval_quality(conn, settings.checks).passed

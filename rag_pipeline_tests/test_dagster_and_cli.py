@@ -17,6 +17,7 @@ from dagster import AssetKey, DagsterInstance
 
 from rag_pipeline.database import ensure_database
 from rag_pipeline.definitions import build_definitions
+from rag_pipeline.defs.checks import CHECK_NAMES
 from rag_pipeline.defs.ingestion import ingestion_assets
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,6 +143,29 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
             assert nodes[(name,)]["assetMaterializations"], name
         latest_runs = {nodes[(name,)]["assetMaterializations"][0]["runId"] for name in ASSET_NAMES}
         assert latest_runs == {again["run_id"]}
+
+        # The six checks, with the results of the last run and their metadata tables.
+        result = _graphql(
+            port,
+            "{ assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name blocking "
+            "executionForLatestMaterialization { status runId evaluation { success severity description "
+            "metadataEntries { label } } } } } } } }",
+        )
+        checks = {
+            check["name"]: check
+            for node in result["data"]["assetNodes"]
+            for check in node["assetChecksOrError"].get("checks", [])
+        }
+        assert set(checks) == set(CHECK_NAMES)
+        for name, check in checks.items():
+            execution = check["executionForLatestMaterialization"]
+            assert execution["runId"] == again["run_id"] and execution["status"] == "SUCCEEDED", name
+            assert execution["evaluation"]["success"], (name, execution["evaluation"]["description"])
+        assert {name for name, check in checks.items() if check["blocking"]} == {
+            "deletion_replay", "acl_coverage", "index_drift"}
+        quality = checks["retrieval_quality"]["executionForLatestMaterialization"]["evaluation"]
+        assert "against_baseline" in {entry["label"] for entry in quality["metadataEntries"]}
+        assert "recall@10" in quality["description"]
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -72,12 +72,16 @@ def _check_observations(instance: dg.DagsterInstance) -> list[Observation]:
     return observations
 
 
-def _run_failure_summary(instance: dg.DagsterInstance, run_id: str) -> str:
-    messages = []
+def _run_failure_summary(instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """What failed in a run; None when only blocking checks failed (each check alerts on its own)."""
+    messages, only_checks = [], True
     for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         error = entry.dagster_event.event_specific_data.error if entry.dagster_event else None
         if error is not None:
+            only_checks = only_checks and error.cls_name == "DagsterAssetCheckFailedError"
             messages.append(f"{entry.step_key}: {error.message.strip()[:300]}")
+    if messages and only_checks:
+        return None
     return "; ".join(messages[:3]) or "the run failed"
 
 
@@ -93,12 +97,13 @@ def _run_observations(instance: dg.DagsterInstance, job_names: list[str]) -> lis
         for record in records:  # newest first
             latest.setdefault(record.dagster_run.tags.get("dagster/partition", ""), record.dagster_run)
         for partition, run in sorted(latest.items()):
-            failing = run.status == dg.DagsterRunStatus.FAILURE
+            failure = (_run_failure_summary(instance, run.run_id)
+                       if run.status == dg.DagsterRunStatus.FAILURE else None)
             observations.append(Observation(
                 key=f"job:{job_name}" + (f"[{partition}]" if partition else ""),
-                failing=failing,
-                summary=(f"run {run.run_id[:8]} of {job_name} failed: {_run_failure_summary(instance, run.run_id)}"
-                         if failing else f"run {run.run_id[:8]} of {job_name} succeeded"),
+                failing=failure is not None,
+                summary=(f"run {run.run_id[:8]} of {job_name} failed: {failure}" if failure
+                         else f"run {run.run_id[:8]} of {job_name} {run.status.value.lower()}"),
                 details={"job": job_name, "partition": partition or None, "run_id": run.run_id},
             ))
     return observations

@@ -1,0 +1,287 @@
+"""Alerts (log, webhook, SMTP against real receivers on 127.0.0.1), the source sensor, the alert sensor,
+the schedules, and the index write lock that keeps two refreshes from writing at once."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from email import message_from_bytes
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+from aiosmtpd.controller import Controller
+from psycopg import sql
+
+from rag_pipeline import ingest, store
+from rag_pipeline.alerts import AlertSender, Observation, transitions
+from rag_pipeline.config import AlertsConfig, ConfigError, SmtpConfig
+from rag_pipeline.database import IndexLockTimeout, index_write_lock
+from rag_pipeline.definitions import build_definitions
+from rag_pipeline.defs.resources import RagResource
+
+# --- receivers -------------------------------------------------------------------------------------------
+
+
+class WebhookReceiver:
+    """An HTTP server on 127.0.0.1 that records JSON POSTs; `fail_next` makes it answer 500 first."""
+
+    def __init__(self) -> None:
+        self.received: list[dict] = []
+        self.fail_next = 0
+        self.status_for_failures = 500
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if receiver.fail_next:
+                    receiver.fail_next -= 1
+                    self.send_response(receiver.status_for_failures)
+                    self.end_headers()
+                    return
+                receiver.received.append(json.loads(body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/rag"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class MailSink:
+    def __init__(self) -> None:
+        self.messages: list = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 (aiosmtpd's naming)
+        self.messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content)))
+        return "250 OK"
+
+
+@pytest.fixture
+def webhook():
+    receiver = WebhookReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture
+def smtp():
+    sink = MailSink()
+    with socket.socket() as probe:  # aiosmtpd connects to its own port on start: it must be known up front
+        probe.bind(("127.0.0.1", 0))
+        sink.port = probe.getsockname()[1]
+    controller = Controller(sink, hostname="127.0.0.1", port=sink.port)
+    controller.start()
+    yield sink
+    controller.stop()
+
+
+def _alerts_config(webhook, smtp) -> dict:
+    return {"webhook_url": webhook.url, "ui_base_url": "http://127.0.0.1:3000",
+            "smtp": {"host": "127.0.0.1", "port": smtp.port, "sender": "rag@example.org",
+                     "recipients": ["oncall@example.org", "data@example.org"]}}
+
+
+# --- alerts as plain functions ---------------------------------------------------------------------------
+
+
+def test_transitions_alert_once_when_failing_and_once_on_recovery():
+    failing = Observation("check:search_index:acl_coverage", True, "2 rows without labels")
+    healthy = Observation("check:search_index:acl_coverage", False, "ok")
+    alerts, state = transitions({}, [failing, Observation("job:ingest", False, "ok")])
+    assert [(a.key, a.state) for a in alerts] == [("check:search_index:acl_coverage", "failing")]
+    alerts, state = transitions(state, [failing])
+    assert alerts == []  # still failing: not sent again
+    alerts, state = transitions(state, [healthy])
+    assert [(a.state, a.summary) for a in alerts] == [("recovered", "ok")]
+    alerts, state = transitions(state, [healthy])
+    assert alerts == [] and state == {"check:search_index:acl_coverage": False, "job:ingest": False}
+
+
+def test_sender_logs_posts_and_mails_each_alert(webhook, smtp, caplog):
+    config = AlertsConfig(webhook_url=webhook.url, ui_base_url="http://ui:3000",
+                          smtp=SmtpConfig("127.0.0.1", smtp.port, "rag@example.org", ("oncall@example.org",)))
+    (alert,), _ = transitions({}, [Observation("job:ingest", True, "run abc failed: boom", {"run_id": "abc"})])
+    webhook.fail_next = 1  # a 500 is retried
+    with caplog.at_level(logging.INFO, logger="rag_pipeline.alerts"):
+        outcome = AlertSender(config).send(alert)
+    assert outcome == {"log": "sent", "webhook": "sent", "smtp": "sent"}
+    (posted,) = webhook.received
+    assert posted["key"] == "job:ingest" and posted["state"] == "failing" and posted["url"] == "http://ui:3000/runs/abc"
+    (line,) = [json.loads(r.message) for r in caplog.records if "rag_pipeline.alert" in r.message]
+    assert line["event"] == "rag_pipeline.alert" and line["summary"] == "run abc failed: boom"
+    ((recipients, mail),) = smtp.messages
+    assert recipients == ["oncall@example.org"] and mail["Subject"] == "[rag_pipeline] FAILING: job:ingest"
+    assert "run abc failed: boom" in mail.get_payload()
+
+    # A receiver that refuses the payload (4xx) is not retried, and the other sinks still get the alert.
+    webhook.fail_next, webhook.status_for_failures = 5, 400
+    outcome = AlertSender(config).send(alert)
+    assert outcome["webhook"].startswith("failed: webhook answered 400") and webhook.fail_next == 4
+    assert outcome["smtp"] == "sent" and len(smtp.messages) == 2
+
+
+def test_alert_configuration_is_validated(tmp_path, make_settings):
+    settings = make_settings(alerts={"webhook_url": "http://x", "smtp": {"host": "mail", "recipients": "a@x, b@x"}})
+    assert settings.alerts.smtp.recipients == ("a@x", "b@x") and settings.alerts.smtp.port == 25
+    with pytest.raises(ConfigError, match="unknown alerts.smtp settings"):
+        make_settings(alerts={"smtp": {"host": "mail", "recipients": ["a@x"], "pasword": "x"}})
+    with pytest.raises(ConfigError, match="at least one recipient"):
+        make_settings(alerts={"smtp": {"host": "mail"}})
+    with pytest.raises(ConfigError, match="golden_labels"):
+        make_settings(checks={"golden_set": "golden.jsonl"})
+
+
+# --- the alert sensor over a real Dagster instance -------------------------------------------------------
+
+
+def _tick(sensor: dg.SensorDefinition, instance, settings, cursor):
+    context = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"rag": RagResource(config_file=str(settings.config_file))}
+    )
+    return sensor.evaluate_tick(context)
+
+
+def test_alert_sensor_sends_failed_checks_and_runs_once_until_they_recover(clone, webhook, smtp, tmp_path):
+    conn, base = clone
+    import yaml
+
+    raw = yaml.safe_load(base.config_file.read_text())
+    raw["alerts"] = _alerts_config(webhook, smtp)
+    base.config_file.write_text(yaml.safe_dump(raw))
+    from rag_pipeline.config import load_settings
+
+    settings = load_settings(base.config_file)
+    defs = build_definitions(settings)
+    sensor = defs.resolve_sensor_def("index_alerts")
+    health_job = defs.resolve_job_def("index_health")
+    table = sql.Identifier(store.active_version(conn).table_name)
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert health_job.execute_in_process(instance=instance).success
+        tick = _tick(sensor, instance, settings, None)
+        assert webhook.received == [] and smtp.messages == []  # healthy from the start: nothing to say
+
+        conn.execute(sql.SQL("UPDATE {} SET acl_labels = '{{public}}' WHERE ordinal = 0").format(table))
+        health_job.execute_in_process(instance=instance, raise_on_error=False)
+        tick = _tick(sensor, instance, settings, tick.cursor)
+        (alert,) = webhook.received
+        assert alert["key"] == "check:search_index:acl_coverage" and alert["state"] == "failing"
+        assert "labels differ" in alert["summary"] and alert["details"]["severity"] == "ERROR"
+        assert smtp.messages[0][1]["Subject"] == "[rag_pipeline] FAILING: check:search_index:acl_coverage"
+
+        # Failing again, and the sensor restarted from its stored cursor: nothing is re-sent.
+        health_job.execute_in_process(instance=instance, raise_on_error=False)
+        tick = _tick(sensor, instance, settings, tick.cursor)
+        tick = _tick(sensor, instance, settings, tick.cursor)
+        assert len(webhook.received) == 1 and len(smtp.messages) == 1
+        assert "failing now: check:search_index:acl_coverage" in tick.skip_message
+
+        conn.execute(sql.SQL("UPDATE {} t SET acl_labels = d.acl_labels FROM documents d WHERE d.doc_id = t.doc_id")
+                     .format(table))
+        health_job.execute_in_process(instance=instance)
+        tick = _tick(sensor, instance, settings, tick.cursor)
+        assert [(a["key"], a["state"]) for a in webhook.received[1:]] == [
+            ("check:search_index:acl_coverage", "recovered")]
+
+        # A failed run alerts too, with the step's error and a link to the run.
+        promote = defs.resolve_job_def("promote_index_version")
+        failed = promote.execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config={"ops": {"promote_version": {"config": {"version_id": 99}}}},
+        )
+        assert not failed.success
+        tick = _tick(sensor, instance, settings, tick.cursor)
+        alert = webhook.received[-1]
+        assert alert["key"] == "job:promote_index_version" and alert["state"] == "failing"
+        assert "v99 is not a building or ready version" in alert["summary"]
+        assert alert["url"] == f"http://127.0.0.1:3000/runs/{failed.run_id}"
+        assert len(smtp.messages) == 3
+
+
+# --- the source sensor and the schedules -----------------------------------------------------------------
+
+
+def test_source_sensor_launches_once_per_change_and_keeps_its_cursor(make_settings, corpus):
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+    sensor = build_definitions(settings).resolve_sensor_def("source_changes")
+    assert sensor.job_name == "ingest" and sensor.default_status == dg.DefaultSensorStatus.STOPPED
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        first = _tick(sensor, instance, settings, None)
+        (request,) = first.run_requests
+        assert request.tags["rag_pipeline/changed_sources"] == "sample"
+        # Nothing changed; and a restarted daemon resumes from the stored cursor: no second launch.
+        again = _tick(sensor, instance, settings, first.cursor)
+        assert again.run_requests == [] and "no change" in again.skip_message
+
+        (corpus / "handbook" / "new-policy.md").write_text("# New policy\n\nBadges are worn at all times.\n")
+        changed = _tick(sensor, instance, settings, first.cursor)
+        (second,) = changed.run_requests
+        assert second.run_key != request.run_key
+        # A sidecar edit (labels) is a change too; going back to a state seen before gives its run key again,
+        # which Dagster refuses to launch twice.
+        (corpus / "handbook" / "new-policy.md").unlink()
+        back = _tick(sensor, instance, settings, changed.cursor)
+        assert back.run_requests[0].run_key == request.run_key
+        (corpus / "handbook" / "travel-policy.md.meta.json").write_text(json.dumps({"acl_labels": ["hr"]}))
+        relabelled = _tick(sensor, instance, settings, back.cursor)
+        assert relabelled.run_requests and relabelled.run_requests[0].run_key not in (request.run_key, second.run_key)
+
+
+def test_schedules_and_swap_jobs_are_defined(make_settings):
+    settings = make_settings(refresh_cron="*/30 * * * *", checks={"health_cron": "*/5 * * * *"})
+    defs = build_definitions(settings)
+    refresh = defs.resolve_schedule_def("incremental_refresh")
+    assert refresh.cron_schedule == "*/30 * * * *" and refresh.job_name == "ingest"
+    health = defs.resolve_schedule_def("index_health_checks")
+    assert health.cron_schedule == "*/5 * * * *" and health.job_name == "index_health"
+    for name in ("start_index_build", "build_index_version", "promote_index_version"):
+        assert defs.resolve_job_def(name) is not None
+    assert defs.resolve_job_def("ingest").tags["rag_pipeline/index_writer"] == "refresh"
+
+
+# --- the index write lock ---------------------------------------------------------------------------------
+
+
+def test_a_refresh_waits_for_the_one_writing_and_gives_up_clearly(make_settings, corpus, db_url):
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}], lock_timeout="1s")
+    with index_write_lock(db_url, "refresh A"):
+        started = time.monotonic()
+        with pytest.raises(IndexLockTimeout, match=r"held by refresh A \(pid \d+"):
+            ingest.index_pending(db_url, settings)
+        assert time.monotonic() - started >= 0.9
+        # Backfill shards share the lock with each other, never with a refresh.
+        with pytest.raises(IndexLockTimeout):
+            with index_write_lock(db_url, "backfill", shared=True, timeout_seconds=0.5):
+                pass
+    with index_write_lock(db_url, "shard 0", shared=True), index_write_lock(db_url, "shard 1", shared=True,
+                                                                            timeout_seconds=0.5):
+        pass
+
+    # A refresh that finds another one writing waits for it, then does its work.
+    released: list[float] = []
+
+    def other_refresh() -> None:
+        with index_write_lock(db_url, "other refresh"):
+            time.sleep(1.0)
+            released.append(time.monotonic())
+
+    holder = threading.Thread(target=other_refresh)
+    holder.start()
+    time.sleep(0.3)
+    stats = ingest.discover(db_url, settings.sources, lock_timeout_seconds=30)
+    finished = time.monotonic()
+    holder.join()
+    assert stats.documents_seen == 7 and finished >= released[0]
