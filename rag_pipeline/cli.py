@@ -90,6 +90,9 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         _print_attention_list(settings)
         for problem in summary["problems"]:
             print(f"  skipped {problem['source']}:{problem['path']}: {problem['problem']}")
+        for name, check in sorted(summary["checks"].items()):
+            verdict = "ok" if check["passed"] else f"FAILED ({check['severity']})"
+            print(f"  check {name:<18} {verdict}: {check['summary']}")
         seconds = summary["seconds"]
         print("  seconds            " + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items()))
         for error in summary.get("errors", []):

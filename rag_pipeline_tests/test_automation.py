@@ -21,6 +21,7 @@ from rag_pipeline.alerts import AlertSender, Observation, transitions
 from rag_pipeline.config import AlertsConfig, ConfigError, SmtpConfig
 from rag_pipeline.database import IndexLockTimeout, index_write_lock
 from rag_pipeline.definitions import build_definitions
+from rag_pipeline.defs.instance import prepare_dagster_home
 from rag_pipeline.defs.resources import RagResource
 
 # --- receivers -------------------------------------------------------------------------------------------
@@ -250,6 +251,14 @@ def test_schedules_and_swap_jobs_are_defined(make_settings):
     for name in ("start_index_build", "build_index_version", "promote_index_version"):
         assert defs.resolve_job_def(name) is not None
     assert defs.resolve_job_def("ingest").tags["rag_pipeline/index_writer"] == "refresh"
+
+
+def test_the_run_queue_admits_one_refresh_at_a_time(make_settings, tmp_path, monkeypatch, db_url):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    home = prepare_dagster_home(make_settings(), db_url)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    assert {"key": "rag_pipeline/index_writer", "value": "refresh", "limit": 1} in limits
 
 
 # --- the index write lock ---------------------------------------------------------------------------------

@@ -237,6 +237,8 @@ def test_check_results_in_dagster_and_blocking_failures_fail_the_run(clone):
         conn.execute(sql.SQL("UPDATE {} SET acl_labels = '{{public}}' WHERE ordinal = 0").format(table))
         summary = run_ingest(settings, instance=instance)
         assert not summary["success"]
+        assert not summary["checks"]["acl_coverage"]["passed"] and summary["checks"]["index_drift"]["passed"]
+        assert "labels differ" in summary["checks"]["acl_coverage"]["summary"]
         record = instance.event_log_storage.get_latest_asset_check_execution_by_key(
             [AssetCheckKey(AssetKey("search_index"), "acl_coverage")])
         evaluation = next(iter(record.values())).event.dagster_event.event_specific_data

@@ -68,6 +68,11 @@ def summarize_run(result: Any) -> dict[str, Any]:
         "near_duplicates": index.get("deduplicated", 0),
         "dedup_rate": index.get("dedup_rate", 0.0),
         "problems": discover.get("problems", []),
+        "checks": {
+            evaluation.check_name: {"passed": evaluation.passed, "severity": evaluation.severity.value,
+                                    "summary": evaluation.description}
+            for evaluation in result.get_asset_check_evaluations()
+        },
         "seconds": {
             "discover": discover.get("seconds", 0.0),
             "parse": parse.get("seconds", 0.0),
