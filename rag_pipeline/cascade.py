@@ -41,6 +41,7 @@ VLM_PROMPT = (
 # Which tiers can fix which failure, in the order they are tried.
 REMEDIES = {
     "image_only": ("ocr", "vlm"),
+    "invisible_text": ("ocr", "vlm"),  # what is drawn, read from the rendered page
     "glyph_failure": ("docling", "ocr", "vlm"),
     "table_structure": ("docling", "vlm"),
 }
@@ -52,6 +53,8 @@ def escalation_reason(signals: dict[str, Any], config: ParsingConfig) -> str | N
     coverage = float(signals.get("image_coverage", 0.0))
     if chars < config.min_chars_per_page and coverage >= config.min_image_coverage:
         return "image_only"  # a scan, or a page that is mostly a picture of text
+    if float(signals.get("invisible_ratio", 0.0)) > config.max_invisible_text_ratio:
+        return "invisible_text"  # most of the text layer is hidden (render mode 3): read what is drawn instead
     if float(signals.get("bad_glyph_ratio", 0.0)) > config.max_bad_glyph_ratio:
         return "glyph_failure"  # fonts without a Unicode map: (cid:NN), U+FFFD, private-use code points
     if float(signals.get("ragged_table_ratio", 0.0)) > config.max_ragged_table_ratio:

@@ -150,6 +150,9 @@ class ParsingConfig:
     min_image_coverage: float = 0.3  # share of the page covered by images for "mostly image"
     max_bad_glyph_ratio: float = 0.05  # (cid:NN), U+FFFD and private-use glyphs per character
     max_ragged_table_ratio: float = 0.34  # share of table rows whose cell count differs from the header's
+    # Share of a page's characters in render mode 3 (invisible) above which the page is read from its image.
+    # Hidden characters are never extracted; below the threshold they are only counted.
+    max_invisible_text_ratio: float = 0.5
     docling_artifacts_path: str | None = None  # Docling's layout-model folder; the Docling tier needs it
     ocr_engine: str = "rapidocr"  # rapidocr | none
     ocr_dpi: int = 200

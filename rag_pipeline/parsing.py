@@ -238,6 +238,124 @@ def _mark_headings(text: str, levels: dict[str, int]) -> str:
     return "\n".join(out)
 
 
+# --- render modes ---------------------------------------------------------------------------------------
+# pdfplumber does not expose a character's text render mode, and mode 3 ("neither fill nor stroke") is text a
+# reader never sees: an OCR layer under a scan, or hidden text planted for a machine to read. The device
+# below records the mode on every character; the page class hands it to pdfplumber's character dicts.
+
+INVISIBLE_RENDER_MODE = 3
+
+
+@lru_cache(maxsize=1)
+def _render_aware_page_class() -> type:
+    from pdfminer.pdfinterp import PDFPageInterpreter
+    from pdfplumber.page import Page, PDFPageAggregatorWithMarkedContent
+    from pdfplumber.utils.exceptions import PdfminerException
+
+    class RenderModeAggregator(PDFPageAggregatorWithMarkedContent):
+        render_mode = 0
+
+        def render_string(self, textstate: Any, *args: Any, **kwargs: Any) -> None:
+            self.render_mode = textstate.render
+            super().render_string(textstate, *args, **kwargs)
+
+        def render_char(self, *args: Any, **kwargs: Any) -> float:
+            advance = super().render_char(*args, **kwargs)
+            if self.cur_item._objs:
+                self.cur_item._objs[-1].render_mode = self.render_mode
+            return advance
+
+    class RenderAwarePage(Page):
+        @property
+        def layout(self) -> Any:
+            if hasattr(self, "_layout"):
+                return self._layout
+            device = RenderModeAggregator(self.pdf.rsrcmgr, pageno=self.page_number, laparams=self.pdf.laparams)
+            try:
+                PDFPageInterpreter(self.pdf.rsrcmgr, device).process_page(self.page_obj)
+            except Exception as exc:
+                raise PdfminerException(exc) from exc
+            self._layout = device.get_result()
+            return self._layout
+
+        def process_object(self, obj: Any) -> dict[str, Any]:
+            attributes = super().process_object(obj)
+            if hasattr(obj, "render_mode"):
+                attributes["render_mode"] = obj.render_mode
+            return attributes
+
+    return RenderAwarePage
+
+
+def render_aware(page: Any) -> Any:
+    """The same pdfplumber page, with `render_mode` on every character."""
+    return _render_aware_page_class()(page.pdf, page.page_obj, page_number=page.page_number,
+                                      initial_doctop=page.initial_doctop)
+
+
+# Whitespace-aligned ("borderless") tables: pdfplumber's text strategy finds a grid on any page, prose
+# included, so a candidate counts only when it looks like data: every row filled, short cells, numbers.
+# Tuned on the torture set, where it finds the generated borderless table and nothing in any prose page.
+TEXT_TABLE_SETTINGS = {"vertical_strategy": "text", "horizontal_strategy": "text"}
+
+
+def _drop_empty_rows_and_columns(rows: list[list[Any]]) -> list[list[Any]]:
+    rows = [r for r in rows if any(c not in (None, "") for c in r)]
+    if not rows:
+        return []
+    width = max(len(r) for r in rows)
+    keep = [j for j in range(width) if any(j < len(r) and r[j] not in (None, "") for r in rows)]
+    return [[r[j] if j < len(r) else None for j in keep] for r in rows]
+
+
+def _merge_header_only_columns(rows: list[list[Any]]) -> list[list[Any]]:
+    """A column filled only in the header row is the header's next word ("Snow | depth"), not a column."""
+    if len(rows) < 2:
+        return rows
+    merged = [list(r) for r in rows]
+    for j in range(max(len(r) for r in rows) - 1, 0, -1):
+        if all(j >= len(r) or r[j] in (None, "") for r in merged[1:]) and j < len(merged[0]) and merged[0][j]:
+            merged[0][j - 1] = f"{merged[0][j - 1] or ''} {merged[0][j]}".strip()
+            for r in merged:
+                del r[j:j + 1]
+    return merged
+
+
+def looks_like_borderless_table(rows: list[list[Any]]) -> bool:
+    if len(rows) < 3 or max(len(r) for r in rows) < 2:
+        return False
+    cells = [str(c) for r in rows for c in r if c not in (None, "")]
+    full_rows = sum(1 for r in rows if all(c not in (None, "") for c in r)) / len(rows)
+    numeric = sum(1 for c in cells if any(ch.isdigit() for ch in c)) / len(cells)
+    mean_length = sum(len(c) for c in cells) / len(cells)
+    return full_rows >= 0.8 and numeric >= 0.25 and mean_length <= 15
+
+
+MIN_DIGIT_SHARE_FOR_BORDERLESS = 0.15  # pages with fewer digits are not searched: the text strategy is costly
+
+
+def find_page_tables(page: Any) -> list[tuple[tuple[float, float, float, float], list[list[Any]]]]:
+    """(bbox, rows) of each table: ruled tables first; a borderless one only where nothing is ruled."""
+    ruled = page.find_tables()
+    if ruled:
+        return [(t.bbox, t.extract()) for t in ruled]
+    glyphs = [c["text"] for c in page.chars if not c["text"].isspace()]
+    if not glyphs or sum(ch.isdigit() for ch in glyphs) / len(glyphs) < MIN_DIGIT_SHARE_FOR_BORDERLESS:
+        return []
+    found = []
+    for candidate in page.find_tables(TEXT_TABLE_SETTINGS):
+        # Left-aligned last columns have no aligned right edge: close the grid after the widest word.
+        _, top, _, bottom = candidate.bbox
+        right = max((w["x1"] for w in page.extract_words() if top <= w["top"] and w["bottom"] <= bottom),
+                    default=candidate.bbox[2])
+        settings = {**TEXT_TABLE_SETTINGS, "explicit_vertical_lines": [min(float(page.width), right + 1)]}
+        for table in page.crop(candidate.bbox[:2] + (min(float(page.width), right + 2), bottom)).find_tables(settings):
+            rows = _merge_header_only_columns(_drop_empty_rows_and_columns(table.extract()))
+            if looks_like_borderless_table(rows):
+                found.append((table.bbox, rows))
+    return found
+
+
 def _ragged_ratio(rows: list[list[Any]]) -> float:
     """Share of a table's rows whose filled-cell count differs from its header's: a sign of broken structure."""
     filled = [sum(1 for c in row if c not in (None, "")) for row in rows if any(c not in (None, "") for c in row)]
@@ -247,8 +365,13 @@ def _ragged_ratio(rows: list[list[Any]]) -> float:
 
 
 def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
-    tables = page.find_tables()
-    boxes = [t.bbox for t in tables]
+    all_chars = len(page.chars)
+    invisible = sum(1 for c in page.chars if c.get("render_mode") == INVISIBLE_RENDER_MODE)
+    if invisible:
+        # Only what is drawn is the page's text; the hidden layer is counted, never extracted.
+        page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
+    tables = find_page_tables(page)
+    boxes = [bbox for bbox, _ in tables]
 
     def outside_tables(obj: dict[str, Any]) -> bool:
         if "x0" not in obj:
@@ -261,7 +384,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     text = column_ordered if column_ordered is not None else (text_page.extract_text() or "")
     headings = heading_levels(text_page)
     text = _mark_headings(text, headings)
-    table_rows = [t.extract() for t in tables]
+    table_rows = [rows for _, rows in tables]
     table_markdown = [md for md in (table_to_markdown(rows) for rows in table_rows) if md]
     markdown = "\n\n".join(part for part in [text.strip(), *table_markdown] if part)
     bad_glyphs = len(CID_GLYPH_RE.findall(text)) + sum(
@@ -274,6 +397,8 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     signals = {
         "chars": len(page.chars),
         "text_layer": bool(page.chars),
+        "invisible_chars": invisible,
+        "invisible_ratio": round(invisible / all_chars, 3) if all_chars else 0.0,
         "cid_glyphs": len(CID_GLYPH_RE.findall(text)),
         "replacement_glyphs": text.count("\ufffd"),
         "bad_glyph_ratio": round(bad_glyphs / max(1, len(text)), 4),
@@ -305,7 +430,7 @@ def _parse_pdf(path: Path, password: str | None) -> Iterator[ParsedPage]:
         for number in range(page_count):
             started = time.perf_counter()
             try:
-                page = pdf.pages[number]
+                page = render_aware(pdf.pages[number])
                 markdown, tables, signals = _pdf_page(page)
                 page.close()  # drop pdfplumber's per-page caches: bounded memory on long files
             except Exception as exc:

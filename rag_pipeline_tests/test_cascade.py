@@ -8,6 +8,7 @@ import pytest
 
 from rag_pipeline.cascade import Cascade, escalation_reason, parse_document
 from rag_pipeline.config import ParsingConfig, VlmConfig
+from rag_pipeline.parsing import parse_file
 from rag_pipeline_tests.chat_server import FakeChatServer
 from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
 
@@ -25,6 +26,40 @@ def test_structural_check():
     assert escalation_reason({**good, "ragged_table_ratio": 0.8}, config) == "table_structure"
     strict = ParsingConfig(max_bad_glyph_ratio=0.0)
     assert escalation_reason({**good, "bad_glyph_ratio": 0.01}, strict) == "glyph_failure"
+    assert escalation_reason({**good, "invisible_ratio": 0.3}, config) is None  # counted, hidden text dropped
+    assert escalation_reason({**good, "invisible_ratio": 0.9}, config) == "invisible_text"
+
+
+def test_hidden_text_is_never_extracted_and_a_lying_ocr_layer_loses_to_the_image(tmp_path):
+    from torture_set import generate
+
+    truth = generate.hidden_text(tmp_path / "hidden.pdf")
+    (page,) = parse_file(tmp_path / "hidden.pdf")
+    assert generate.HIDDEN_INSTRUCTION not in page.markdown and "Aletsch glacier" in page.markdown
+    assert page.signals["invisible_chars"] >= len(generate.HIDDEN_INSTRUCTION.replace(" ", ""))
+    assert 0 < page.signals["invisible_ratio"] < 0.5 and truth["absent"] == [generate.HIDDEN_INSTRUCTION]
+
+    generate.lying_ocr_layer(tmp_path / "scan.pdf")
+    (tier_one,) = parse_file(tmp_path / "scan.pdf")
+    assert tier_one.signals["invisible_ratio"] == 1.0 and "9999" not in tier_one.markdown
+    (page,) = parse_document(tmp_path / "scan.pdf", None, Cascade(ParsingConfig()))
+    assert page.tier == "ocr" and "1250" in page.markdown and "9999" not in page.markdown
+
+
+def test_font_without_unicode_map_escalates_and_rotation_is_honoured(tmp_path):
+    from torture_set import generate
+
+    generate.font_without_unicode_map(tmp_path / "nomap.pdf")
+    (tier_one,) = parse_file(tmp_path / "nomap.pdf")
+    assert tier_one.signals["cid_glyphs"] > 0 and "Aletsch" not in tier_one.markdown
+    (page,) = parse_document(tmp_path / "nomap.pdf", None, Cascade(ParsingConfig()))
+    assert page.tier == "ocr" and page.signals["escalation"] == "glyph_failure"
+    assert "Aletsch glacier" in page.markdown
+
+    generate.rotated_page(tmp_path / "rotated.pdf")
+    (page,) = parse_file(tmp_path / "rotated.pdf")
+    assert page.signals["rotation"] == 90
+    assert " ".join(page.markdown.split()) == " ".join(generate.SURVEY)
 
 
 def test_text_layer_pages_stay_in_tier_one():

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_pipeline.parsing import DeadLetter, parse_file, table_to_markdown
+from rag_pipeline.parsing import DeadLetter, looks_like_borderless_table, parse_file, table_to_markdown
 from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
 
 TORTURE_DOCS = TORTURE / "docs"
@@ -103,3 +103,19 @@ def test_font_size_headings_become_markdown_headings():
     pages = list(parse_file(SAMPLE_CORPUS / "handbook" / "security-policy.pdf"))
     assert pages[0].markdown.splitlines()[1] == "## 1. Purpose and scope"
     assert pages[0].signals["headings"] == 1
+
+
+def test_borderless_tables_are_found_only_where_they_look_like_data(tmp_path):
+    from torture_set import generate
+
+    generate.borderless_table(tmp_path / "table.pdf")
+    (page,) = parse_file(tmp_path / "table.pdf")
+    assert page.tables == 1
+    assert "| Station | Altitude | Snow depth |" in page.markdown and "| Grindelwald | 1034 | 60 |" in page.markdown
+    # Prose in two columns is not a table, however well its words line up.
+    generate.two_columns(tmp_path / "prose.pdf")
+    (prose,) = parse_file(tmp_path / "prose.pdf")
+    assert prose.tables == 0
+    assert looks_like_borderless_table([["Name", "Qty"], ["Bolts", "40"], ["Nuts", "25"]])
+    assert not looks_like_borderless_table([["The ice grows thicker", "where the water"], ["is shallow", ""],
+                                             ["and still.", "Skaters wait"]])
