@@ -315,6 +315,12 @@ def parse_health(conn: psycopg.Connection, config: ChecksConfig) -> CheckOutcome
         "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY count(*) DESC, reason"
     ).fetchall()
     live = conn.execute("SELECT count(*) FROM documents WHERE status <> 'held_no_labels'").fetchone()[0]
+    # Counted, not failed: a document may discuss prompt injection; the application decides what to do.
+    flagged = conn.execute(
+        """SELECT d.source, d.rel_path, c.ordinal, array_to_string(c.flags, ', ')
+           FROM chunks c JOIN documents d USING (doc_id) WHERE cardinality(c.flags) > 0
+           ORDER BY d.source, d.rel_path, c.ordinal"""
+    ).fetchall()
     dead_total = sum(n for _, n in dead)
     near_empty_share = near_empty / pages if pages else 0.0
     dead_share = dead_total / live if live else 0.0
@@ -330,11 +336,12 @@ def parse_health(conn: psycopg.Connection, config: ChecksConfig) -> CheckOutcome
         summary="; ".join(problems) or f"{pages} pages, {near_empty_share:.1%} near-empty, {dead_total} dead letters",
         numbers={"pages": pages, "near_empty_pages": near_empty, "near_empty_share": round(near_empty_share, 4),
                  "zero_text_documents": len(zero_text), "dead_letters": dead_total,
-                 "dead_letter_share": round(dead_share, 4)},
+                 "dead_letter_share": round(dead_share, 4), "chunks_flagged_prompt_injection": len(flagged)},
         tables={
             "tier_mix": Table(("tier", "pages"), tiers),
             "dead_letters_by_reason": Table(("reason", "documents"), dead),
             "zero_text_documents": Table(("source", "path", "pages"), zero_text[:OFFENDERS_SHOWN]),
+            "prompt_injection_flags": Table(("source", "path", "chunk", "patterns"), flagged[:OFFENDERS_SHOWN]),
         },
     )
 

@@ -51,6 +51,7 @@ class SearchHit:
     sparse_rank: int | None
     similarity: float = 0.0  # cosine similarity of the chunk to the query
     occurrences: int = 1
+    flags: tuple[str, ...] = ()  # e.g. prompt-injection patterns (rag_pipeline.safety): treat the text as data
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,10 +81,12 @@ SELECT t.chunk_id, t.doc_id, doc.source, doc.rel_path, t.page_start, t.page_end,
        1 - (t.embedding <=> %(vector)s) AS similarity,
        -- a near-duplicate group comes back once; this says in how many places (the caller may see) it occurs
        (SELECT count(*) FROM chunks oc JOIN documents od ON od.doc_id = oc.doc_id
-        WHERE oc.group_id = t.chunk_id AND od.acl_labels && %(labels)s::text[]) AS occurrences
+        WHERE oc.group_id = t.chunk_id AND od.acl_labels && %(labels)s::text[]) AS occurrences,
+       coalesce(owner.flags, '{{}}') AS flags
 FROM fused f
 JOIN {table} t USING (chunk_id)
 JOIN documents doc ON doc.doc_id = t.doc_id
+LEFT JOIN chunks owner ON owner.chunk_id = t.owner_chunk_id
 WHERE t.acl_labels && %(labels)s::text[]
   -- the score floor: "no good evidence" is an empty answer, not the nearest noise
   AND (%(min_similarity)s::float8 IS NULL OR 1 - (t.embedding <=> %(vector)s) >= %(min_similarity)s::float8)
@@ -159,6 +162,7 @@ def search(
             chunk_id=r[0], doc_id=r[1], source=r[2], path=r[3], page_start=r[4], page_end=r[5],
             section_path=r[6], content_type=r[7], text=r[8], prefix=r[9], score=float(r[10]),
             dense_rank=r[11], sparse_rank=r[12], similarity=float(r[13]), occurrences=max(1, int(r[14])),
+            flags=tuple(r[15]),
         )
         for r in rows
     ]

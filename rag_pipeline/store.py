@@ -24,6 +24,7 @@ from rag_pipeline import dedup
 from rag_pipeline.chunking import Chunk
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.parsing import ParsedPage
+from rag_pipeline.safety import injection_flags
 from rag_pipeline.sources import DiscoveredFile
 
 ACTIVE_ALIAS = "active"
@@ -385,14 +386,15 @@ def replace_chunks(
     parser_version = conn.execute("SELECT parser_version FROM documents WHERE doc_id = %s", (doc_id,)).fetchone()[0]
     with conn.cursor().copy(
         """COPY chunks (chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
-                        content_type, token_count, content_hash, chunker_version, parser_version) FROM STDIN"""
+                        content_type, token_count, content_hash, chunker_version, parser_version, flags)
+           FROM STDIN"""
     ) as copy:
         for chunk, prefix in zip(chunks, prefixes, strict=True):
             copy.write_row(
                 (
                     chunk.chunk_id, doc_id, chunk.ordinal, chunk.text, prefix, chunk.section_path,
                     chunk.page_start, chunk.page_end, chunk.content_type, chunk.token_count,
-                    chunk.content_hash, chunker_version, parser_version,
+                    chunk.content_hash, chunker_version, parser_version, injection_flags(chunk.text),
                 )
             )
     conn.execute(
