@@ -154,6 +154,7 @@ class ParsingConfig:
     # Hidden characters are never extracted; below the threshold they are only counted.
     max_invisible_text_ratio: float = 0.5
     docling_artifacts_path: str | None = None  # Docling's layout-model folder; the Docling tier needs it
+    max_file_bytes: int = 128 * 1024 * 1024  # larger files are dead-lettered as too_large, never read
     ocr_engine: str = "rapidocr"  # rapidocr | none
     ocr_dpi: int = 200
     vlm: VlmConfig = field(default_factory=VlmConfig)

@@ -252,6 +252,9 @@ def _parse_one(
         _dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
         return
     try:
+        size = path.stat().st_size
+        if size > cascade.config.max_file_bytes:
+            raise DeadLetter("too_large", f"{size:,} bytes; parsing.max_file_bytes is {cascade.config.max_file_bytes:,}")
         # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because
         # furniture is found by comparing pages.
         pages = parse_document(path, password, cascade)

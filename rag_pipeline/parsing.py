@@ -25,7 +25,7 @@ SUPPORTED_SUFFIXES = PDF_SUFFIXES | DOCLING_SUFFIXES | TEXT_SUFFIXES
 CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
 TABLE_SEPARATOR_RE = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+\s*$", re.MULTILINE)
 
-DEAD_LETTER_REASONS = ("empty", "truncated", "corrupt", "encrypted", "unsupported", "parser_error")
+DEAD_LETTER_REASONS = ("empty", "truncated", "corrupt", "encrypted", "unsupported", "too_large", "parser_error")
 
 
 class DeadLetter(Exception):
