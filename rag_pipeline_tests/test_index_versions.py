@@ -117,3 +117,46 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
         with db.transaction():
             assert versions.rollback(db).version_id == v1.version_id
         assert search(db, "which extension reaches the security desk", ["staff"], k=3)
+
+
+def test_deletions_in_the_middle_of_a_build_reach_both_versions_before_and_after_promotion(
+    make_settings, corpus, db
+):
+    from rag_pipeline import health
+    from rag_pipeline.defs.index_versions import SHARDS
+    from rag_pipeline.ingest import backfill_version, start_version_build
+
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+    candidate_model = resolve_model("all-MiniLM-L6-v2").location
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+        v1 = store.active_version(db)
+        v2 = start_version_build(db.info.dsn, settings, candidate_model)
+        shard_of = dict(db.execute("SELECT doc_id, abs(hashtext(doc_id)) %% %s FROM documents WHERE status = 'indexed'",
+                                   (SHARDS,)).fetchall())
+        done = sorted(set(shard_of.values()))[: len(set(shard_of.values())) // 2]
+        for shard in done:
+            backfill_version(db.info.dsn, settings, v2.version_id, shard, SHARDS)
+        # One deleted document was already copied into v2, the other not yet.
+        copied = next(d for d, s in shard_of.items() if s in done)
+        pending = next(d for d, s in shard_of.items() if s not in done)
+        paths = dict(db.execute("SELECT doc_id, rel_path FROM documents").fetchall())
+        for doc_id in (copied, pending):
+            (corpus / paths[doc_id]).unlink()
+        assert run_ingest(settings, instance=instance)["deleted"] == 2
+        for shard in range(SHARDS):
+            if shard not in done:
+                backfill_version(db.info.dsn, settings, v2.version_id, shard, SHARDS)
+
+        def rows_of_deleted() -> dict[int, int]:
+            return {v.version_id: _rows(db, v, copied) + _rows(db, v, pending) for v in (v1, v2)}
+
+        assert rows_of_deleted() == {v1.version_id: 0, v2.version_id: 0}
+        assert health.deletion_replay(db).passed
+        gates = versions.check_gates(db, v2)
+        assert gates.passed and gates.replayed_deletions_left == 0, gates.failures
+        with db.transaction():
+            versions.promote(db, v2.version_id, gates)
+        assert run_ingest(settings, instance=instance)["success"]
+        assert rows_of_deleted() == {v1.version_id: 0, v2.version_id: 0}
+        assert health.deletion_replay(db).passed and health.index_drift(db).passed
