@@ -1,7 +1,7 @@
 """Parser-cascade cost: cascade wall time / pdfplumber-only wall time on the same text-layer PDFs, and peak
 resident memory while parsing the 117-page torture document.
 
-    .venv/bin/python benchmarks/cascade_benchmark.py [--torture ../shared/torture] [--repeat 2]
+    .venv/bin/python -m bench.cascade [--torture ../shared/torture] [--repeat 2]
 """
 
 from __future__ import annotations

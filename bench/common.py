@@ -1,0 +1,94 @@
+"""What every benchmark shares: a throwaway PostgreSQL, a generated corpus, the machine's description."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import psycopg  # noqa: E402
+
+from rag_pipeline.database import EmbeddedPostgres, ensure_database, migrate  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+WORDS = (
+    "robot warehouse battery shelf picking station safety policy revenue margin quarter customer order "
+    "service contract welding arm floor marker camera navigation charging dock payload speed braking "
+    "incident laptop password travel hotel allowance receipt expense onboarding badge induction"
+).split()
+
+
+def machine() -> str:
+    cores = os.cpu_count()
+    memory = ""
+    with contextlib.suppress(OSError), open("/proc/meminfo") as info:
+        memory = f", {int(info.readline().split()[1]) / 1024 / 1024:.0f} GiB RAM"
+    return f"{platform.processor() or platform.machine()}, {cores} cores{memory}, Python {platform.python_version()}"
+
+
+@dataclass
+class Database:
+    admin_url: str
+    workdir: Path
+
+    def create(self, name: str) -> str:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
+        ensure_database(self.admin_url, name)
+        url = psycopg.conninfo.make_conninfo(self.admin_url, dbname=name)
+        migrate(url)
+        return url
+
+
+@contextlib.contextmanager
+def throwaway_database() -> Iterator[Database]:
+    """An embedded PostgreSQL in a temporary folder (or RAG_BENCH_ADMIN_URL's server), removed afterwards."""
+    workdir = Path(tempfile.mkdtemp(prefix="ragbench-"))
+    server = None
+    try:
+        admin_url = os.environ.get("RAG_BENCH_ADMIN_URL")
+        if not admin_url:
+            server = EmbeddedPostgres(workdir / "pg")
+            server.start()
+            admin_url = server.url("postgres")
+        yield Database(admin_url, workdir)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def paragraph(rng: random.Random, low: int = 40, high: int = 120) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))).capitalize() + "."
+
+
+def generate_documents(folder: Path, count: int, seed: int = 7, suffix: str = ".md") -> list[Path]:
+    """`count` documents of 2-5 sections of 1-4 paragraphs (about 3 chunks each), deterministic for a seed."""
+    rng = random.Random(seed)
+    paths = []
+    for index in range(count):
+        sections = []
+        for section in range(rng.randint(2, 5)):
+            paragraphs = [paragraph(rng) for _ in range(rng.randint(1, 4))]
+            sections.append(f"## Section {section + 1}\n\n" + "\n\n".join(paragraphs))
+        path = folder / f"generated/{index // 1000:03d}/doc-{index:05d}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# Generated document {index}\n\n" + "\n\n".join(sections) + "\n")
+        paths.append(path)
+    return paths
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started

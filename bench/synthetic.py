@@ -1,0 +1,75 @@
+"""A large index made quickly: real embeddings of a few thousand generated passages, each repeated with small
+noise (so the vectors cluster like real ones do, unlike uniform random vectors), loaded with COPY into a
+real index version table, with its HNSW index built after the load."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import psycopg
+from pgvector import HalfVector
+from psycopg import sql
+
+from bench.common import WORDS, paragraph
+from rag_pipeline import store
+from rag_pipeline.embedding import get_embedder, resolve_model
+
+RARE_LABEL = "rare"  # on 2% of the documents: the selective ACL filter
+COMMON_LABEL = "staff"
+
+
+def synthetic_vectors(count: int, passages: int, seed: int = 3) -> tuple[list[str], np.ndarray]:
+    """`count` (text, unit vector) pairs: `passages` embedded passages, each varied count/passages times."""
+    rng = random.Random(seed)
+    base_texts = [paragraph(rng, 20, 60) for _ in range(passages)]
+    base = get_embedder("all-MiniLM-L6-v2").embed_documents(base_texts)
+    noise = np.random.default_rng(seed)
+    repeat = -(-count // passages)
+    texts, vectors = [], []
+    for copy in range(repeat):
+        jitter = noise.normal(scale=0.02, size=base.shape).astype(np.float32)
+        varied = base + jitter
+        vectors.append(varied / np.linalg.norm(varied, axis=1, keepdims=True))
+        texts += [f"{t} {' '.join(rng.choice(WORDS) for _ in range(5))} copy{copy}" for t in base_texts]
+    return texts[:count], np.vstack(vectors)[:count]
+
+
+def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, chunks_per_document: int = 50,
+               rare_share: float = 0.02) -> tuple[store.IndexVersion, dict[str, float]]:
+    """Documents, chunks and one active index version holding every row; returns it and load timings."""
+    model = resolve_model("all-MiniLM-L6-v2")
+    timings: dict[str, float] = {}
+    documents = -(-len(texts) // chunks_per_document)
+    rare_every = round(1 / rare_share)
+    with conn.transaction():
+        conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) "
+                     "VALUES ('synthetic', '/nonexistent', '{}', 86400)")
+        with conn.cursor().copy("COPY documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, "
+                                "acl_labels, status) FROM STDIN") as copy:
+            for d in range(documents):
+                labels = [RARE_LABEL] if d % rare_every == 0 else [COMMON_LABEL]
+                copy.write_row((f"doc{d:06d}", "synthetic", f"doc{d:06d}.md", "f", 1, "2026-01-01", labels, "indexed"))
+        version = store.ensure_active_version(conn, model.name, model.location, vectors.shape[1], "synthetic", "synthetic")
+    table = sql.Identifier(version.table_name)
+    started = time.perf_counter()
+    with conn.transaction():
+        conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(f"{version.table_name}_hnsw")))
+        with conn.cursor().copy(sql.SQL(
+            "COPY {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end, "
+            "content_type, acl_labels, embedding_input_sha, embedding) FROM STDIN").format(table)) as copy:
+            for i, (text, vector) in enumerate(zip(texts, vectors, strict=True)):
+                d = i // chunks_per_document
+                labels = [RARE_LABEL] if d % rare_every == 0 else [COMMON_LABEL]
+                copy.write_row((f"c{i:07d}", f"c{i:07d}", f"doc{d:06d}", i % chunks_per_document, text, "", "", 1, 1,
+                                "prose", labels, f"s{i}", HalfVector(vector)))
+    timings["copy_rows_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    conn.execute("SET maintenance_work_mem = '1GB'")
+    conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding halfvec_cosine_ops)").format(
+        sql.Identifier(f"{version.table_name}_hnsw"), table))
+    conn.execute(sql.SQL("ANALYZE {}").format(table))
+    conn.commit()
+    timings["build_hnsw_s"] = time.perf_counter() - started
+    return version, timings
