@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test ingest ui stop benchmark lint clean
+.PHONY: install run test ingest ui stop bench bench-deps lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,11 +41,23 @@ ui: install
 stop: install
 	$(BIN)/rag-pipeline db stop
 
-benchmark: install
-	$(BIN)/python benchmarks/ingest_benchmark.py
+## make bench: every benchmark in bench/, one after another (about 30 minutes on 2 cores); each prints a table
+bench: bench-deps
+	$(BIN)/python -m bench.cascade
+	$(BIN)/python -m bench.embedding --docs 300
+	$(BIN)/python -m bench.refresh --sizes 300,3000
+	$(BIN)/python -m bench.langchain_indexing --docs 300
+	$(BIN)/python -m bench.footprint --chunks 100000
+	$(BIN)/python -m bench.query_latency --chunks 100000
+
+# LangChain's indexing API for the side-by-side benchmark. langchain-postgres pins pgvector<0.4, which this
+# project does not use, so it is installed without its dependencies and they are added one by one.
+bench-deps: install
+	$(BIN)/python -m pip install --quiet langchain-classic asyncpg psycopg-pool
+	$(BIN)/python -m pip install --quiet --no-deps langchain-postgres==0.0.19
 
 lint: install
-	$(BIN)/ruff check rag_pipeline rag_pipeline_tests scripts benchmarks
+	$(BIN)/ruff check rag_pipeline rag_pipeline_tests scripts bench torture_set
 
 clean:
 	-$(BIN)/rag-pipeline db stop

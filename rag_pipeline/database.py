@@ -116,8 +116,8 @@ def resolve_urls(settings: Settings, start: bool = True) -> DatabaseUrls:
     return DatabaseUrls(index=server.url(INDEX_DATABASE), dagster=server.url(DAGSTER_DATABASE), embedded=True)
 
 
-def sqlalchemy_url(conninfo: str) -> str:
-    """A libpq URL or key=value string as the SQLAlchemy URL dagster-postgres expects (psycopg2 driver)."""
+def sqlalchemy_url(conninfo: str, driver: str = "psycopg2") -> str:
+    """A libpq URL or key=value string as a SQLAlchemy URL (psycopg2 driver: what dagster-postgres expects)."""
     from sqlalchemy.engine import URL
 
     params = psycopg.conninfo.conninfo_to_dict(conninfo)
@@ -127,7 +127,7 @@ def sqlalchemy_url(conninfo: str) -> str:
         query["host"] = host  # Unix socket folder, as the embedded server uses
         host = ""
     url = URL.create(
-        "postgresql+psycopg2",
+        f"postgresql+{driver}",
         username=str(params["user"]) if params.get("user") else None,
         password=str(params["password"]) if params.get("password") else None,
         host=host or None,

@@ -36,18 +36,22 @@ def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
         name="source_changes", job=ingest_job, minimum_interval_seconds=settings.source_sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Launches a refresh when files appear, change or disappear in a source folder (or their "
-        "sidecar metadata changes). The cursor holds each source's digest; the run key is the digest of all.",
+        "sidecar metadata changes). The cursor holds each source's digest and the number of launches.",
     )
     def source_changes(context: dg.SensorEvaluationContext, rag: RagResource):
         digests = {source.name: source_digest(source) for source in sources_to_scan(rag, DiscoverConfig())}
-        previous = json.loads(context.cursor) if context.cursor else {}
-        changed = sorted(name for name, digest in digests.items() if previous.get(name) != digest)
+        cursor = json.loads(context.cursor) if context.cursor else {"launches": 0, "digests": {}}
+        changed = sorted(name for name, digest in digests.items() if cursor["digests"].get(name) != digest)
         if not changed:
             return dg.SkipReason(f"no change in {len(digests)} sources")
-        context.update_cursor(json.dumps(digests, sort_keys=True))
-        # The same state of the folders never launches twice, even if the cursor were lost.
+        launch = cursor["launches"] + 1
+        context.update_cursor(json.dumps({"launches": launch, "digests": digests}, sort_keys=True))
+        # The key names this change (the launch number and the state it leads to): a tick evaluated again
+        # from the same cursor asks for the same run, which Dagster launches once; a folder that returns to
+        # an earlier state is a new change and gets a new key.
+        state = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:24]
         return dg.RunRequest(
-            run_key=hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:32],
+            run_key=f"{launch}:{state}",
             tags={"rag_pipeline/trigger": "source_changes", "rag_pipeline/changed_sources": ",".join(changed)[:200]},
         )
 
