@@ -211,3 +211,17 @@ def test_database_restart_mid_run_fails_clearly_and_the_next_run_recovers(notes,
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_two_refreshes_at_once_are_serialised_and_leave_a_clean_index(crash_env, clean_build):
+    url, dagster_url, config, home = crash_env
+    first = IngestProcess(config, dagster_url, home)
+    second = IngestProcess(config, dagster_url, home)
+    results = [first.finish(), second.finish()]
+    for code, out, err in results:
+        assert code == 0, err[-3000:]
+    summaries = [json.loads(out) for _, out, _ in results]
+    # Each document was parsed and embedded once, by whichever refresh reached it first.
+    assert sum(s["parsed"] for s in summaries) == DOCUMENTS
+    assert sum(s["vectors_embedded"] for s in summaries) == len(clean_build["chunks"])
+    assert_same_index(snapshot(url), clean_build)

@@ -82,12 +82,19 @@ def summarize_run(result: Any) -> dict[str, Any]:
     }
 
 
+# psycopg's classes for a connection that broke or could not be made (OperationalError and its kin).
+_CONNECTION_ERRORS = frozenset({
+    "OperationalError", "InterfaceError", "AdminShutdown", "CrashShutdown", "CannotConnectNow",
+    "ConnectionException", "ConnectionFailure", "ConnectionDoesNotExist", "SqlclientUnableToEstablishSqlconnection",
+})
+
+
 def _root_cause(error: Any) -> str:
     """The innermost error Dagster wrapped ("Error occurred while executing op" says nothing)."""
     while getattr(error, "cause", None) is not None:
         error = error.cause
     message = " ".join(str(error.message).split())
-    if error.cls_name in ("OperationalError", "InterfaceError"):
+    if error.cls_name in _CONNECTION_ERRORS:
         message = f"lost the database connection ({message}); nothing half-written is kept, run again"
     return message
 
