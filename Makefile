@@ -48,7 +48,7 @@ bench: bench-deps
 	$(BIN)/python -m bench.refresh --sizes 300,3000
 	$(BIN)/python -m bench.langchain_indexing --docs 300
 	$(BIN)/python -m bench.footprint --chunks 100000
-	$(BIN)/python -m bench.query_latency --chunks 100000
+	$(BIN)/python -m bench.query_latency --chunks 100000 --modes hybrid,dense,sparse
 
 # LangChain's indexing API for the side-by-side benchmark. langchain-postgres pins pgvector<0.4, which this
 # project does not use, so it is installed without its dependencies and they are added one by one.

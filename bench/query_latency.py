@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("--modes", default="hybrid", help="comma-separated: hybrid, dense, sparse")
     args = parser.parse_args()
     rng = random.Random(5)
     queries = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))) for _ in range(args.queries)]
@@ -45,27 +46,28 @@ def main() -> None:
     with throwaway_database() as database, connect(database.create("bench_latency")) as conn:
         version, timings = load_index(conn, texts, vectors)
         results = {}
-        for name, labels in (("no filter (every row readable)", [COMMON_LABEL, RARE_LABEL]),
-                             ("2%-selective ACL filter", [RARE_LABEL])):
-            latencies, returned = [], []
-            for query in queries[:10]:
-                search(conn, query, labels, k=args.k)  # warm the caches
-            for query in queries:
-                started = time.perf_counter()
-                hits = search(conn, query, labels, k=args.k)
-                latencies.append((time.perf_counter() - started) * 1000)
-                returned.append(len(hits))
-            results[name] = (latencies, returned)
+        for mode in args.modes.split(","):
+            for name, labels in (("no filter (every row readable)", [COMMON_LABEL, RARE_LABEL]),
+                                 ("2%-selective ACL filter", [RARE_LABEL])):
+                latencies, returned = [], []
+                for query in queries[:10]:
+                    search(conn, query, labels, k=args.k, mode=mode)  # warm the caches
+                for query in queries:
+                    started = time.perf_counter()
+                    hits = search(conn, query, labels, k=args.k, mode=mode)
+                    latencies.append((time.perf_counter() - started) * 1000)
+                    returned.append(len(hits))
+                results[(mode, name)] = (latencies, returned)
         rows = conn.execute(f"SELECT count(*) FROM {version.table_name}").fetchone()[0]
 
     print(f"machine: {machine()}")
     print(f"{rows:,} chunks, all-MiniLM-L6-v2 (384 dims, halfvec), HNSW built after a COPY load in "
-          f"{timings['build_hnsw_s']:.0f} s; {args.queries} queries, k={args.k}, hybrid (dense + BM25-style, RRF)")
+          f"{timings['build_hnsw_s']:.0f} s; {args.queries} queries, k={args.k}")
     print(f"query embedding alone: p50 {statistics.median(embed_ms):.1f} ms (included below)")
-    print("| caller labels | p50 | p95 | mean hits returned |")
-    print("|---|---|---|---|")
-    for name, (latencies, returned) in results.items():
-        print(f"| {name} | {percentile(latencies, 0.5):.1f} ms | {percentile(latencies, 0.95):.1f} ms | "
+    print("| mode | caller labels | p50 | p95 | mean hits returned |")
+    print("|---|---|---|---|---|")
+    for (mode, name), (latencies, returned) in results.items():
+        print(f"| {mode} | {name} | {percentile(latencies, 0.5):.1f} ms | {percentile(latencies, 0.95):.1f} ms | "
               f"{statistics.fmean(returned):.1f} |")
 
 
