@@ -79,7 +79,7 @@ def staleness(
     for name, (sla, scan_age, pending_age, pending) in sorted(report.items()):
         ages = [float(a) for a in (scan_age, pending_age) if a is not None]
         # Never scanned counts as infinitely late.
-        lateness = (max(ages) / sla) if scan_age is not None else float("inf")
+        lateness = (max(ages) / max(1, sla)) if scan_age is not None else float("inf")
         row = (name, _hours(sla), _hours(scan_age), pending, _hours(pending_age) if pending else "-",
                "STALE" if lateness > 1 else "ok")
         table_rows.append((lateness, row))
