@@ -38,11 +38,6 @@ class CheckOutcome:
     tables: dict[str, Table] = field(default_factory=dict)
 
 
-def _versions(conn: psycopg.Connection) -> list[store.IndexVersion]:
-    """Every version whose table still exists: active, building, ready and retained (retired, not dropped)."""
-    return store.index_versions(conn)
-
-
 def _table_exists(conn: psycopg.Connection, table_name: str) -> bool:
     return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table_name,)).fetchone()[0]
 
@@ -120,7 +115,7 @@ def deletion_replay(conn: psycopg.Connection) -> CheckOutcome:
     and dead letters; and no near-duplicate group is left without occurrences."""
     places = [sql.SQL("SELECT {label} AS place, doc_id FROM {table}").format(
         label=sql.Literal(name), table=sql.Identifier(name)) for name in _DOCUMENT_TABLES]
-    for version in _versions(conn):
+    for version in store.index_versions(conn):
         if _table_exists(conn, version.table_name):
             places.append(sql.SQL("SELECT {label} AS place, doc_id FROM {table}").format(
                 label=sql.Literal(f"{version.table_name} ({version.status})"),
@@ -168,7 +163,7 @@ def acl_coverage(conn: psycopg.Connection) -> CheckOutcome:
     per_version: list[tuple[Any, ...]] = []
     problems: list[str] = []
     total_bad = 0
-    for version in _versions(conn):
+    for version in store.index_versions(conn):
         if not _table_exists(conn, version.table_name):
             continue
         table = sql.Identifier(version.table_name)
@@ -225,7 +220,7 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
     and the active alias on an active, existing version."""
     problems: list[str] = []
     per_version: list[tuple[Any, ...]] = []
-    for version in _versions(conn):
+    for version in store.index_versions(conn):
         label = f"v{version.version_id}"
         if not _table_exists(conn, version.table_name):
             problems.append(f"{label}: table {version.table_name} is missing")
@@ -258,13 +253,7 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
             ).format(table)
         ).fetchone()[0]
         # A version being built is incomplete by definition; all others receive every write.
-        missing = 0 if version.status == "building" else conn.execute(
-            sql.SQL(
-                """SELECT count(DISTINCT c.group_id) FROM chunks c JOIN documents d USING (doc_id)
-                   WHERE d.status = 'indexed' AND c.group_id IS NOT NULL
-                     AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = c.group_id)"""
-            ).format(table)
-        ).fetchone()[0]
+        missing = 0 if version.status == "building" else store.groups_without_row(conn, version)
         if foreign:
             problems.append(f"{label}: {foreign} vectors differ from what {version.embedding_model} gives")
         if orphans:
@@ -279,7 +268,7 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
         (store.ACTIVE_ALIAS,),
     ).fetchone()
     if alias is None:
-        if _versions(conn):
+        if store.index_versions(conn):
             problems.append("the active alias is not set")
     elif alias[1] != "active" or alias[2] or not _table_exists(conn, alias[3]):
         problems.append(f"the active alias points at v{alias[0]}, which is {'dropped' if alias[2] else alias[1]}")

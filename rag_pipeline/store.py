@@ -753,6 +753,17 @@ def claim(conn: psycopg.Connection, doc_id: str, expected_status: str, fingerpri
     return row is not None and row[0] == expected_status and (fingerprint is None or row[1] == fingerprint)
 
 
+def groups_without_row(conn: psycopg.Connection, version: IndexVersion) -> int:
+    """Chunk groups of indexed documents that have no row in this version (a backfill not done, a lost row)."""
+    return conn.execute(
+        sql.SQL(
+            """SELECT count(DISTINCT c.group_id) FROM chunks c JOIN documents d USING (doc_id)
+               WHERE d.status = 'indexed' AND c.group_id IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = c.group_id)"""
+        ).format(sql.Identifier(version.table_name))
+    ).fetchone()[0]
+
+
 def refresh_version_stats(conn: psycopg.Connection, version: IndexVersion) -> int:
     count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(version.table_name))).fetchone()[0]
     conn.execute("UPDATE index_versions SET row_count = %s WHERE version_id = %s", (count, version.version_id))

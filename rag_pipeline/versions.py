@@ -81,13 +81,7 @@ def check_gates(
 ) -> GateReport:
     report = GateReport(candidate.version_id)
     table = sql.Identifier(candidate.table_name)
-    report.missing_groups = conn.execute(
-        sql.SQL(
-            """SELECT count(DISTINCT c.group_id) FROM chunks c JOIN documents d USING (doc_id)
-               WHERE d.status = 'indexed' AND c.group_id IS NOT NULL
-                 AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = c.group_id)"""
-        ).format(table)
-    ).fetchone()[0]
+    report.missing_groups = store.groups_without_row(conn, candidate)
     if report.missing_groups:
         report.failures.append(f"incomplete: {report.missing_groups} chunk groups have no row (backfill not done)")
     report.replayed_deletions_left = conn.execute(
