@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test ingest ui stop bench bench-deps lint clean
+.PHONY: install run test ingest ui stop bench bench-deps lint torture schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ bench-deps: install
 
 lint: install
 	$(BIN)/ruff check rag_pipeline rag_pipeline_tests scripts bench torture_set
+
+## make torture: the torture-set scoreboard (parser tiers on the hostile and generated documents)
+torture: install
+	$(BIN)/python -m torture_set.harness --markdown torture_set/SCOREBOARD.md
+
+## make schema: regenerate the JSON Schema of rag_pipeline.yaml after changing rag_pipeline/config.py
+schema: install
+	$(BIN)/rag-pipeline config schema > rag_pipeline.schema.json
 
 clean:
 	-$(BIN)/rag-pipeline db stop

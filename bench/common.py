@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import psycopg  # noqa: E402
 
-from rag_pipeline.database import EmbeddedPostgres, ensure_database, migrate  # noqa: E402
+from rag_pipeline.store.database import EmbeddedPostgres, ensure_database, migrate  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = (

@@ -2,7 +2,7 @@
 
 The baseline is one `encode` call over exactly the inputs the index stage embeds (prefix + chunk text), same
 model, same batch size. Measured against it: the embedding step as rag_pipeline runs it (embedding-cache
-lookup, encode, cache write), and the whole index stage (`rag_pipeline.ingest.index_pending` on an empty
+lookup, encode, cache write), and the whole index stage (`rag_pipeline.stages.index.index_pending` on an empty
 cache), which also groups near-duplicates and writes the rows of the index version.
 
     .venv/bin/python -m bench.embedding --docs 300
@@ -16,10 +16,15 @@ import yaml
 from sentence_transformers import SentenceTransformer
 
 from bench.common import generate_documents, machine, throwaway_database, timed
-from rag_pipeline import ingest, store
+from rag_pipeline import ids
 from rag_pipeline.config import load_settings
-from rag_pipeline.database import connect
-from rag_pipeline.embedding import get_embedder, input_sha, resolve_model
+from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.stages.chunk import chunk_pending
+from rag_pipeline.stages.discover import discover
+from rag_pipeline.stages.index import index_pending
+from rag_pipeline.stages.parse import parse_pending
+from rag_pipeline.store import chunks as chunk_store
+from rag_pipeline.store.database import connect
 
 
 def main() -> None:
@@ -38,14 +43,13 @@ def main() -> None:
         }))
         settings = load_settings(config)
         url = settings.database_url
-        ingest.prepare_index(url, settings)
-        ingest.discover(url, settings.sources)
-        ingest.parse_pending(url, settings)
-        ingest.chunk_pending(url, settings)
+        discover(url, settings.sources)
+        parse_pending(url, settings)
+        chunk_pending(url, settings)
         with connect(url) as conn:
             doc_ids = [r[0] for r in conn.execute("SELECT doc_id FROM documents").fetchall()]
-            inputs = sorted({c.embedding_input for chunks in store.chunks_of(conn, doc_ids).values() for c in chunks})
-        embedder = get_embedder(settings.embedding.model, batch_size=args.batch_size)
+            inputs = sorted({c.embedding_input for chunks in chunk_store.chunks_of(conn, doc_ids).values() for c in chunks})
+        embedder = get_embedder(settings.embedding.model, settings.embedding)
         embedder.embed_documents(inputs[:64])  # warm up
         raw = SentenceTransformer(resolve_model(settings.embedding.model).location, device="cpu")
         raw.encode(inputs[:64], batch_size=args.batch_size)  # warm up
@@ -53,17 +57,17 @@ def main() -> None:
 
         def embedding_step() -> None:
             with connect(url) as conn:
-                shas = [input_sha(text) for text in inputs]
-                cached = store.cached_embeddings(conn, embedder.model.name, shas)
+                shas = [ids.embedding_input_sha(text) for text in inputs]
+                cached = chunk_store.cached_embeddings(conn, embedder.model.name, shas)
                 missing = [(sha, text) for sha, text in zip(shas, inputs, strict=True) if sha not in cached]
                 vectors = embedder.embed_documents([text for _, text in missing])
-                store.store_embeddings(conn, embedder.model.name, dict(zip([sha for sha, _ in missing], vectors,
+                chunk_store.store_embeddings(conn, embedder.model.name, dict(zip([sha for sha, _ in missing], vectors,
                                                                            strict=True)))
 
         step_seconds = timed(embedding_step)
         with connect(url) as conn:
             conn.execute("DELETE FROM embedding_cache")  # the stage below embeds everything afresh
-        stage_seconds = timed(lambda: ingest.index_pending(url, settings))
+        stage_seconds = timed(lambda: index_pending(url, settings))
 
     print(f"machine: {machine()}")
     print(f"{len(inputs)} distinct inputs from {args.docs} documents, batch size {args.batch_size}, "

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from bench.common import machine, throwaway_database
 from bench.synthetic import synthetic_vectors
-from rag_pipeline.database import connect
+from rag_pipeline.store.database import connect
 
 
 def main() -> None:

@@ -14,11 +14,13 @@ import random
 import statistics
 import time
 
+from psycopg import sql
+
 from bench.common import WORDS, machine, throwaway_database
 from bench.synthetic import COMMON_LABEL, RARE_LABEL, load_index, synthetic_vectors
-from rag_pipeline.database import connect
 from rag_pipeline.embedding import get_embedder
 from rag_pipeline.retrieval import search
+from rag_pipeline.store.database import connect
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -58,7 +60,7 @@ def main() -> None:
                     latencies.append((time.perf_counter() - started) * 1000)
                     returned.append(len(hits))
                 results[(mode, name)] = (latencies, returned)
-        rows = conn.execute(f"SELECT count(*) FROM {version.table_name}").fetchone()[0]
+        rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(version.table_name))).fetchone()[0]
 
     print(f"machine: {machine()}")
     print(f"{rows:,} chunks, all-MiniLM-L6-v2 (384 dims, halfvec), HNSW built after a COPY load in "

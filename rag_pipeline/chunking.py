@@ -7,11 +7,12 @@ model's own tokenizer, sized so that prefix + chunk fits the model's maximum seq
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from rag_pipeline import ids
 
 HEADING_RE = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 # Numbered sections as plain text: "Item 1A. Risk Factors", "3.2 Scope", "1. Purpose and scope".
@@ -232,12 +233,11 @@ class Chunker:
                 content_type = content_type_of(piece)
                 runs_on = last_of_page and position >= len(pieces) - closing_table
                 page_end = table_reach.get(section.page, section.page) if runs_on else section.page
-                text_hash = hashlib.sha256(piece.encode()).hexdigest()
+                text_hash = ids.text_hash(piece)
                 ordinal = len(chunks)
-                chunk_id = hashlib.sha256(f"{doc_id}|{self.version}|{ordinal}|{text_hash}".encode()).hexdigest()
                 chunks.append(
                     Chunk(
-                        chunk_id=chunk_id[:32],
+                        chunk_id=ids.chunk_id(doc_id, self.version, ordinal, text_hash),
                         ordinal=ordinal,
                         text=piece,
                         section_path=SECTION_SEPARATOR.join(section.path),

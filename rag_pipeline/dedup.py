@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -76,3 +76,12 @@ def band_buckets(sig: np.ndarray, params: LshParams, labels_key: str) -> list[in
         digest = hashlib.blake2b(f"{params.key}|{labels_key}|{band}|".encode() + chunk, digest_size=8)
         buckets.append(int.from_bytes(digest.digest(), "big") >> 1)  # fits a signed bigint
     return buckets
+
+
+def closest_group(
+    sig: np.ndarray, candidates: Iterable[tuple[str, Sequence[int]]], threshold: float
+) -> str | None:
+    """The candidate group most similar to a chunk's signature, if it reaches the threshold (ties: lowest id)."""
+    scored = sorted(((similarity(sig, candidate), group_id) for group_id, candidate in candidates),
+                    key=lambda item: (-item[0], item[1]))
+    return scored[0][1] if scored and scored[0][0] >= threshold else None

@@ -1,36 +1,14 @@
-"""The Dagster code location: `dagster dev -w workspace.yaml` (or `rag-pipeline ui`) loads `defs`."""
+"""The code location: `dg dev`, `dagster dev -m rag_pipeline.definitions` (or `-w workspace.yaml`) and
+`rag-pipeline ui` load `defs`.
 
-from __future__ import annotations
+Loading reads the configuration ($RAG_CONFIG, else ./rag_pipeline.yaml) and nothing else: it connects to no
+database, loads no model and writes no file. A bad configuration fails the code location with the same one-line
+error the CLI prints.
+"""
 
 import os
 
-import dagster as dg
-
-from rag_pipeline.config import Settings, load_settings
-from rag_pipeline.defs.automation import alert_sensor, schedules, source_changes_sensor
-from rag_pipeline.defs.checks import index_checks, index_health_job
-from rag_pipeline.defs.index_versions import (
-    build_index_version_job,
-    index_version_backfill,
-    promote_index_version,
-    start_index_build,
-)
-from rag_pipeline.defs.ingestion import ingest_job, ingestion_assets
-from rag_pipeline.defs.resources import RagResource
-
-
-def build_definitions(settings: Settings) -> dg.Definitions:
-    """Bind resources and configuration in one place."""
-    config_file = str(settings.config_file) if settings.config_file else None
-    jobs = [ingest_job, index_health_job, build_index_version_job, start_index_build, promote_index_version]
-    return dg.Definitions(
-        assets=[*ingestion_assets, index_version_backfill],
-        asset_checks=index_checks,
-        jobs=jobs,
-        schedules=schedules(settings),
-        sensors=[source_changes_sensor(settings), alert_sensor([job.name for job in jobs])],
-        resources={"rag": RagResource(config_file=config_file)},
-    )
-
+from rag_pipeline.config import load_settings
+from rag_pipeline.defs.code_location import build_definitions
 
 defs = build_definitions(load_settings(os.environ.get("RAG_CONFIG")))

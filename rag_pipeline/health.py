@@ -15,11 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from rag_pipeline import store
 from rag_pipeline.config import ChecksConfig, Settings, SourceConfig
+from rag_pipeline.evaluation import compare, evaluate, load_golden
+from rag_pipeline.retrieval import SearchOptions
+from rag_pipeline.status import VersionStatus
+from rag_pipeline.store import documents, evaluations, versions
+from rag_pipeline.store import health as queries
+from rag_pipeline.store.versions import IndexVersion
 
 OFFENDERS_SHOWN = 20  # rows per table in check metadata: enough to act on, small enough to read
 
@@ -38,10 +41,6 @@ class CheckOutcome:
     tables: dict[str, Table] = field(default_factory=dict)
 
 
-def _table_exists(conn: psycopg.Connection, table_name: str) -> bool:
-    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table_name,)).fetchone()[0]
-
-
 def _hours(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds / 3600:.1f} h"
 
@@ -54,18 +53,7 @@ def staleness(
 ) -> CheckOutcome:
     """Per source: time since the last completed scan and age of the oldest change not yet indexed,
     against the source's freshness SLA. A configured source that was never scanned is stale."""
-    now = now or datetime.now(UTC)
-    rows = conn.execute(
-        """SELECT s.name, s.freshness_sla_seconds,
-                  extract(epoch FROM %(now)s - s.last_scan_completed_at),
-                  extract(epoch FROM %(now)s - min(d.changed_at)),
-                  count(d.doc_id)
-           FROM sources s
-           LEFT JOIN documents d ON d.source = s.name
-                AND d.status IN ('pending_parse', 'pending_chunk', 'pending_index')
-           GROUP BY s.name ORDER BY s.name""",
-        {"now": now},
-    ).fetchall()
+    rows = queries.source_freshness(conn, now or datetime.now(UTC))
     report = {name: (sla, scan_age, pending_age, pending) for name, sla, scan_age, pending_age, pending in rows}
     for source in configured:
         report.setdefault(source.name, (source.freshness_sla_seconds, None, None, 0))
@@ -98,42 +86,13 @@ def staleness(
 
 # --- deletion replay ---------------------------------------------------------------------------------
 
-# Tables keyed by document, besides the per-version index tables. Groups emptied by a deletion are
-# checked separately: their occurrences are gone, so they no longer name a document.
-_DOCUMENT_TABLES = ("chunks", "document_pages", "prefix_cache", "dead_letters")
-# A document that came back to its source (same source and path) is live again, not deleted.
-_DELETED_DOCUMENTS = sql.SQL(
-    """SELECT DISTINCT ON (l.doc_id) l.doc_id, l.source, l.rel_path, l.deleted_at
-       FROM deletion_log l WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = l.doc_id)
-       ORDER BY l.doc_id, l.deleted_at DESC"""
-)
-
-
 def deletion_replay(conn: psycopg.Connection) -> CheckOutcome:
     """Every document in the deletion log (and not back at its source since) has no row anywhere:
     in every index version (active, building, ready, retained), in chunks, pages, the prefix cache
     and dead letters; and no near-duplicate group is left without occurrences."""
-    places = [sql.SQL("SELECT {label} AS place, doc_id FROM {table}").format(
-        label=sql.Literal(name), table=sql.Identifier(name)) for name in _DOCUMENT_TABLES]
-    for version in store.index_versions(conn):
-        if _table_exists(conn, version.table_name):
-            places.append(sql.SQL("SELECT {label} AS place, doc_id FROM {table}").format(
-                label=sql.Literal(f"{version.table_name} ({version.status})"),
-                table=sql.Identifier(version.table_name)))
-    offenders = conn.execute(
-        sql.SQL(
-            """WITH deleted AS ({deleted})
-               SELECT x.doc_id, g.source, g.rel_path, g.deleted_at, x.place, count(*)
-               FROM ({places}) x JOIN deleted g USING (doc_id)
-               GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 5"""
-        ).format(deleted=_DELETED_DOCUMENTS, places=sql.SQL(" UNION ALL ").join(places))
-    ).fetchall()
-    deleted_total = conn.execute(
-        sql.SQL("SELECT count(*) FROM ({}) g").format(_DELETED_DOCUMENTS)
-    ).fetchone()[0]
-    empty_groups = conn.execute(
-        "SELECT count(*) FROM chunk_groups g WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.group_id = g.group_id)"
-    ).fetchone()[0]
+    offenders = queries.rows_of_deleted_documents(conn)
+    deleted_total = queries.deleted_document_count(conn)
+    empty_groups = queries.empty_group_count(conn)
     documents = sorted({row[0] for row in offenders})
     rows = sum(row[5] for row in offenders)
     problems = []
@@ -163,28 +122,15 @@ def acl_coverage(conn: psycopg.Connection) -> CheckOutcome:
     per_version: list[tuple[Any, ...]] = []
     problems: list[str] = []
     total_bad = 0
-    for version in store.index_versions(conn):
-        if not _table_exists(conn, version.table_name):
+    for version in versions.index_versions(conn):
+        if not queries.table_exists(conn, version.table_name):
             continue
-        table = sql.Identifier(version.table_name)
-        unlabelled, mismatched, held = conn.execute(
-            sql.SQL(
-                """SELECT count(*) FILTER (WHERE cardinality(t.acl_labels) = 0),
-                          count(*) FILTER (WHERE d.acl_labels IS DISTINCT FROM t.acl_labels),
-                          count(*) FILTER (WHERE d.status = 'held_no_labels')
-                   FROM {} t LEFT JOIN documents d USING (doc_id)"""
-            ).format(table)
-        ).fetchone()
-        guarded = conn.execute(
-            """SELECT count(*) > 0 FROM pg_constraint
-               WHERE conrelid = to_regclass(%s) AND contype = 'c'
-                 AND pg_get_constraintdef(oid) LIKE '%%cardinality(acl_labels) > 0%%'""",
-            (version.table_name,),
-        ).fetchone()[0]
+        counts = queries.label_counts(conn, version)
+        unlabelled, mismatched, held, guarded = counts.unlabelled, counts.mismatched, counts.held, counts.guarded
         per_version.append((f"v{version.version_id}", version.status, unlabelled, mismatched, held,
                             "yes" if guarded else "NO"))
         total_bad += unlabelled + mismatched + held
-        label = f"v{version.version_id}"
+        label = version.label
         if unlabelled:
             problems.append(f"{label}: {unlabelled} rows without labels")
         if mismatched:
@@ -193,12 +139,10 @@ def acl_coverage(conn: psycopg.Connection) -> CheckOutcome:
             problems.append(f"{label}: {held} rows of documents held back for missing labels")
         if not guarded:
             problems.append(f"{label}: the table lacks the constraint that refuses unlabelled rows")
-    unlabelled_docs = conn.execute(
-        "SELECT count(*) FROM documents WHERE cardinality(acl_labels) = 0 AND status <> 'held_no_labels'"
-    ).fetchone()[0]
+    unlabelled_docs = queries.unlabelled_documents_queued(conn)
     if unlabelled_docs:
         problems.append(f"{unlabelled_docs} documents without labels are queued for indexing")
-    held = store.held_documents(conn)
+    held = documents.held_documents(conn)
     return CheckOutcome(
         passed=not problems,
         summary="; ".join(problems) or f"every row in {len(per_version)} versions carries its document's labels",
@@ -220,63 +164,42 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
     and the active alias on an active, existing version."""
     problems: list[str] = []
     per_version: list[tuple[Any, ...]] = []
-    for version in store.index_versions(conn):
-        label = f"v{version.version_id}"
-        if not _table_exists(conn, version.table_name):
+    for version in versions.index_versions(conn):
+        label = version.label
+        if not queries.table_exists(conn, version.table_name):
             problems.append(f"{label}: table {version.table_name} is missing")
             per_version.append((label, version.status, version.embedding_model, "missing", "", "", "", ""))
             continue
-        table = sql.Identifier(version.table_name)
-        column_type = conn.execute(
-            """SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-               WHERE a.attrelid = to_regclass(%s) AND a.attname = 'embedding' AND NOT a.attisdropped""",
-            (version.table_name,),
-        ).fetchone()
+        column_type = queries.vector_column_type(conn, version)
         expected_type = f"halfvec({version.dimensions})"
-        if column_type is None or column_type[0] != expected_type:
-            problems.append(f"{label}: embedding column is {column_type and column_type[0]}, expected {expected_type}")
+        if column_type != expected_type:
+            problems.append(f"{label}: embedding column is {column_type}, expected {expected_type}")
         # A vector that differs from the one this version's model gave for the same input came from another model.
-        foreign = conn.execute(
-            sql.SQL(
-                """SELECT count(*) FROM {} t JOIN embedding_cache c
-                       ON c.model = %s AND c.input_sha = t.embedding_input_sha
-                   WHERE (t.embedding <=> c.embedding) > 0.001"""
-            ).format(table),
-            (version.embedding_model,),
-        ).fetchone()[0]
-        orphans = conn.execute(
-            sql.SQL(
-                """SELECT count(*) FROM {} t
-                   WHERE NOT EXISTS (SELECT 1 FROM chunks c
-                                     WHERE c.chunk_id = t.owner_chunk_id AND c.doc_id = t.doc_id
-                                       AND coalesce(c.group_id, c.chunk_id) = t.chunk_id)"""
-            ).format(table)
-        ).fetchone()[0]
+        foreign = queries.foreign_vectors(conn, version)
+        orphans = queries.orphan_rows(conn, version)
         # A version being built is incomplete by definition; all others receive every write.
-        missing = 0 if version.status == "building" else store.groups_without_row(conn, version)
+        missing = 0 if version.status == VersionStatus.BUILDING else versions.groups_without_row(conn, version)
         if foreign:
             problems.append(f"{label}: {foreign} vectors differ from what {version.embedding_model} gives")
         if orphans:
             problems.append(f"{label}: {orphans} rows belong to no chunk")
         if missing:
             problems.append(f"{label}: {missing} chunk groups of indexed documents have no vector")
-        per_version.append((label, version.status, version.embedding_model, column_type and column_type[0],
+        per_version.append((label, version.status, version.embedding_model, column_type,
                             version.row_count, foreign, orphans, missing))
-    alias = conn.execute(
-        """SELECT a.version_id, v.status, v.dropped_at IS NOT NULL, v.table_name
-           FROM index_alias a JOIN index_versions v USING (version_id) WHERE a.alias = %s""",
-        (store.ACTIVE_ALIAS,),
-    ).fetchone()
+    alias = queries.alias_target(conn)
     if alias is None:
-        if store.index_versions(conn):
+        if versions.index_versions(conn):
             problems.append("the active alias is not set")
-    elif alias[1] != "active" or alias[2] or not _table_exists(conn, alias[3]):
-        problems.append(f"the active alias points at v{alias[0]}, which is {'dropped' if alias[2] else alias[1]}")
+    elif alias.status != VersionStatus.ACTIVE or alias.dropped or not queries.table_exists(conn, alias.table_name):
+        problems.append(f"the active alias points at v{alias.version_id}, which is "
+                        f"{'dropped' if alias.dropped else alias.status}")
     return CheckOutcome(
         passed=not problems,
-        summary="; ".join(problems) or f"{len(per_version)} versions consistent; alias on v{alias[0] if alias else '-'}",
+        summary="; ".join(problems)
+        or f"{len(per_version)} versions consistent; alias on v{alias.version_id if alias else '-'}",
         numbers={"versions": len(per_version), "problems": len(problems),
-                 "active_version": alias[0] if alias else "none"},
+                 "active_version": alias.version_id if alias else "none"},
         tables={"per_version": Table(("version", "status", "model", "vector type", "rows", "foreign vectors",
                                       "orphan rows", "groups without vector"), per_version)},
     )
@@ -287,29 +210,11 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
 
 def parse_health(conn: psycopg.Connection, config: ChecksConfig) -> CheckOutcome:
     """Near-empty pages, documents with no text, tier mix and dead letters against thresholds."""
-    pages, near_empty = conn.execute(
-        """SELECT count(*), count(*) FILTER (WHERE length(btrim(p.markdown)) < %s)
-           FROM document_pages p JOIN documents d USING (doc_id) WHERE d.status <> 'dead_letter'""",
-        (config.near_empty_page_chars,),
-    ).fetchone()
-    zero_text = conn.execute(
-        """SELECT d.source, d.rel_path, count(*) FROM documents d JOIN document_pages p USING (doc_id)
-           WHERE d.status <> 'dead_letter'
-           GROUP BY d.doc_id HAVING sum(length(btrim(p.markdown))) = 0 ORDER BY 1, 2"""
-    ).fetchall()
-    tiers = conn.execute(
-        "SELECT tier, count(*) FROM document_pages GROUP BY tier ORDER BY count(*) DESC"
-    ).fetchall()
-    dead = conn.execute(
-        "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY count(*) DESC, reason"
-    ).fetchall()
-    live = conn.execute("SELECT count(*) FROM documents WHERE status <> 'held_no_labels'").fetchone()[0]
+    counts = queries.parse_counts(conn, config.near_empty_page_chars)
+    pages, near_empty, zero_text = counts.pages, counts.near_empty_pages, counts.zero_text_documents
+    tiers, dead, live = counts.tiers, counts.dead_letters, counts.live_documents
     # Counted, not failed: a document may discuss prompt injection; the application decides what to do.
-    flagged = conn.execute(
-        """SELECT d.source, d.rel_path, c.ordinal, array_to_string(c.flags, ', ')
-           FROM chunks c JOIN documents d USING (doc_id) WHERE cardinality(c.flags) > 0
-           ORDER BY d.source, d.rel_path, c.ordinal"""
-    ).fetchall()
+    flagged = counts.flagged_chunks
     dead_total = sum(n for _, n in dead)
     near_empty_share = near_empty / pages if pages else 0.0
     dead_share = dead_total / live if live else 0.0
@@ -337,8 +242,6 @@ def parse_health(conn: psycopg.Connection, config: ChecksConfig) -> CheckOutcome
 
 # --- retrieval quality -------------------------------------------------------------------------------
 
-QUALITY_METRICS = ("recall@k", "ndcg@k")
-
 
 def golden_fingerprint(config: ChecksConfig) -> str:
     assert config.golden_set is not None
@@ -347,74 +250,30 @@ def golden_fingerprint(config: ChecksConfig) -> str:
     return digest.hexdigest()
 
 
-def index_state(conn: psycopg.Connection, version: store.IndexVersion) -> str:
-    """Changes whenever what a search could return changes: rows, indexing, deletions, labels."""
-    rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(version.table_name))).fetchone()[0]
-    indexed, seen, deleted = conn.execute(
-        """SELECT (SELECT max(indexed_at) FROM documents), (SELECT max(last_seen) FROM documents),
-                  (SELECT max(id) FROM deletion_log)"""
-    ).fetchone()
-    return f"v{version.version_id}|{rows}|{indexed}|{seen}|{deleted}"
-
-
 def _evaluate_version(
-    conn: psycopg.Connection, version: store.IndexVersion, config: ChecksConfig, golden_sha: str, device: str
-) -> tuple[dict[str, dict[str, float]], bool]:
+    conn: psycopg.Connection, version: IndexVersion, config: ChecksConfig, golden_sha: str, options: SearchOptions
+) -> tuple[evaluations.Metrics, bool]:
     """Metrics of a version, re-using the last evaluation when the index has not changed since."""
-    from rag_pipeline.evaluation import evaluate, load_golden
-
-    state = index_state(conn, version)
-    cached = conn.execute(
-        """SELECT metrics FROM retrieval_evaluations WHERE version_id = %s AND golden_sha = %s AND index_state = %s
-           ORDER BY id DESC LIMIT 1""",
-        (version.version_id, golden_sha, state),
-    ).fetchone()
-    if cached:
-        return cached[0], True
+    state = evaluations.index_state(conn, version)
+    cached = evaluations.cached_metrics(conn, version.version_id, golden_sha, state)
+    if cached is not None:
+        return cached, True
     report = evaluate(conn, load_golden(config.golden_set), list(config.golden_labels), k=config.k,
-                      version=version, device=device)
-    conn.execute(
-        """INSERT INTO retrieval_evaluations (version_id, golden_sha, k, index_state, metrics)
-           VALUES (%s, %s, %s, %s, %s)""",
-        (version.version_id, golden_sha, config.k, state, Jsonb(report.metrics)),
-    )
+                      version=version, options=options)
+    evaluations.record(conn, version.version_id, golden_sha, config.k, state, report.metrics)
     return report.metrics, False
 
 
-def baseline(conn: psycopg.Connection, version_id: int, golden_sha: str) -> dict[str, dict[str, float]] | None:
-    row = conn.execute(
-        "SELECT metrics FROM retrieval_evaluations WHERE version_id = %s AND golden_sha = %s AND is_baseline",
-        (version_id, golden_sha),
-    ).fetchone()
-    return row[0] if row else None
-
-
-def set_baseline(conn: psycopg.Connection, version_id: int, golden_sha: str) -> bool:
-    """Make the latest evaluation of a version its baseline (after an intended change). False: none yet."""
-    latest = conn.execute(
-        "SELECT id FROM retrieval_evaluations WHERE version_id = %s AND golden_sha = %s ORDER BY id DESC LIMIT 1",
-        (version_id, golden_sha),
-    ).fetchone()
-    if latest is None:
-        return False
-    conn.execute(
-        "UPDATE retrieval_evaluations SET is_baseline = false WHERE version_id = %s AND golden_sha = %s AND is_baseline",
-        (version_id, golden_sha),
-    )
-    conn.execute("UPDATE retrieval_evaluations SET is_baseline = true WHERE id = %s", (latest[0],))
-    return True
-
-
-def rebaseline(conn: psycopg.Connection, config: ChecksConfig, device: str = "cpu") -> dict[str, dict[str, float]]:
+def rebaseline(conn: psycopg.Connection, config: ChecksConfig, options: SearchOptions) -> evaluations.Metrics:
     """Evaluate the active version now and make the result its baseline (after an intended change)."""
     if config.golden_set is None:
         raise ValueError("no golden set configured (checks.golden_set)")
-    active = store.active_version(conn)
+    active = versions.active_version(conn)
     if active is None:
         raise ValueError("there is no active index version")
     golden_sha = golden_fingerprint(config)
-    metrics, _ = _evaluate_version(conn, active, config, golden_sha, device)
-    set_baseline(conn, active.version_id, golden_sha)
+    metrics, _ = _evaluate_version(conn, active, config, golden_sha, options)
+    evaluations.set_baseline(conn, active.version_id, golden_sha)
     return metrics
 
 
@@ -426,45 +285,45 @@ def run_all(conn: psycopg.Connection, settings: Settings) -> dict[str, CheckOutc
         "acl_coverage": acl_coverage(conn),
         "index_drift": index_drift(conn),
         "parse_health": parse_health(conn, settings.checks),
-        "retrieval_quality": retrieval_quality(conn, settings.checks, device=settings.embedding.device),
+        "retrieval_quality": retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings)),
     }
 
 
-def retrieval_quality(conn: psycopg.Connection, config: ChecksConfig, device: str = "cpu") -> CheckOutcome:
+def retrieval_quality(
+    conn: psycopg.Connection, config: ChecksConfig, options: SearchOptions | None = None
+) -> CheckOutcome:
     """Golden-set metrics of the active version, and of any version being built or ready, against the
     active version's baseline (recorded by its first evaluation). Falls by more than the tolerance fail."""
+    options = options or SearchOptions()
     if config.golden_set is None:
         return CheckOutcome(True, "no golden set configured (checks.golden_set): retrieval quality is not measured",
                             numbers={"configured": "no"})
-    active = store.active_version(conn)
+    active = versions.active_version(conn)
     if active is None:
         return CheckOutcome(True, "no active index version yet", numbers={"configured": "yes"})
     golden_sha = golden_fingerprint(config)
-    candidates = [active, *store.index_versions(conn, ("building", "ready"))]
+    candidates = [active, *versions.index_versions(conn, (VersionStatus.BUILDING, VersionStatus.READY))]
     problems: list[str] = []
     rows: list[tuple[Any, ...]] = []
-    reference = baseline(conn, active.version_id, golden_sha)
+    reference = evaluations.baseline(conn, active.version_id, golden_sha)
     reused = 0
     for version in candidates:
-        metrics, cached = _evaluate_version(conn, version, config, golden_sha, device)
+        metrics, cached = _evaluate_version(conn, version, config, golden_sha, options)
         reused += cached
-        overall = metrics["overall"]
         if reference is None and version.version_id == active.version_id:
-            set_baseline(conn, active.version_id, golden_sha)
+            evaluations.set_baseline(conn, active.version_id, golden_sha)
             reference = metrics
-        base = reference["overall"]
-        for metric in QUALITY_METRICS:
-            value, before = overall.get(metric, 0.0), base.get(metric, 0.0)
-            regressed = value < before - config.quality_tolerance
-            rows.append((f"v{version.version_id}", version.status, metric, before, value, round(value - before, 4),
+        for metric, before, value, regressed in compare(reference["overall"], metrics["overall"],
+                                                        config.quality_tolerance):
+            rows.append((version.label, version.status, metric, before, value, round(value - before, 4),
                          "REGRESSED" if regressed else "ok"))
             if regressed:
-                problems.append(f"v{version.version_id} {metric} {value} < baseline {before} - {config.quality_tolerance}")
+                problems.append(f"{version.label} {metric} {value} < baseline {before} - {config.quality_tolerance}")
     headline = reference["overall"] if reference else {}
     return CheckOutcome(
         passed=not problems,
         summary="; ".join(problems) or
-        f"v{active.version_id} recall@{config.k} {headline.get('recall@k')} ndcg@{config.k} {headline.get('ndcg@k')}"
+        f"{active.label} recall@{config.k} {headline.get('recall@k')} ndcg@{config.k} {headline.get('ndcg@k')}"
         " within tolerance of the baseline",
         numbers={"configured": "yes", "versions_evaluated": len(candidates), "evaluations_reused": reused,
                  "questions": int(headline.get("questions", 0)), "tolerance": config.quality_tolerance},

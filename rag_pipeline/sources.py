@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rag_pipeline import ids
 from rag_pipeline.config import SourceConfig, parse_labels
 
 FILE_SIDECAR_SUFFIX = ".meta.json"
@@ -29,11 +30,6 @@ SECRET_KEYS = frozenset({"password"})
 
 class UnsafePathError(ValueError):
     """A path from a source resolves outside the source's root."""
-
-
-def doc_id_for(source: str, rel_path: str) -> str:
-    """Stable identity of a document: its source and relative path, never its bytes."""
-    return hashlib.sha256(f"{source}\x00{rel_path}".encode()).hexdigest()[:32]
 
 
 def confine(root: Path, candidate: Path) -> Path:
@@ -148,7 +144,7 @@ def scan_source(source: SourceConfig, problems: list[ScanProblem] | None = None)
             yield DiscoveredFile(
                 source=source.name,
                 rel_path=rel_path,
-                doc_id=doc_id_for(source.name, rel_path),
+                doc_id=ids.doc_id(source.name, rel_path),
                 size_bytes=stat.st_size,
                 mtime_ns=stat.st_mtime_ns,
                 acl_labels=labels,

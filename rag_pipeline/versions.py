@@ -1,9 +1,12 @@
-"""Index-version lifecycle (blue/green): build beside the active version, check, promote, roll back, retire.
+"""Index-version lifecycle (blue/green): build beside the active version, backfill, check, promote, roll back,
+retire.
 
-Promotion is one transaction that moves the alias (and the `active_chunks` view); it refuses unless the
-candidate is complete (every indexed document's groups have a row), has no row of a document deleted since
-the build began (deletion replay), and — when a golden set is given — does not score worse than the active
-version beyond a tolerance. `force` skips the gates and is recorded.
+A build registers a version in status `building`; from then on every write reaches it too, and the backfill
+(hash-sharded, so N workers share it) embeds the live documents into it. When no chunk group is missing and no
+deleted document's row is left, the version is `ready`, whichever way the backfill ran (UI or CLI). Promotion is
+one transaction that moves the alias (and the `active_chunks` view); it refuses unless the candidate is complete,
+has every later deletion replayed, and, when a golden set is given, does not score worse than the active version
+beyond a tolerance. `force` skips the gates and is recorded.
 """
 
 from __future__ import annotations
@@ -13,49 +16,112 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from rag_pipeline import store
-from rag_pipeline.evaluation import evaluate, load_golden
+from rag_pipeline.config import Settings
+from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.evaluation import evaluate, load_golden, regressions
+from rag_pipeline.parsing import parser_version
+from rag_pipeline.retrieval import SearchOptions
+from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
+from rag_pipeline.stages.common import Progress, locked_stage, log_progress
+from rag_pipeline.stages.index import EMBED_BATCHES, IndexStats, vectors_ahead, write_document
+from rag_pipeline.status import DocumentStatus, VersionStatus, check_version_transition
+from rag_pipeline.store import documents, versions
+from rag_pipeline.store.database import connect
+from rag_pipeline.store.documents import PendingDocument
+from rag_pipeline.store.versions import IndexVersion
+
+V = VersionStatus
 
 
 class VersionError(RuntimeError):
     """A lifecycle step that is not allowed now (the message says why)."""
 
 
-def _version(conn: psycopg.Connection, version_id: int) -> store.IndexVersion:
-    version = next((v for v in store.index_versions(conn) if v.version_id == version_id), None)
+def _require(conn: psycopg.Connection, version_id: int) -> IndexVersion:
+    version = versions.get_version(conn, version_id)
     if version is None:
-        raise VersionError(f"no index version {version_id}")
+        raise VersionError(f"no index version {version_id} (see rag-pipeline index list)")
     return version
 
 
-def record(conn: psycopg.Connection, version_id: int, event: str, forced: bool = False, **detail: Any) -> None:
-    conn.execute(
-        "INSERT INTO index_version_events (version_id, event, forced, detail) VALUES (%s, %s, %s, %s)",
-        (version_id, event, forced, Jsonb(detail)),
-    )
+def _record(conn: psycopg.Connection, version_id: int, event: str, forced: bool = False, **detail: Any) -> None:
+    versions.record_event(conn, version_id, event, forced, detail)
+
+
+# --- build ---------------------------------------------------------------------------------------
 
 
 def start_build(
-    conn: psycopg.Connection, model: str, location: str, dimensions: int, chunker_version: str, parser_version: str
-) -> store.IndexVersion:
+    conn: psycopg.Connection, model: str, location: str, dimensions: int, chunker_version: str, parser: str
+) -> IndexVersion:
     """A new version in status 'building'; from now on every write reaches it too."""
-    conn.execute("SELECT pg_advisory_xact_lock(hashtext('rag_pipeline:index_versions'))")
-    if store.index_versions(conn, ("building", "ready")):
+    versions.lock_registry(conn)
+    if versions.index_versions(conn, (V.BUILDING, V.READY)):
         raise VersionError("another index version is already building (or ready): promote or retire it first")
-    version = store.create_index_version(conn, model, location, dimensions, chunker_version, parser_version)
-    record(conn, version.version_id, "build", model=model, dimensions=dimensions)
+    version = versions.create_version(conn, model, location, dimensions, chunker_version, parser)
+    _record(conn, version.version_id, "build", model=model, dimensions=dimensions)
     return version
 
 
-def mark_ready(conn: psycopg.Connection, version_id: int) -> None:
-    """Backfill complete: the version is ready to be promoted (it keeps receiving writes meanwhile)."""
-    conn.execute(
-        "UPDATE index_versions SET status = 'ready', ready_at = now() WHERE version_id = %s AND status = 'building'",
-        (version_id,),
-    )
+def start_version_build(db_url: str, settings: Settings, model: str) -> IndexVersion:
+    """Register a version for `model` beside the active one (loading the model for its dimensions)."""
+    resolved = resolve_model(model, settings.embedding.models_dir)
+    embedder = get_embedder(model, settings.embedding)
+    with connect(db_url) as conn, conn.transaction():
+        chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
+        return start_build(conn, resolved.name, resolved.location, embedder.dimensions, chunker, parser_version())
+
+
+def backfill_version(
+    db_url: str, settings: Settings, version_id: int, shard: int, shards: int, progress: Progress = log_progress
+) -> IndexStats:
+    """Fill a building version with the indexed documents of one hash shard, from their stored chunks, and
+    mark it ready when this shard completed it.
+
+    Reads the live documents (never an export) and only embeds: parsing and chunking are reused. Documents
+    that change meanwhile are written to the building version by the index stage, like to the active one.
+    Shards share the write lock with each other, not with a refresh.
+    """
+    stats = IndexStats()
+    with locked_stage(db_url, f"backfill v{version_id} shard {shard}", stats, shared=True,
+                      timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+        with connect(db_url) as conn:
+            version = versions.get_version(conn, version_id)
+            if version is None or version.status != V.BUILDING:
+                raise VersionError(f"index version {version_id} is not building")
+            stats.versions = [f"{version.label} ({version.embedding_model})"]
+
+            def fetch(after: str) -> list[PendingDocument]:
+                batch = documents.shard_documents(conn, shard, shards, settings.batch_size * EMBED_BATCHES, after)
+                conn.commit()
+                return batch
+
+            for batch, (chunks_by_doc, vectors) in vectors_ahead(db_url, fetch, [version], settings, stats):
+                for doc in batch:
+                    with conn.transaction():
+                        if not documents.claim(conn, doc.doc_id, DocumentStatus.INDEXED):
+                            continue  # changed meanwhile: the index stage writes it to every writable version
+                        write_document(conn, doc, chunks_by_doc[doc.doc_id], [version], vectors, settings, stats)
+                    stats.documents_indexed += 1
+                progress(f"backfill {version.label} shard {shard}/{shards}: {stats.documents_indexed} documents")
+            with conn.transaction():
+                versions.refresh_stats(conn, version)
+                if mark_ready_if_complete(conn, version):
+                    progress(f"{version.label} is complete and ready to promote")
+    return stats
+
+
+def mark_ready_if_complete(conn: psycopg.Connection, version: IndexVersion) -> bool:
+    """A building version with every chunk group and no deleted document's row becomes ready. Each shard
+    asks after its own commit, so the last one to finish always sees every other shard's rows."""
+    if version.status != V.BUILDING:
+        return False
+    gates = check_gates(conn, version)
+    return gates.passed and versions.mark_ready(conn, version.version_id)
+
+
+# --- gates and promotion -------------------------------------------------------------------------
 
 
 @dataclass
@@ -73,78 +139,60 @@ class GateReport:
 
 def check_gates(
     conn: psycopg.Connection,
-    candidate: store.IndexVersion,
+    candidate: IndexVersion,
     golden: Path | None = None,
     labels: list[str] | None = None,
     k: int = 10,
     tolerance: float = 0.02,
+    options: SearchOptions | None = None,
 ) -> GateReport:
     report = GateReport(candidate.version_id)
-    table = sql.Identifier(candidate.table_name)
-    report.missing_groups = store.groups_without_row(conn, candidate)
+    report.missing_groups = versions.groups_without_row(conn, candidate)
     if report.missing_groups:
         report.failures.append(f"incomplete: {report.missing_groups} chunk groups have no row (backfill not done)")
-    report.replayed_deletions_left = conn.execute(
-        sql.SQL(
-            """SELECT count(*) FROM {} t JOIN deletion_log l ON l.doc_id = t.doc_id
-               JOIN index_versions v ON v.version_id = %s
-               WHERE l.deleted_at >= v.build_started_at
-                 AND NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = t.doc_id)"""
-        ).format(table),
-        (candidate.version_id,),
-    ).fetchone()[0]
+    report.replayed_deletions_left = versions.rows_deleted_since_build(conn, candidate)
     if report.replayed_deletions_left:
         report.failures.append(f"deletion replay: {report.replayed_deletions_left} rows of deleted documents")
-    active = store.active_version(conn)
+    active = versions.active_version(conn)
     if golden is not None and active is not None and active.version_id != candidate.version_id:
         if not labels:
             raise VersionError("the quality gate needs the labels to evaluate as")
         questions = load_golden(golden)
-        before = evaluate(conn, questions, labels, k=k, version=active).metrics["overall"]
-        after = evaluate(conn, questions, labels, k=k, version=candidate).metrics["overall"]
+        before = evaluate(conn, questions, labels, k=k, version=active, options=options).metrics["overall"]
+        after = evaluate(conn, questions, labels, k=k, version=candidate, options=options).metrics["overall"]
         report.quality = {"active": before, "candidate": after, "tolerance": tolerance}
-        for metric in ("recall@k", "ndcg@k"):
-            if after.get(metric, 0.0) < before.get(metric, 0.0) - tolerance:
-                report.failures.append(
-                    f"quality: {metric} {after[metric]} < active {before[metric]} - {tolerance}"
-                )
+        report.failures += [f"quality: {regression}" for regression in regressions(before, after, tolerance)]
     return report
 
 
 def promote(conn: psycopg.Connection, version_id: int, gates: GateReport | None, force: bool = False) -> None:
     """Make a version the one readers use, atomically; the previous one is kept for rollback."""
-    candidate = _version(conn, version_id)
-    if candidate.status not in ("building", "ready"):
-        raise VersionError(f"v{version_id} is {candidate.status}: only a building or ready version can be promoted")
+    candidate = _require(conn, version_id)
+    if candidate.status not in (V.BUILDING, V.READY):
+        raise VersionError(
+            f"{candidate.label} is {candidate.status}: only a building or ready version can be promoted"
+        )
     if not force and (gates is None or not gates.passed):
         raise VersionError("promotion refused: " + "; ".join(gates.failures if gates else ["gates not checked"]))
-    store.activate_version(conn, version_id)
-    record(conn, version_id, "promote", forced=force, gates=asdict(gates) if gates else None)
+    check_version_transition(candidate.status, V.ACTIVE)
+    versions.activate(conn, version_id)
+    _record(conn, version_id, "promote", forced=force, gates=asdict(gates) if gates else None)
 
 
-def rollback(conn: psycopg.Connection) -> store.IndexVersion:
+def rollback(conn: psycopg.Connection) -> IndexVersion:
     """Re-activate the version that was active before the current one (its table still exists)."""
-    row = conn.execute(
-        """SELECT version_id FROM index_versions
-           WHERE status = 'retired' AND promoted_at IS NOT NULL AND dropped_at IS NULL
-           ORDER BY retired_at DESC LIMIT 1"""
-    ).fetchone()
-    if row is None:
+    target = versions.last_retired_with_table(conn)
+    if target is None:
         raise VersionError("nothing to roll back to: no retired version with its table")
-    store.activate_version(conn, row[0])
-    record(conn, row[0], "rollback")
-    return _version(conn, row[0])
+    versions.activate(conn, target)
+    _record(conn, target, "rollback")
+    return _require(conn, target)
 
 
 def retire(conn: psycopg.Connection, version_id: int) -> None:
     """Drop a version's table for good. The active version cannot be retired."""
-    version = _version(conn, version_id)
-    if version.status == "active":
-        raise VersionError(f"v{version_id} is active: promote another version (or roll back) first")
-    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(version.table_name)))
-    conn.execute(
-        """UPDATE index_versions SET status = 'retired', retired_at = coalesce(retired_at, now()),
-                  dropped_at = now(), row_count = 0 WHERE version_id = %s""",
-        (version_id,),
-    )
-    record(conn, version_id, "drop")
+    version = _require(conn, version_id)
+    if version.status == V.ACTIVE:
+        raise VersionError(f"{version.label} is active: promote another version (or roll back) first")
+    versions.drop(conn, version)
+    _record(conn, version_id, "drop")

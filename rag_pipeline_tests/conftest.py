@@ -21,10 +21,11 @@ from psycopg import sql
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from rag_pipeline.config import Settings, load_settings  # noqa: E402
-from rag_pipeline.database import EmbeddedPostgres, connect, ensure_database, migrate  # noqa: E402
+from rag_pipeline.config import ENV_OVERRIDES, Settings, load_settings  # noqa: E402
+from rag_pipeline.store.database import EmbeddedPostgres, connect, ensure_database, migrate  # noqa: E402
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "sample_corpus"
+MODELS_DIR = Path(__file__).resolve().parent.parent / ".models"  # where `make install` puts all-mpnet-base-v2
 TORTURE = Path(__file__).resolve().parent.parent.parent / "shared" / "torture"
 TEMPLATE_DB = "rag_test_template"
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
@@ -33,7 +34,7 @@ GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.json
 @pytest.fixture(autouse=True)
 def _no_external_database(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests say which database they use; a developer's RAG_* environment must not leak in.
-    for name in ("RAG_DATABASE_URL", "RAG_DAGSTER_DATABASE_URL", "RAG_CONFIG", "RAG_DATA_DIR", "RAG_EMBEDDING_MODEL"):
+    for name in ("RAG_CONFIG", *ENV_OVERRIDES):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -96,7 +97,8 @@ def make_settings(tmp_path: Path, db_url: str):
     """Write a real configuration file (as users do) and load it."""
 
     def make(sources: list[dict] | None = None, **overrides) -> Settings:
-        config = {"database_url": db_url, "data_dir": str(tmp_path / "data"), "sources": sources or []}
+        config = {"database_url": db_url, "data_dir": str(tmp_path / "data"), "sources": sources or [],
+                  "embedding": {"models_dir": str(MODELS_DIR)}}
         config.update(overrides)
         path = tmp_path / f"rag_pipeline_{uuid.uuid4().hex[:6]}.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -118,7 +120,7 @@ def ingested(pg_admin_url, template_url, tmp_path_factory):
     """A database holding a clean ingest of the sample corpus, used as a template."""
     from dagster import DagsterInstance
 
-    from rag_pipeline.defs.instance import run_ingest
+    from rag_pipeline.runs import run_ingest
 
     workdir = tmp_path_factory.mktemp("checks")
     corpus = workdir / "corpus"

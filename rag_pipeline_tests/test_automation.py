@@ -16,13 +16,15 @@ import pytest
 from aiosmtpd.controller import Controller
 from psycopg import sql
 
-from rag_pipeline import ingest, store
 from rag_pipeline.alerts import AlertSender, Observation, transitions
 from rag_pipeline.config import AlertsConfig, ConfigError, SmtpConfig
-from rag_pipeline.database import IndexLockTimeout, index_write_lock
-from rag_pipeline.definitions import build_definitions
-from rag_pipeline.defs.instance import prepare_dagster_home
+from rag_pipeline.defs.code_location import build_definitions
 from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.runs import prepare_dagster_home
+from rag_pipeline.stages.discover import discover
+from rag_pipeline.stages.index import index_pending
+from rag_pipeline.store import versions as version_store
+from rag_pipeline.store.database import IndexLockTimeout, index_write_lock
 
 # --- receivers -------------------------------------------------------------------------------------------
 
@@ -112,7 +114,7 @@ def test_transitions_alert_once_when_failing_and_once_on_recovery():
 
 def test_sender_logs_posts_and_mails_each_alert(webhook, smtp, caplog):
     config = AlertsConfig(webhook_url=webhook.url, ui_base_url="http://ui:3000",
-                          smtp=SmtpConfig("127.0.0.1", smtp.port, "rag@example.org", ("oncall@example.org",)))
+                          smtp=SmtpConfig(host="127.0.0.1", port=smtp.port, sender="rag@example.org", recipients=("oncall@example.org",)))
     (alert,), _ = transitions({}, [Observation("job:ingest", True, "run abc failed: boom", {"run_id": "abc"})])
     webhook.fail_next = 1  # a 500 is retried
     with caplog.at_level(logging.INFO, logger="rag_pipeline.alerts"):
@@ -134,12 +136,16 @@ def test_sender_logs_posts_and_mails_each_alert(webhook, smtp, caplog):
 
 
 def test_alert_configuration_is_validated(tmp_path, make_settings):
-    settings = make_settings(alerts={"webhook_url": "http://x", "smtp": {"host": "mail", "recipients": "a@x, b@x"}})
+    settings = make_settings(alerts={"webhook_url": "http://x", "smtp": {"host": "mail", "recipients": ["a@x", "b@x"]}})
     assert settings.alerts.smtp.recipients == ("a@x", "b@x") and settings.alerts.smtp.port == 25
-    with pytest.raises(ConfigError, match="unknown alerts.smtp settings"):
+    with pytest.raises(ConfigError, match=r"alerts\.smtp\.recipients: expected a list"):
+        make_settings(alerts={"smtp": {"host": "mail", "recipients": "a@x, b@x"}})
+    with pytest.raises(ConfigError, match=r"alerts\.smtp\.pasword: unknown key; did you mean password_env\?"):
         make_settings(alerts={"smtp": {"host": "mail", "recipients": ["a@x"], "pasword": "x"}})
-    with pytest.raises(ConfigError, match="at least one recipient"):
+    with pytest.raises(ConfigError, match=r"alerts\.smtp\.recipients: Field required"):
         make_settings(alerts={"smtp": {"host": "mail"}})
+    with pytest.raises(ConfigError, match=r"alerts\.smtp\.recipients: Tuple should have at least 1 item"):
+        make_settings(alerts={"smtp": {"host": "mail", "recipients": []}})
     with pytest.raises(ConfigError, match="golden_labels"):
         make_settings(checks={"golden_set": "golden.jsonl"})
 
@@ -167,7 +173,7 @@ def test_alert_sensor_sends_failed_checks_and_runs_once_until_they_recover(clone
     defs = build_definitions(settings)
     sensor = defs.resolve_sensor_def("index_alerts")
     health_job = defs.resolve_job_def("index_health")
-    table = sql.Identifier(store.active_version(conn).table_name)
+    table = sql.Identifier(version_store.active_version(conn).table_name)
 
     with dg.DagsterInstance.ephemeral() as instance:
         assert health_job.execute_in_process(instance=instance).success
@@ -271,7 +277,7 @@ def test_a_refresh_waits_for_the_one_writing_and_gives_up_clearly(make_settings,
     with index_write_lock(db_url, "refresh A"):
         started = time.monotonic()
         with pytest.raises(IndexLockTimeout, match=r"held by refresh A \(pid \d+"):
-            ingest.index_pending(db_url, settings)
+            index_pending(db_url, settings)
         assert time.monotonic() - started >= 0.9
         # Backfill shards share the lock with each other, never with a refresh.
         with pytest.raises(IndexLockTimeout):
@@ -292,7 +298,7 @@ def test_a_refresh_waits_for_the_one_writing_and_gives_up_clearly(make_settings,
     holder = threading.Thread(target=other_refresh)
     holder.start()
     time.sleep(0.3)
-    stats = ingest.discover(db_url, settings.sources, lock_timeout_seconds=30)
+    stats = discover(db_url, settings.sources, lock_timeout_seconds=30)
     finished = time.monotonic()
     holder.join()
     assert stats.documents_seen == 7 and finished >= released[0]

@@ -11,21 +11,22 @@ import pytest
 from dagster import AssetCheckKey, AssetKey, DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import health, store
+from rag_pipeline import health, ids
 from rag_pipeline.config import ChecksConfig, SourceConfig
-from rag_pipeline.definitions import build_definitions
 from rag_pipeline.defs.checks import CHECK_NAMES
-from rag_pipeline.defs.instance import run_ingest
-from rag_pipeline.ingest import index_pending
-from rag_pipeline.sources import doc_id_for
+from rag_pipeline.defs.code_location import build_definitions
+from rag_pipeline.runs import run_ingest
+from rag_pipeline.stages.index import index_pending
+from rag_pipeline.store import evaluations, groups
+from rag_pipeline.store import versions as version_store
 
 
 def _table(conn) -> sql.Identifier:
-    return sql.Identifier(store.active_version(conn).table_name)
+    return sql.Identifier(version_store.active_version(conn).table_name)
 
 
 def _doc_id(rel_path: str) -> str:
-    return doc_id_for("sample", rel_path)
+    return ids.doc_id("sample", rel_path)
 
 
 def test_every_check_passes_on_a_clean_ingest(clone):
@@ -59,7 +60,7 @@ def test_staleness_fails_past_the_sla_and_recovers_after_a_scan(clone):
     assert health.staleness(conn, settings.sources).passed
 
     # A configured source that was never scanned is stale.
-    never = SourceConfig("archive", Path("/nonexistent"), acl_labels=("staff",))
+    never = SourceConfig(name="archive", root=Path("/nonexistent"), acl_labels=("staff",))
     outcome = health.staleness(conn, (*settings.sources, never))
     assert not outcome.passed and "archive" in outcome.summary
 
@@ -75,7 +76,7 @@ def test_deletion_replay_finds_rows_of_deleted_documents(clone):
         conn.execute("INSERT INTO deletion_log (doc_id, source, rel_path) VALUES (%s, 'sample', 'products/nw200-faq.html')",
                      (doc_id,))
         conn.execute("DELETE FROM documents WHERE doc_id = %s", (doc_id,))
-        store.drop_empty_groups(conn, [r[0] for r in conn.execute("SELECT group_id FROM chunk_groups").fetchall()])
+        groups.drop_empty(conn, [r[0] for r in conn.execute("SELECT group_id FROM chunk_groups").fetchall()])
     assert health.deletion_replay(conn).passed
 
     # A restore from an old backup (loaded with foreign keys off) brings its rows back.
@@ -87,7 +88,7 @@ def test_deletion_replay_finds_rows_of_deleted_documents(clone):
     outcome = health.deletion_replay(conn)
     assert not outcome.passed and doc_id[:12] in outcome.summary
     places = {row[4] for row in outcome.tables["offenders"].rows}
-    assert places == {"prefix_cache", f"{store.active_version(conn).table_name} (active)"}
+    assert places == {"prefix_cache", f"{version_store.active_version(conn).table_name} (active)"}
     assert outcome.numbers["offending_documents"] == 1
 
     with conn.transaction():
@@ -110,7 +111,7 @@ def _columns(conn) -> list[str]:
 def test_acl_coverage_fails_on_stripped_or_stale_labels(clone):
     conn, _ = clone
     table = _table(conn)
-    table_name = store.active_version(conn).table_name
+    table_name = version_store.active_version(conn).table_name
     chunk_id = conn.execute(sql.SQL("SELECT chunk_id FROM {} LIMIT 1").format(table)).fetchone()[0]
     # The schema refuses an unlabelled row outright...
     with pytest.raises(psycopg.errors.CheckViolation):
@@ -142,7 +143,7 @@ def test_acl_coverage_fails_on_stripped_or_stale_labels(clone):
 def test_index_drift_finds_foreign_vectors_missing_rows_and_a_bad_alias(clone):
     conn, settings = clone
     table = _table(conn)
-    version = store.active_version(conn)
+    version = version_store.active_version(conn)
     chunk_id, doc_id = conn.execute(sql.SQL("SELECT chunk_id, doc_id FROM {} ORDER BY chunk_id LIMIT 1").format(table)).fetchone()
     # A vector another model wrote (same dimension, different numbers).
     saved = conn.execute(sql.SQL("SELECT embedding FROM {} WHERE chunk_id = %s").format(table), (chunk_id,)).fetchone()[0]
@@ -170,9 +171,9 @@ def test_index_drift_finds_foreign_vectors_missing_rows_and_a_bad_alias(clone):
     assert health.index_drift(conn).passed
 
     # The alias on a version that is not active.
-    conn.execute("UPDATE index_versions SET status = 'ready' WHERE version_id = %s", (version.version_id,))
+    conn.execute("UPDATE index_versions SET status = 'retired' WHERE version_id = %s", (version.version_id,))
     outcome = health.index_drift(conn)
-    assert not outcome.passed and "alias points at" in outcome.summary
+    assert not outcome.passed and f"alias points at v{version.version_id}, which is retired" in outcome.summary
     conn.execute("UPDATE index_versions SET status = 'active' WHERE version_id = %s", (version.version_id,))
     assert health.index_drift(conn).passed
 
@@ -201,7 +202,7 @@ def test_retrieval_quality_fails_against_the_baseline_and_recovers(clone):
     conn, settings = clone
     first = health.retrieval_quality(conn, settings.checks)
     assert first.passed and first.numbers["evaluations_reused"] == 0
-    baseline = health.baseline(conn, store.active_version(conn).version_id, health.golden_fingerprint(settings.checks))
+    baseline = evaluations.baseline(conn, version_store.active_version(conn).version_id, health.golden_fingerprint(settings.checks))
     assert baseline["overall"]["recall@k"] > 0.5
     # Nothing changed: the stored evaluation is reused, no question is asked again.
     assert health.retrieval_quality(conn, settings.checks).numbers["evaluations_reused"] == 1
@@ -259,12 +260,12 @@ def test_checks_from_the_cli(clone, capsys):
 
     # Re-baselining records the current result as the active version's baseline.
     golden_sha = health.golden_fingerprint(settings.checks)
-    version_id = store.active_version(conn).version_id
+    version_id = version_store.active_version(conn).version_id
     # A baseline from an earlier, better index state (recall 1.0).
     conn.execute("UPDATE retrieval_evaluations SET metrics = jsonb_set(metrics, '{overall,recall@k}', '1.0'), "
                  "index_state = 'earlier' WHERE is_baseline")
     assert not health.retrieval_quality(conn, settings.checks).passed
     assert main(["--config", str(settings.config_file), "checks", "--set-baseline"]) == 0
     assert "baseline recorded" in capsys.readouterr().out
-    assert health.baseline(conn, version_id, golden_sha)["overall"]["recall@k"] < 1.0
+    assert evaluations.baseline(conn, version_id, golden_sha)["overall"]["recall@k"] < 1.0
     assert health.retrieval_quality(conn, settings.checks).passed

@@ -1,11 +1,14 @@
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from rag_pipeline import ids
 from rag_pipeline.config import ConfigError, SourceConfig, load_settings, parse_duration, parse_labels
-from rag_pipeline.sources import UnsafePathError, doc_id_for, safe_join, scan_source
+from rag_pipeline.sources import UnsafePathError, safe_join, scan_source
 
 
 def test_durations_and_labels():
@@ -71,7 +74,7 @@ def _tree(root: Path) -> None:
 
 def test_scan_applies_sidecars_and_default_deny(tmp_path):
     _tree(tmp_path)
-    source = SourceConfig("docs", tmp_path, include=("*.md",), acl_labels=("staff",))
+    source = SourceConfig(name="docs", root=tmp_path, include=("*.md",), acl_labels=("staff",))
     found = {f.rel_path: f for f in scan_source(source)}
     assert sorted(found) == ["a.md", "team/b.md", "team/deep/c.md", "team/secret.md"]
     assert found["a.md"].acl_labels == ("staff",)
@@ -81,12 +84,12 @@ def test_scan_applies_sidecars_and_default_deny(tmp_path):
     assert found["team/deep/c.md"].title == "C doc"
     assert found["team/secret.md"].acl_labels == ()  # explicit empty list: nobody, so it will be held back
     assert "password" not in found["team/secret.md"].metadata
-    assert found["a.md"].doc_id == doc_id_for("docs", "a.md") != doc_id_for("other", "a.md")
+    assert found["a.md"].doc_id == ids.doc_id("docs", "a.md") != ids.doc_id("other", "a.md")
 
 
 def test_fingerprint_changes_with_mtime_not_with_identity(tmp_path):
     (tmp_path / "a.md").write_text("one")
-    source = SourceConfig("docs", tmp_path, acl_labels=("s",))
+    source = SourceConfig(name="docs", root=tmp_path, acl_labels=("s",))
     before = next(scan_source(source))
     os.utime(tmp_path / "a.md", ns=(before.mtime_ns + 10**9, before.mtime_ns + 10**9))
     after = next(scan_source(source))
@@ -102,7 +105,7 @@ def test_symlink_escape_is_refused(tmp_path):
     (root / "link.md").symlink_to(outside / "leak.md")
     (root / "dirlink").symlink_to(outside, target_is_directory=True)
     problems = []
-    found = [f.rel_path for f in scan_source(SourceConfig("docs", root, acl_labels=("s",)), problems)]
+    found = [f.rel_path for f in scan_source(SourceConfig(name="docs", root=root, acl_labels=("s",)), problems)]
     assert found == ["ok.md"]
     assert [p.rel_path for p in problems] == ["link.md"]
     with pytest.raises(UnsafePathError):
@@ -116,4 +119,91 @@ def test_symlink_escape_is_refused(tmp_path):
 
 def test_missing_root_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
-        list(scan_source(SourceConfig("docs", tmp_path / "nope")))
+        list(scan_source(SourceConfig(name="docs", root=tmp_path / "nope")))
+
+
+# Each mistake an operator makes in rag_pipeline.yaml, and the key the one-line error must name.
+CONFIG_MISTAKES = [
+    ("sources: [{name: a, root: ., acl_label: [hr]}]", "sources[0].acl_label: unknown key; did you mean acl_labels?"),
+    ("sources: [{name: a, root: ., include: '*.pdf'}]", "sources[0].include: expected a list"),
+    ("sources: [{name: a, root: ., acl_labels: 'hr, finance'}]", "sources[0].acl_labels: expected a list"),
+    ("batch_size: -5", "batch_size: Input should be greater than or equal to 1"),
+    ("batch_size: abc", "batch_size: Input should be a valid integer"),
+    ("dedup: {threshold: 7}", "dedup.threshold: Input should be less than or equal to 1"),
+    ("batchsize: 64", "batchsize: unknown key; did you mean batch_size?"),
+    ("embedding: {modle: x}", "embedding.modle: unknown key; did you mean model?"),
+    ("chunking: {max_token: 200}", "chunking.max_token: unknown key; did you mean max_tokens?"),
+    ("retrieval: {min_similarty: 0.3}", "retrieval.min_similarty: unknown key; did you mean min_similarity?"),
+    ("parsing: {vlm: {page_budgt: 3}}", "parsing.vlm.page_budgt: unknown key; did you mean page_budget?"),
+    ("lock_timeout: soon", "lock_timeout: not a duration"),
+    ("refresh_cron: every hour", "refresh_cron: not a cron expression"),
+    ("sources: [{name: a, root: .}, {name: a, root: .}]", "sources: duplicate source names"),
+    ("sources: [{name: 'bad name', root: .}]", "sources[0].name: String should match pattern"),
+    ("checks: {golden_set: g.jsonl}", "checks: golden_set needs golden_labels"),
+    ("prefix: {mode: llm}", "prefix: mode llm needs endpoint and model"),
+    ("sources: [", "not valid YAML at line"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), CONFIG_MISTAKES)
+def test_each_configuration_mistake_is_one_line_naming_the_key_and_file(tmp_path, capsys, text, expected):
+    from rag_pipeline.cli import main
+
+    config = tmp_path / "rag_pipeline.yaml"
+    config.write_text(text + "\n")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{config}: ") and expected in message, message
+    assert main(["--config", str(config), "config", "show"]) == 2
+    assert capsys.readouterr().err == f"configuration error: {message}\n"
+
+
+def test_cli_configuration_error_exits_2_without_a_traceback(tmp_path):
+    config = tmp_path / "rag_pipeline.yaml"
+    config.write_text("sources: [{name: a, root: ., acl_label: [hr]}]\n")
+    result = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), "ingest"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"configuration error: {config}: sources[0].acl_label: unknown key; did you mean acl_labels?"
+    ]
+
+
+def test_environment_overrides_are_validated_and_named(tmp_path, monkeypatch):
+    config = tmp_path / "rag.yaml"
+    config.write_text("embedding: {batch_size: 8}\n")
+    monkeypatch.setenv("RAG_MODELS_DIR", "weights")
+    monkeypatch.setenv("RAG_EMBEDDING_DEVICE", "cuda:1")
+    settings = load_settings(config)
+    assert settings.embedding.models_dir == (tmp_path / "weights").resolve()
+    assert settings.embedding.device == "cuda:1" and settings.embedding.batch_size == 8
+    monkeypatch.setenv("RAG_DATABASE_URL", "")  # empty: not set
+    assert load_settings(config).database_url is None
+
+
+def test_empty_sections_take_their_defaults_and_derived_values_are_filled(tmp_path):
+    config = tmp_path / "rag.yaml"
+    config.write_text("alerts:\nprefix: {mode: llm, endpoint: 'http://127.0.0.1:9/v1', model: m}\n")
+    settings = load_settings(config)
+    assert settings.alerts.webhook_url is None
+    assert settings.chunking.prefix_token_budget == 96  # room for an LLM sentence beside the template
+    assert load_settings(tmp_path / "rag.yaml").config_file == config
+
+
+def test_the_committed_json_schema_is_current_and_validates_the_shipped_file():
+    import jsonschema
+    import yaml
+
+    from rag_pipeline.config import json_schema, json_schema_text
+
+    root = Path(__file__).resolve().parent.parent
+    assert (root / "rag_pipeline.schema.json").read_text() == json_schema_text(), (
+        "regenerate it: rag-pipeline config schema > rag_pipeline.schema.json"
+    )
+    validator = jsonschema.Draft202012Validator(json_schema())
+    shipped = yaml.safe_load((root / "rag_pipeline.yaml").read_text())
+    assert list(validator.iter_errors(shipped)) == []
+    assert list(validator.iter_errors({**shipped, "batchsize": 3}))  # unknown keys are refused
+    assert list(validator.iter_errors({"sources": [{"name": "a", "root": ".", "include": "*.pdf"}]}))
+    assert not list(validator.iter_errors({"lock_timeout": "15m"}))

@@ -7,8 +7,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from rag_pipeline import store
-from rag_pipeline.database import MIGRATIONS_DIR, DatabaseError, EmbeddedPostgres, migrate
+from rag_pipeline.store import versions as version_store
+from rag_pipeline.store.database import MIGRATIONS_DIR, DatabaseError, EmbeddedPostgres, migrate
 
 SHIPPED = sorted(p.name for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
 
@@ -20,7 +20,7 @@ def test_migrations_apply_once_and_refuse_edits(db_url, tmp_path):
     assert migrate(db_url) == []  # already applied: nothing happens
     edited = tmp_path / "sql"
     edited.mkdir()
-    original = Path(__file__).resolve().parent.parent / "sql" / "001_init.sql"
+    original = MIGRATIONS_DIR / "001_init.sql"
     (edited / "001_init.sql").write_text(original.read_text() + "\n-- edited\n")
     with pytest.raises(DatabaseError, match="changed after it was applied"):
         migrate(db_url, edited)
@@ -34,8 +34,8 @@ def test_schema_has_pgvector_and_the_version_table_indexes(db):
     version = db.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
     assert tuple(int(p) for p in version.split(".")[:2]) >= (0, 8)
     with db.transaction():
-        created = store.ensure_active_version(db, "m", "/m", 8, "c1", "p1")
-        again = store.ensure_active_version(db, "m", "/m", 8, "c1", "p1")
+        created = version_store.ensure_active(db, "m", "/m", 8, "c1", "p1")
+        again = version_store.ensure_active(db, "m", "/m", 8, "c1", "p1")
     assert created.version_id == again.version_id and created.status == "active"
     indexes = dict(
         db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (created.table_name,)).fetchall()

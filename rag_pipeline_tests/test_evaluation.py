@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from rag_pipeline.defs.instance import run_ingest
 from rag_pipeline.evaluation import (
     GoldDoc,
     GoldenSetError,
@@ -16,7 +15,8 @@ from rag_pipeline.evaluation import (
     report_table,
     score_question,
 )
-from rag_pipeline.retrieval import SearchHit
+from rag_pipeline.retrieval import SearchHit, SearchOptions
+from rag_pipeline.runs import run_ingest
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
 
@@ -71,6 +71,6 @@ def test_shipped_golden_set_on_the_sample_corpus(make_settings, corpus, db):
     # Without the finance label the finance questions cannot be answered: the ACL holds in evaluation too.
     staff_only = evaluate(db, [q for q in questions if q.slice == "finance"], ["staff"], k=3, mode="dense")
     assert staff_only.metrics["overall"]["hit@k"] == 0.0
-    floor = evaluate(db, questions, ["staff", "finance"], k=3, mode="dense", min_similarity=0.35)
+    floor = evaluate(db, questions, ["staff", "finance"], k=3, mode="dense", options=SearchOptions(min_similarity=0.35))
     assert floor.metrics["unanswerable"]["abstention"] > 0.0
     assert "Δ hit@k" in report_table([reports["dense"], reports["sparse"]])

@@ -21,11 +21,12 @@ import psycopg
 import pytest
 import yaml
 from dagster import DagsterInstance
+from psycopg import sql
 
 from rag_pipeline import health
 from rag_pipeline.config import load_settings
-from rag_pipeline.database import EmbeddedPostgres, connect, ensure_database, migrate
-from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline.runs import run_ingest
+from rag_pipeline.store.database import EmbeddedPostgres, connect, ensure_database, migrate
 
 WORDS = ("glacier moraine valley survey ice meltwater snout discharge gauge altitude station snow depth crevasse "
          "firn ablation accumulation summit ridge basin lake shore temperature season winter summer").split()
@@ -91,8 +92,8 @@ def notes(tmp_path_factory) -> Path:
 def clean_build(notes, pg_admin_url, template_url, tmp_path_factory) -> dict:
     name = "faults_clean"
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE rag_test_template")
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE rag_test_template").format(sql.Identifier(name)))
     url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
     settings = load_settings(_config(tmp_path_factory.mktemp("clean") / "rag.yaml", url, notes))
     with DagsterInstance.ephemeral() as instance:
@@ -159,14 +160,14 @@ def crash_env(notes, pg_admin_url, template_url, tmp_path):
     names = [f"crash_{suffix}", f"crash_dagster_{suffix}"]
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
         for name in names:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {names[0]} TEMPLATE rag_test_template")
-        conn.execute(f"CREATE DATABASE {names[1]}")
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE rag_test_template").format(sql.Identifier(names[0])))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(names[1])))
     url, dagster_url = (psycopg.conninfo.make_conninfo(pg_admin_url, dbname=n) for n in names)
     yield url, dagster_url, _config(tmp_path / "rag.yaml", url, notes), tmp_path / "dagster_home"
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
         for name in names:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_sigkill_mid_parse_mid_embed_and_mid_write_then_rerun_equals_a_clean_build(crash_env, clean_build):
@@ -218,7 +219,7 @@ def test_two_refreshes_at_once_are_serialised_and_leave_a_clean_index(crash_env,
     first = IngestProcess(config, dagster_url, home)
     second = IngestProcess(config, dagster_url, home)
     results = [first.finish(), second.finish()]
-    for code, out, err in results:
+    for code, _out, err in results:
         assert code == 0, err[-3000:]
     summaries = [json.loads(out) for _, out, _ in results]
     # Each document was parsed and embedded once, by whichever refresh reached it first.

@@ -6,9 +6,10 @@ import os
 
 from dagster import DagsterInstance
 
-from rag_pipeline import health, store
-from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline import health
 from rag_pipeline.retrieval import search
+from rag_pipeline.runs import run_ingest
+from rag_pipeline.store import pages
 
 AWKWARD_NAMES = [
     "quote's \"double\".md",
@@ -46,7 +47,7 @@ def test_hostile_inputs_each_get_a_clear_outcome(make_settings, corpus, tmp_path
     assert "outside the source root" in problems["hostile/escape.md"]
     assert "hostile/bad-sidecar.md" in problems and "json" in problems["hostile/bad-sidecar.md"].lower()
     assert not any("outside-secret" in path or "vault" in path for path in problems)
-    dead = {d["rel_path"]: d["reason"] for d in store.dead_letter_summary(db)}
+    dead = {d["rel_path"]: d["reason"] for d in pages.dead_letter_summary(db)}
     assert dead["hostile/empty.pdf"] == "empty" and dead["hostile/huge.txt"] == "too_large"
 
     statuses = dict(db.execute("SELECT rel_path, status FROM documents WHERE rel_path LIKE 'hostile/%'").fetchall())

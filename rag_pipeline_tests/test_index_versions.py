@@ -5,11 +5,12 @@ import pytest
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import store, versions
-from rag_pipeline.defs.instance import run_index_build, run_ingest
+from rag_pipeline import ids, versions
 from rag_pipeline.embedding import resolve_model
 from rag_pipeline.retrieval import search
-from rag_pipeline.sources import doc_id_for
+from rag_pipeline.runs import run_index_build, run_ingest
+from rag_pipeline.store import versions as version_store
+from rag_pipeline_tests.conftest import MODELS_DIR
 from rag_pipeline_tests.test_evaluation import GOLDEN
 
 
@@ -26,7 +27,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
     candidate_model = resolve_model("all-MiniLM-L6-v2").location
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(settings, instance=instance)["success"]
-        v1 = store.active_version(db)
+        v1 = version_store.active_version(db)
 
         # A build that has not run its shards yet is incomplete: promotion refuses.
         with db.transaction():
@@ -42,15 +43,15 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
                 versions.promote(db, draft.version_id, gates)
         with db.transaction():
             versions.retire(db, draft.version_id)
-        assert draft.version_id not in {v.version_id for v in store.index_versions(db)}
+        assert draft.version_id not in {v.version_id for v in version_store.index_versions(db)}
 
         # A deletion while the new version builds reaches it as well.
         summary = run_index_build(settings, candidate_model, instance=instance)
         assert summary["success"] and len(summary["shards"]) == 8 and summary["rows"] == v1.row_count
-        (v2,) = store.index_versions(db, ("ready",))  # all shards done and complete
+        (v2,) = version_store.index_versions(db, ("ready",))  # all shards done and complete
         (corpus / "products" / "nw200-faq.html").unlink()
         assert run_ingest(settings, instance=instance)["deleted"] == 1
-        faq = doc_id_for("sample", "products/nw200-faq.html")
+        faq = ids.doc_id("sample", "products/nw200-faq.html")
         assert _rows(db, v2, faq) == 0 and _rows(db, v1, faq) == 0
         edited = corpus / "handbook" / "travel-policy.md"
         edited.write_text(edited.read_text().replace("14 days", "21 days"))
@@ -63,7 +64,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         assert gates.quality["candidate"]["recall@k"] >= gates.quality["active"]["recall@k"] - 0.02
         with db.transaction():
             versions.promote(db, v2.version_id, gates)
-        assert store.active_version(db).version_id == v2.version_id
+        assert version_store.active_version(db).version_id == v2.version_id
         assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == _rows(db, v2)
         hits = search(db, "how far ahead should flights be booked", ["staff"], k=1)
         assert "21 days" in hits[0].text
@@ -73,7 +74,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         run_ingest(settings, instance=instance)
         with db.transaction():
             back = versions.rollback(db)
-        assert back.version_id == v1.version_id and store.active_version(db).version_id == v1.version_id
+        assert back.version_id == v1.version_id and version_store.active_version(db).version_id == v1.version_id
         assert "28 days" in search(db, "how far ahead should flights be booked", ["staff"], k=1)[0].text
 
         with pytest.raises(versions.VersionError, match="is active"):
@@ -92,10 +93,10 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
     settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(settings, instance=instance)["success"]
-        v1 = store.active_version(db)
+        v1 = version_store.active_version(db)
         summary = run_index_build(settings, "all-mpnet-base-v2", instance=instance)
         assert summary["success"] and summary["dimensions"] == 768
-        (v2,) = store.index_versions(db, ("ready",))
+        (v2,) = version_store.index_versions(db, ("ready",))
         column = db.execute(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass"
             " AND attname = 'embedding'", (v2.table_name,)
@@ -110,9 +111,15 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
             versions.promote(db, v2.version_id, gates)
         hits = search(db, "which extension reaches the security desk", ["staff"], k=3)
         assert hits and all(h.path != "handbook/onboarding-guide.docx" for h in hits)
-        assert store.active_version(db).dimensions == 768
+        assert version_store.active_version(db).dimensions == 768
+        # The configuration still names the old model: a refresh is refused, pointing at the swap commands.
+        refused = run_ingest(settings, instance=instance)
+        assert not refused["success"] and any("index build" in e for e in refused["errors"])
         # Chunks are sized for the shortest window among written versions: the swap re-chunks nothing.
+        settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}],
+                                 embedding={"model": "all-mpnet-base-v2", "models_dir": str(MODELS_DIR)})
         after_swap = run_ingest(settings, instance=instance)
+        assert after_swap["success"], after_swap.get("errors")
         assert after_swap["documents_chunked"] == 0 and after_swap["vectors_embedded"] == 0
         with db.transaction():
             assert versions.rollback(db).version_id == v1.version_id
@@ -124,13 +131,13 @@ def test_deletions_in_the_middle_of_a_build_reach_both_versions_before_and_after
 ):
     from rag_pipeline import health
     from rag_pipeline.defs.index_versions import SHARDS
-    from rag_pipeline.ingest import backfill_version, start_version_build
+    from rag_pipeline.versions import backfill_version, start_version_build
 
     settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
     candidate_model = resolve_model("all-MiniLM-L6-v2").location
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(settings, instance=instance)["success"]
-        v1 = store.active_version(db)
+        v1 = version_store.active_version(db)
         v2 = start_version_build(db.info.dsn, settings, candidate_model)
         shard_of = dict(db.execute("SELECT doc_id, abs(hashtext(doc_id)) %% %s FROM documents WHERE status = 'indexed'",
                                    (SHARDS,)).fetchall())

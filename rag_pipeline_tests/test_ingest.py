@@ -10,11 +10,12 @@ import pytest
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import store
+from rag_pipeline import ids
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.defs.instance import run_ingest
-from rag_pipeline.ingest import discover
-from rag_pipeline.sources import doc_id_for
+from rag_pipeline.runs import run_ingest
+from rag_pipeline.stages.discover import discover
+from rag_pipeline.store import pages
+from rag_pipeline.store import versions as version_store
 from rag_pipeline_tests.conftest import TORTURE
 
 needs_torture = pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
@@ -58,21 +59,21 @@ def ingest(make_settings, corpus, instance):
 
 
 def _active_table(db) -> sql.Identifier:
-    return sql.Identifier(store.active_version(db).table_name)
+    return sql.Identifier(version_store.active_version(db).table_name)
 
 
 def _index_rows(db, rel_path: str | None = None, columns: str = "doc_id, chunk_id, acl_labels, embedding_input_sha"):
     query = sql.SQL("SELECT {} FROM {} WHERE %(all)s OR doc_id = %(doc_id)s ORDER BY ordinal").format(
         sql.SQL(columns), _active_table(db)
     )
-    doc_id = doc_id_for("sample", rel_path) if rel_path else ""
+    doc_id = ids.doc_id("sample", rel_path) if rel_path else ""
     return db.execute(query, {"all": rel_path is None, "doc_id": doc_id}).fetchall()
 
 
 def _doc(db, rel_path: str) -> dict:
     row = db.execute(
         "SELECT status, content_hash, indexed_at, parsed_at FROM documents WHERE doc_id = %s",
-        (doc_id_for("sample", rel_path),),
+        (ids.doc_id("sample", rel_path),),
     ).fetchone()
     return dict(zip(("status", "content_hash", "indexed_at", "parsed_at"), row, strict=True)) if row else {}
 
@@ -97,7 +98,7 @@ def test_first_ingest_then_noop(ingest, db):
     assert _doc(db, "drafts/unreviewed-notes.md")["status"] == "held_no_labels"
     assert db.execute("SELECT count(*) FROM chunks c JOIN documents d USING (doc_id) WHERE d.status <> 'indexed'"
                       ).fetchone()[0] == 0
-    dead = store.dead_letter_summary(db)
+    dead = pages.dead_letter_summary(db)
     assert [(d["rel_path"], d["reason"]) for d in dead] == [("legacy/scanned-contract.pdf", "truncated")]
 
     second = ingest()
@@ -144,12 +145,12 @@ def test_editing_one_file_reprocesses_only_it(ingest, db, corpus):
 
 def test_deleting_a_file_removes_its_rows_everywhere(ingest, db, corpus):
     ingest()
-    doc_id = doc_id_for("sample", "products/nw200-faq.html")
+    doc_id = ids.doc_id("sample", "products/nw200-faq.html")
     assert _index_rows(db, "products/nw200-faq.html")
     (corpus / "products" / "nw200-faq.html").unlink()
     summary = ingest()
     assert summary["deleted"] == 1 and summary["documents_seen"] == 6
-    for table in ("documents", "document_pages", "chunks", store.active_version(db).table_name):
+    for table in ("documents", "document_pages", "chunks", version_store.active_version(db).table_name):
         query = sql.SQL("SELECT count(*) FROM {} WHERE doc_id = %s").format(sql.Identifier(table))
         assert db.execute(query, (doc_id,)).fetchone()[0] == 0, table
     logged = db.execute("SELECT source, rel_path FROM deletion_log WHERE doc_id = %s", (doc_id,)).fetchall()
@@ -187,7 +188,7 @@ def test_dead_letter_is_retried_when_the_file_changes(ingest, db, corpus):
     summary = ingest()
     assert summary["parsed"] == 1 and summary["dead_lettered"] == 0
     assert _doc(db, "legacy/scanned-contract.pdf")["status"] == "indexed"
-    assert store.dead_letter_summary(db) == []
+    assert pages.dead_letter_summary(db) == []
 
 
 def test_a_missing_source_root_deletes_nothing(make_settings, corpus, instance, db):
@@ -294,6 +295,6 @@ def test_narrowed_labels_apply_at_once_even_when_the_file_also_changed(ingest, d
     (corpus / "handbook" / "travel-policy.md.meta.json").write_text(json.dumps({"acl_labels": ["travel-desk"]}))
     path.write_text(path.read_text() + "\nA new paragraph.\n")
     # Reconcile alone (no parsing yet): the rows already carry only the new label.
-    discover(db.info.dsn, [SourceConfig("sample", corpus, acl_labels=("staff",))])
+    discover(db.info.dsn, [SourceConfig(name="sample", root=corpus, acl_labels=("staff",))])
     assert {tuple(r[2]) for r in _index_rows(db, "handbook/travel-policy.md")} == {("travel-desk",)}
     assert _doc(db, "handbook/travel-policy.md")["status"] == "pending_parse"

@@ -3,12 +3,13 @@
 import pytest
 from dagster import DagsterInstance
 from psycopg import sql
+from pydantic import ValidationError
 
-from rag_pipeline import store
-from rag_pipeline.config import ConfigError, PrefixConfig
-from rag_pipeline.defs.instance import run_ingest
+from rag_pipeline.config import PrefixConfig
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.retrieval import search
+from rag_pipeline.runs import run_ingest
+from rag_pipeline.store import versions as version_store
 from rag_pipeline_tests.chat_server import FakeChatServer
 
 
@@ -31,9 +32,9 @@ def test_client_retries_and_reports_failures(chat_server):
     with pytest.raises(PrefixError, match="HTTP 503"):
         prefixer.prefixes("Doc text", [PrefixRequest("h2", "Other")])
     prefixer.close()
-    with pytest.raises(PrefixError, match="endpoint"):
-        LlmPrefixer(PrefixConfig(mode="llm"))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValidationError, match="mode llm needs endpoint and model"):
+        PrefixConfig(mode="llm")
+    with pytest.raises(ValidationError, match="'template' or 'llm'"):
         PrefixConfig(mode="magic")
 
 
@@ -70,7 +71,7 @@ def test_llm_prefixes_are_paid_once(make_settings, corpus, chat_server, db):
         hits = search(db, "how long does the battery last", ["staff"], k=3)
         assert hits[0].prefix.startswith("nw200-faq") and "Situated" in hits[0].prefix
         assert "Situated" not in hits[0].text
-        table = sql.Identifier(store.active_version(db).table_name)
+        table = sql.Identifier(version_store.active_version(db).table_name)
         matched = db.execute(
             sql.SQL("SELECT count(*) FROM {} WHERE tsv @@ to_tsquery('english', 'situated')").format(table)
         ).fetchone()[0]

@@ -4,8 +4,8 @@ parse_health; flagged text is kept (a document may discuss injection), never sil
 import pytest
 
 from rag_pipeline import health
-from rag_pipeline.defs.instance import run_ingest
 from rag_pipeline.retrieval import search
+from rag_pipeline.runs import run_ingest
 from rag_pipeline.safety import injection_flags
 
 

@@ -4,9 +4,9 @@ import pytest
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import store
-from rag_pipeline.defs.instance import run_ingest
 from rag_pipeline.retrieval import SearchError, search
+from rag_pipeline.runs import run_ingest
+from rag_pipeline.store import versions as version_store
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_there_is_no_unlabelled_search(indexed):
 
 def test_filtered_dense_search_fills_k_when_few_chunks_match(indexed):
     """10,000 chunks of which 2% carry a label: HNSW iterative scan must still return a full k."""
-    version = store.active_version(indexed)
+    version = version_store.active_version(indexed)
     table = sql.Identifier(version.table_name)
     with indexed.transaction():
         indexed.execute(

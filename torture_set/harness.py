@@ -1,7 +1,7 @@
 """Torture-set harness: every hostile document through each parser tier, scored against ground truth.
 
     .venv/bin/python -m torture_set.harness [--torture PATH] [--tiers pdfplumber,cascade,ocr] [--json]
-    rag-pipeline torture [--json] [--markdown torture_set/SCOREBOARD.md]
+    make torture   (the same, writing torture_set/SCOREBOARD.md)
 
 Documents: the manifest of ../shared/torture plus the ones `torture_set.generate` makes with exactly known
 ground truth. Per document and tier: outcome (ok / dead-letter reason, against the expected one), text
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         PINNED.write_text(json.dumps(pins(scores), indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     board = markdown_scoreboard(scores)
     if args.markdown:
-        args.markdown.write_text("# Torture-set scoreboard\n\nMade by `rag-pipeline torture`.\n\n" + board + "\n")
+        args.markdown.write_text("# Torture-set scoreboard\n\nMade by `make torture`.\n\n" + board + "\n")
     print(json.dumps([asdict(s) for s in scores], indent=2) if args.json else board)
     return 0 if all(s.outcome_ok for s in scores) else 1
 

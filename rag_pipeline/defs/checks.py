@@ -9,10 +9,11 @@ ERROR but blocks nothing (a version swap has its own promotion gates).
 import dagster as dg
 
 from rag_pipeline import health
-from rag_pipeline.database import connect
 from rag_pipeline.defs.ingestion import parsed_documents, search_index
 from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.retrieval import SearchOptions
+from rag_pipeline.store.database import connect
 
 
 def _result(outcome: health.CheckOutcome, severity: dg.AssetCheckSeverity) -> dg.AssetCheckResult:
@@ -79,7 +80,7 @@ def parse_health_check(rag: RagResource) -> dg.AssetCheckResult:
 def retrieval_quality_check(rag: RagResource) -> dg.AssetCheckResult:
     settings = rag.settings()
     with connect(rag.database_url()) as conn:
-        outcome = health.retrieval_quality(conn, settings.checks, device=settings.embedding.device)
+        outcome = health.retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings))
     return _result(outcome, dg.AssetCheckSeverity.ERROR)
 
 

@@ -3,10 +3,13 @@ Dagster's executors, run launchers and backfills can spread it over N workers.""
 
 import dagster as dg
 
-from rag_pipeline import ingest, store, versions
-from rag_pipeline.database import connect
+from rag_pipeline import versions
 from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.retrieval import SearchOptions
+from rag_pipeline.status import VersionStatus
+from rag_pipeline.store import versions as version_store
+from rag_pipeline.store.database import connect
 
 GROUP = "index_versions"
 SHARDS = 8
@@ -22,17 +25,17 @@ shards = dg.StaticPartitionsDefinition([f"{i:02d}" for i in range(SHARDS)])
 def index_version_backfill(context: dg.AssetExecutionContext, rag: RagResource):
     db_url = rag.database_url()
     with connect(db_url) as conn:
-        building = store.index_versions(conn, ("building",))
+        building = version_store.index_versions(conn, (VersionStatus.BUILDING,))
     if not building:
         context.log.info("no index version is building: nothing to backfill")
         return dg.MaterializeResult(metadata={"building_version": "none", "documents": 0})
     version = building[0]
-    stats = ingest.backfill_version(
+    stats = versions.backfill_version(
         db_url, rag.settings(), version.version_id, int(context.partition_key), SHARDS, progress=context.log.info
     )
     return dg.MaterializeResult(
         metadata={
-            "building_version": f"v{version.version_id} ({version.embedding_model})",
+            "building_version": f"{version.label} ({version.embedding_model})",
             "documents": stats.documents_indexed,
             "rows_written": stats.rows_written,
             "vectors_embedded": stats.vectors_embedded,
@@ -59,9 +62,9 @@ class StartBuildConfig(dg.Config):
 
 @dg.op(description="Register an index version for a new embedding model, in status 'building'.")
 def start_index_version(context: dg.OpExecutionContext, config: StartBuildConfig, rag: RagResource) -> int:
-    version = ingest.start_version_build(rag.database_url(), rag.settings(), config.model)
+    version = versions.start_version_build(rag.database_url(), rag.settings(), config.model)
     context.log.info(
-        f"v{version.version_id} ({version.embedding_model}, {version.dimensions} dims) is building: launch a "
+        f"{version.label} ({version.embedding_model}, {version.dimensions} dims) is building: launch a "
         "backfill of build_index_version over all partitions, then promote_index_version"
     )
     context.add_output_metadata({"version": version.version_id, "model": version.embedding_model,
@@ -83,13 +86,13 @@ class PromoteConfig(dg.Config):
 def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: RagResource) -> None:
     settings = rag.settings()
     with connect(rag.database_url()) as conn, conn.transaction():
-        candidate = next((v for v in store.index_versions(conn, ("building", "ready"))
-                          if v.version_id == config.version_id), None)
-        if candidate is None:
+        candidate = version_store.get_version(conn, config.version_id)
+        if candidate is None or candidate.status not in (VersionStatus.BUILDING, VersionStatus.READY):
             raise dg.Failure(f"v{config.version_id} is not a building or ready version")
         checks = settings.checks
         gates = versions.check_gates(conn, candidate, checks.golden_set, list(checks.golden_labels) or None,
-                                     k=checks.k, tolerance=checks.quality_tolerance)
+                                     k=checks.k, tolerance=checks.quality_tolerance,
+                                     options=SearchOptions.from_settings(settings))
         context.add_output_metadata({"gate_failures": markdown_table(("failure",), [(f,) for f in gates.failures]),
                                      "forced": config.force, "quality": dg.MetadataValue.json(gates.quality)})
         if gates.failures and not config.force:

@@ -1,17 +1,26 @@
 """Ingestion assets: source_documents -> parsed_documents -> document_chunks -> search_index."""
 
-import statistics
-
 import dagster as dg
 
-from rag_pipeline import ingest, store
 from rag_pipeline.config import SourceConfig, parse_labels
-from rag_pipeline.database import connect
 from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.stages.chunk import ChunkStats, chunk_pending
+from rag_pipeline.stages.discover import DiscoverStats, discover
+from rag_pipeline.stages.index import IndexStats, index_pending
+from rag_pipeline.stages.parse import ParseStats, parse_pending
+from rag_pipeline.store import documents, pages, versions
+from rag_pipeline.store.database import connect
 
 GROUP = "ingestion"
 REFRESH_TAG = "rag_pipeline/index_writer"
+# Each asset's statistics: the stage's short name and its stats class (rag_pipeline.runs summarises them).
+STAGE_STATS = {
+    "source_documents": ("discover", DiscoverStats),
+    "parsed_documents": ("parse", ParseStats),
+    "document_chunks": ("chunk", ChunkStats),
+    "search_index": ("index", IndexStats),
+}
 
 
 class DiscoverConfig(dg.Config):
@@ -27,18 +36,17 @@ def sources_to_scan(rag: RagResource, config: DiscoverConfig) -> list[SourceConf
         return [SourceConfig.from_cli(spec, labels) for spec in config.sources]
     configured = {s.name: s for s in rag.settings().sources}
     with connect(rag.database_url()) as conn:
-        registered = {s.name: s for s in store.registered_sources(conn)}
+        registered = {s.name: s for s in documents.registered_sources(conn)}
     return list({**registered, **configured}.values())
 
 
 @dg.asset(group_name=GROUP, description="Every file in every source, reconciled with the documents table.")
 def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: RagResource):
     db_url = rag.database_url()
-    ingest.prepare_index(db_url, rag.settings())
     sources = sources_to_scan(rag, config)
     if not sources:
         raise dg.Failure("no sources: add them to rag_pipeline.yaml or pass --source NAME=PATH")
-    stats = ingest.discover(
+    stats = discover(
         db_url, sources, progress=context.log.info, lock_timeout_seconds=rag.settings().lock_timeout_seconds
     )
     return dg.MaterializeResult(
@@ -70,9 +78,9 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
 )
 def parsed_documents(context: dg.AssetExecutionContext, rag: RagResource):
     db_url = rag.database_url()
-    stats = ingest.parse_pending(db_url, rag.settings(), progress=context.log.info)
+    stats = parse_pending(db_url, rag.settings(), progress=context.log.info)
     with connect(db_url) as conn:
-        dead = store.dead_letter_summary(conn)
+        dead = pages.dead_letter_summary(conn)
     return dg.MaterializeResult(
         metadata={
             "parsed": stats.parsed,
@@ -102,12 +110,7 @@ def parsed_documents(context: dg.AssetExecutionContext, rag: RagResource):
     description="Structure-aware, token-sized chunks with their contextual prefixes.",
 )
 def document_chunks(context: dg.AssetExecutionContext, rag: RagResource):
-    stats = ingest.chunk_pending(rag.database_url(), rag.settings(), progress=context.log.info)
-    tokens = stats.token_counts
-    distribution = (
-        [("min", min(tokens)), ("median", int(statistics.median(tokens))), ("max", max(tokens)), ("mean", round(statistics.fmean(tokens), 1))]
-        if tokens else []
-    )
+    stats = chunk_pending(rag.database_url(), rag.settings(), progress=context.log.info)
     summary = stats.as_dict()
     summary.pop("token_counts")
     return dg.MaterializeResult(
@@ -120,7 +123,7 @@ def document_chunks(context: dg.AssetExecutionContext, rag: RagResource):
             "llm_prefixes_cached": stats.prefixes_cached,
             "llm_prefix_failures": stats.prefix_failures,
             "seconds": round(stats.seconds, 3),
-            "chunk_tokens": markdown_table(("statistic", "tokens"), distribution),
+            "chunk_tokens": markdown_table(("statistic", "tokens"), list(stats.token_distribution().items())),
             "stats": dg.MetadataValue.json(summary),
         }
     )
@@ -133,22 +136,22 @@ def document_chunks(context: dg.AssetExecutionContext, rag: RagResource):
 )
 def search_index(context: dg.AssetExecutionContext, rag: RagResource):
     db_url = rag.database_url()
-    stats = ingest.index_pending(db_url, rag.settings(), progress=context.log.info)
+    stats = index_pending(db_url, rag.settings(), progress=context.log.info)
     with connect(db_url) as conn:
-        statuses = store.status_counts(conn)
-        versions = store.index_versions(conn)
+        statuses = documents.status_counts(conn)
+        all_versions = versions.index_versions(conn)
     return dg.MaterializeResult(
         metadata={
             "documents_indexed": stats.documents_indexed,
             "vectors_embedded": stats.vectors_embedded,
             "vectors_reused": stats.vectors_reused,
             "rows_written": stats.rows_written,
-            "near_duplicates": stats.deduplicated,
+            "near_duplicates": stats.near_duplicates,
             "dedup_rate": stats.dedup_rate,
             "seconds": round(stats.seconds, 3),
             "index_versions": markdown_table(
                 ("version", "status", "model", "dims", "rows"),
-                [(f"v{v.version_id}", v.status, v.embedding_model, v.dimensions, v.row_count) for v in versions],
+                [(v.label, v.status, v.embedding_model, v.dimensions, v.row_count) for v in all_versions],
             ),
             "documents_by_status": markdown_table(("status", "documents"), sorted(statuses.items())),
             "stats": dg.MetadataValue.json(stats.as_dict()),

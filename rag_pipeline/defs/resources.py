@@ -1,29 +1,38 @@
-"""The one resource every asset uses: settings, the database (started and migrated on first use)."""
+"""The one resource every asset, check and sensor uses: the settings (loaded once per run) and the index
+database (started, if embedded, and migrated on first use in a process)."""
 
 import threading
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from rag_pipeline.config import Settings, load_settings
-from rag_pipeline.database import migrate, resolve_urls
+from rag_pipeline.store.database import migrate, resolve_urls
 
-_ready: set[str] = set()
-_ready_lock = threading.Lock()
+_migrated: set[str] = set()
+_migrated_lock = threading.Lock()
 
 
 class RagResource(dg.ConfigurableResource):
     """Where the configuration lives; everything else is derived from it (and the environment)."""
 
     config_file: str | None = None
+    _settings: Settings | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        # Once per run (and per sensor tick): every step of the run sees the same settings.
+        self._settings = load_settings(self.config_file)
 
     def settings(self) -> Settings:
-        return load_settings(self.config_file)
+        if self._settings is None:
+            self._settings = load_settings(self.config_file)
+        return self._settings
 
     def database_url(self) -> str:
         """The index database, started (embedded) and migrated once per process."""
         url = resolve_urls(self.settings()).index
-        with _ready_lock:
-            if url not in _ready:
+        with _migrated_lock:
+            if url not in _migrated:
                 migrate(url)
-                _ready.add(url)
+                _migrated.add(url)
         return url

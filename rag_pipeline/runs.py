@@ -1,4 +1,5 @@
-"""The Dagster instance the project prepares: DAGSTER_HOME with dagster-postgres storage on our server."""
+"""The bridge between the CLI and Dagster: the instance the project prepares (DAGSTER_HOME with dagster-postgres
+storage on the project's server) and runs of the code location's jobs, summarised for a shell."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import yaml
 
 from rag_pipeline.config import Settings
-from rag_pipeline.database import sqlalchemy_url
-from rag_pipeline.defs.ingestion import REFRESH_TAG
+from rag_pipeline.defs.ingestion import REFRESH_TAG, STAGE_STATS
+from rag_pipeline.store.database import sqlalchemy_url
 
 
 def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
@@ -34,52 +35,26 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
 
 
 def summarize_run(result: Any) -> dict[str, Any]:
-    """Collect the stats each asset reported into one flat summary (the `ingest --json` contract)."""
-    stats: dict[str, dict[str, Any]] = {}
+    """One flat summary of the stats each asset reported (the `ingest --json` contract)."""
+    reported: dict[str, dict[str, Any]] = {}
     for event in result.get_asset_materialization_events():
         materialization = event.event_specific_data.materialization
         entry = materialization.metadata.get("stats")
         if entry is not None:
-            stats[materialization.asset_key.to_user_string()] = entry.value
-    discover = stats.get("source_documents", {})
-    parse = stats.get("parsed_documents", {})
-    chunk = stats.get("document_chunks", {})
-    index = stats.get("search_index", {})
-    return {
-        "run_id": result.run_id,
-        "success": result.success,
-        "documents_seen": discover.get("documents_seen", 0),
-        "new": discover.get("new", 0),
-        "changed": discover.get("changed", 0),
-        "unchanged": discover.get("unchanged", 0),
-        "deleted": discover.get("deleted", 0),
-        "relabelled": discover.get("relabelled", 0),
-        "held_no_labels": discover.get("held_no_labels", 0),
-        "parsed": parse.get("parsed", 0),
-        "content_unchanged": parse.get("content_unchanged", 0),
-        "dead_lettered": parse.get("dead_lettered", 0),
-        "dead_letter_reasons": parse.get("dead_letter_reasons", {}),
-        "pages": parse.get("pages", 0),
-        "documents_chunked": chunk.get("documents_chunked", 0),
-        "chunks_written": chunk.get("chunks_written", 0),
-        "documents_indexed": index.get("documents_indexed", 0),
-        "vectors_embedded": index.get("vectors_embedded", 0),
-        "vectors_reused": index.get("vectors_reused", 0),
-        "near_duplicates": index.get("deduplicated", 0),
-        "dedup_rate": index.get("dedup_rate", 0.0),
-        "problems": discover.get("problems", []),
-        "checks": {
-            evaluation.check_name: {"passed": evaluation.passed, "severity": evaluation.severity.value,
-                                    "summary": evaluation.description}
-            for evaluation in result.get_asset_check_evaluations()
-        },
-        "seconds": {
-            "discover": discover.get("seconds", 0.0),
-            "parse": parse.get("seconds", 0.0),
-            "chunk": chunk.get("seconds", 0.0),
-            "index": index.get("seconds", 0.0),
-        },
+            reported[materialization.asset_key.to_user_string()] = entry.value
+    summary: dict[str, Any] = {"run_id": result.run_id, "success": result.success}
+    seconds: dict[str, float] = {}
+    for asset, (stage, stats_class) in STAGE_STATS.items():
+        values = {**stats_class().summary(), **reported.get(asset, {})}
+        summary.update({name: values[name] for name in stats_class.SUMMARY})
+        seconds[stage] = reported.get(asset, {}).get("seconds", 0.0)
+    summary["checks"] = {
+        evaluation.check_name: {"passed": evaluation.passed, "severity": evaluation.severity.value,
+                                "summary": evaluation.description}
+        for evaluation in result.get_asset_check_evaluations()
     }
+    summary["seconds"] = seconds
+    return summary
 
 
 # psycopg's classes for a connection that broke or could not be made (OperationalError and its kin).
@@ -109,7 +84,7 @@ def run_ingest(
     """Run the `ingest` job through Dagster against `instance` (the prepared one by default)."""
     import dagster as dg
 
-    from rag_pipeline.definitions import build_definitions
+    from rag_pipeline.defs.code_location import build_definitions
 
     run_config = {
         "ops": {"source_documents": {"config": {"sources": sources or [], "labels": labels or []}}},
@@ -137,11 +112,11 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
     """
     import dagster as dg
 
-    from rag_pipeline import store, versions
-    from rag_pipeline.database import connect, resolve_urls
-    from rag_pipeline.definitions import build_definitions
+    from rag_pipeline.defs.code_location import build_definitions
     from rag_pipeline.defs.index_versions import shards
-    from rag_pipeline.ingest import start_version_build
+    from rag_pipeline.store import versions as version_store
+    from rag_pipeline.store.database import connect, resolve_urls
+    from rag_pipeline.versions import start_version_build
 
     db_url = resolve_urls(settings).index
     version = start_version_build(db_url, settings, model)
@@ -155,10 +130,9 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
             run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
         )
         runs.append({"shard": key, "run_id": result.run_id, "success": result.success})
-    with connect(db_url) as conn, conn.transaction():
-        if all(r["success"] for r in runs) and versions.check_gates(conn, version).passed:
-            versions.mark_ready(conn, version.version_id)
-        rows = {v.version_id: v.row_count for v in store.index_versions(conn)}
+    # The last shard to finish marks the version ready (as a backfill launched from the UI does).
+    with connect(db_url) as conn:
+        built = version_store.get_version(conn, version.version_id)
     return {"version": version.version_id, "model": version.embedding_model, "dimensions": version.dimensions,
-            "rows": rows.get(version.version_id, 0), "shards": runs,
-            "success": all(r["success"] for r in runs)}
+            "rows": built.row_count if built else 0, "status": built.status if built else "dropped",
+            "shards": runs, "success": all(r["success"] for r in runs)}

@@ -1,0 +1,184 @@
+"""Stage 3: structure-aware chunks with their contextual prefixes and safety flags.
+
+Chunks are sized for the shortest window among the configured model and every version that receives writes,
+so every chunk fits every version and an embedding-model swap (or a rollback) re-chunks nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+import psycopg
+
+from rag_pipeline.chunking import Chunk, Chunker, chunker_version, template_prefix, truncate_to_tokens
+from rag_pipeline.config import Settings
+from rag_pipeline.embedding import load_tokenizer, max_sequence_length, resolve_model
+from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
+from rag_pipeline.safety import injection_flags
+from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
+from rag_pipeline.status import DocumentStatus
+from rag_pipeline.store import chunks as chunk_store
+from rag_pipeline.store import documents, pages, versions
+from rag_pipeline.store.database import connect
+from rag_pipeline.store.documents import PendingDocument
+
+log = logging.getLogger(__name__)
+D = DocumentStatus
+
+
+class ModelMismatchError(RuntimeError):
+    """embedding.model names another model than the active index version's; a swap is a new version."""
+
+
+@dataclass
+class ChunkStats(StageStats):
+    documents_chunked: int = 0
+    chunks_written: int = 0
+    requeued_for_new_chunker: int = 0
+    chunker_version: str = ""
+    prefixes_generated: int = 0  # LLM calls made
+    prefixes_cached: int = 0  # LLM prefixes reused from the cache
+    prefix_failures: int = 0  # documents left in the queue because the endpoint failed
+    token_counts: list[int] = field(default_factory=list)
+    SUMMARY = ("documents_chunked", "chunks_written")
+
+    def token_distribution(self) -> dict[str, float]:
+        tokens = self.token_counts
+        if not tokens:
+            return {}
+        return {"min": min(tokens), "median": float(statistics.median(tokens)), "max": max(tokens),
+                "mean": round(statistics.fmean(tokens), 1)}
+
+
+def same_model(a: str, b: str, settings: Settings) -> bool:
+    """Two configured model names load the same weights (e.g. a hub name and the folder it resolves to)."""
+    models_dir = settings.embedding.models_dir
+    return a == b or resolve_model(a, models_dir).location == resolve_model(b, models_dir).location
+
+
+def check_configured_model(conn: psycopg.Connection, settings: Settings) -> None:
+    """Refuse a refresh whose embedding.model differs from the active version's: writing chunks sized and
+    vectors embedded for another model into the live index would be a silent swap."""
+    active = versions.active_version(conn)
+    configured = settings.embedding.model
+    if active is not None and not same_model(configured, active.embedding_model, settings):
+        raise ModelMismatchError(
+            f"embedding.model is {configured!r} but the active index version {active.label} uses "
+            f"{active.embedding_model!r}. A model change is a new index version: run "
+            f"`rag-pipeline index build --model {configured}`, then `rag-pipeline index promote`; "
+            f"or set embedding.model back to {active.embedding_model!r}."
+        )
+
+
+def sizing_model_location(conn: psycopg.Connection, settings: Settings) -> str:
+    """The model whose window sizes the chunks: the shortest among the configured model and the versions that
+    receive writes."""
+    models_dir = settings.embedding.models_dir
+    names = [settings.embedding.model, *(v.embedding_model for v in versions.writable_versions(conn))]
+    return min((resolve_model(name, models_dir).location for name in names), key=max_sequence_length)
+
+
+def chunk_size(settings: Settings, model_location: str) -> int:
+    # Two special tokens ([CLS]/[SEP]) and the contextual prefix share the model's window with the chunk.
+    return settings.chunking.max_tokens or (
+        max_sequence_length(model_location) - 2 - (settings.chunking.prefix_token_budget or 0)
+    )
+
+
+def current_chunker_version(settings: Settings, model_location: str) -> str:
+    return chunker_version(chunk_size(settings, model_location), settings.chunking.overlap_tokens)
+
+
+def chunk_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> ChunkStats:
+    stats = ChunkStats()
+    with locked_stage(db_url, "chunk", stats, timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+        with connect(db_url) as conn:
+            check_configured_model(conn, settings)
+            model_location = sizing_model_location(conn, settings)
+        stats.chunker_version = current_chunker_version(settings, model_location)
+        chunker: Chunker | None = None  # the tokenizer loads only when there is something to chunk
+        prefixer = LlmPrefixer(settings.prefix) if settings.prefix.mode == "llm" else None
+        try:
+            with connect(db_url) as conn:
+                with conn.transaction():
+                    stats.requeued_for_new_chunker = documents.requeue_for_chunker(conn, stats.chunker_version)
+                after = ""
+                while batch := documents.pending_documents(conn, D.PENDING_CHUNK, settings.batch_size, after):
+                    conn.commit()
+                    chunker = chunker or Chunker(load_tokenizer(model_location), chunk_size(settings, model_location),
+                                                 settings.chunking.overlap_tokens)
+                    for doc in batch:
+                        _chunk_one(conn, doc, chunker, prefixer, settings, stats)
+                    after = batch[-1].doc_id
+                    progress(f"chunk: {stats.documents_chunked} documents, {stats.chunks_written} chunks so far")
+        finally:
+            if prefixer is not None:
+                prefixer.close()
+    return stats
+
+
+def _chunk_one(
+    conn: psycopg.Connection,
+    doc: PendingDocument,
+    chunker: Chunker,
+    prefixer: LlmPrefixer | None,
+    settings: Settings,
+    stats: ChunkStats,
+) -> None:
+    document_pages = pages.document_pages(conn, doc.doc_id)
+    table_reach = pages.table_continuations(conn, doc.doc_id)
+    conn.commit()  # end the read: the write below must be a transaction of its own
+    chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
+    title = doc.title or PurePosixPath(doc.rel_path).stem
+    prefixes = [template_prefix(title, c.section_path, c.page_start, c.page_end) for c in chunks]
+    if prefixer is not None:
+        # The LLM is called outside any transaction (no row lock is held while waiting on the network);
+        # what it writes is cached at once, so a retry after a failure pays only for what is missing.
+        try:
+            sentences = _llm_sentences(conn, doc, chunks, document_pages, prefixer, settings, stats)
+        except PrefixError as exc:
+            stats.prefix_failures += 1
+            log.warning("no contextual prefix for %s/%s, left for the next run: %s", doc.source, doc.rel_path, exc)
+            return
+        prefixes = [f"{p}\n{sentences[c.content_hash]}" for p, c in zip(prefixes, chunks, strict=True)]
+    budget = settings.chunking.prefix_token_budget or 0
+    prefixes = [truncate_to_tokens(chunker.tokenizer, p, budget) for p in prefixes]
+    # Retrieved text ends up in a model's prompt: flag what looks like an attempt to steer it.
+    flags = [injection_flags(c.text) for c in chunks]
+    with conn.transaction():
+        if not documents.claim(conn, doc.doc_id, D.PENDING_CHUNK):
+            return
+        chunk_store.replace_chunks(conn, doc.doc_id, chunks, prefixes, flags, chunker.version,
+                                   documents.parser_version_of(conn, doc.doc_id))
+        documents.mark_chunked(conn, doc.doc_id, chunker.version)
+    stats.documents_chunked += 1
+    stats.chunks_written += len(chunks)
+    stats.token_counts.extend(c.token_count for c in chunks)
+
+
+def _llm_sentences(
+    conn: psycopg.Connection,
+    doc: PendingDocument,
+    chunks: list[Chunk],
+    document_pages: list[tuple[int, str]],
+    prefixer: LlmPrefixer,
+    settings: Settings,
+    stats: ChunkStats,
+) -> dict[str, str]:
+    version = settings.prefix.prompt_version
+    doc_hash = doc.content_hash or ""
+    sentences = chunk_store.cached_prefixes(conn, doc.doc_id, doc_hash, version)
+    conn.commit()
+    missing = [PrefixRequest(c.content_hash, c.text) for c in chunks if c.content_hash not in sentences]
+    stats.prefixes_cached += len({c.content_hash for c in chunks}) - len({r.chunk_hash for r in missing})
+    if missing:
+        document = "\n\n".join(text for _, text in document_pages)
+        fresh = prefixer.prefixes(document, missing)
+        with conn.transaction():
+            chunk_store.store_prefixes(conn, doc.doc_id, doc_hash, version, fresh)
+        sentences.update(fresh)
+        stats.prefixes_generated += len(fresh)
+    return sentences

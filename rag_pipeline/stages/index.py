@@ -1,0 +1,225 @@
+"""Stage 4: near-duplicate groups, embeddings and one row per group in every version that receives writes.
+
+Vectors come from the embedding cache wherever the exact input was embedded before (by any document, in any
+run); the model loads only when something is missing. The first index version is created here, where
+vectors are born.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import psycopg
+
+from rag_pipeline import dedup, ids
+from rag_pipeline.config import Settings
+from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.parsing import parser_version
+from rag_pipeline.stages.chunk import check_configured_model, current_chunker_version, sizing_model_location
+from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
+from rag_pipeline.status import DocumentStatus
+from rag_pipeline.store import chunks as chunk_store
+from rag_pipeline.store import documents, groups, versions
+from rag_pipeline.store.chunks import StoredChunk
+from rag_pipeline.store.database import connect
+from rag_pipeline.store.documents import PendingDocument
+from rag_pipeline.store.versions import IndexRow, IndexVersion
+
+D = DocumentStatus
+# The embedding stages read this many batches at a time: one encode call over more inputs sorts them by length
+# into better-filled model batches (measured: 8% faster over 5x more inputs); memory stays bounded.
+EMBED_BATCHES = 4
+
+
+@dataclass
+class IndexStats(StageStats):
+    documents_indexed: int = 0
+    rows_written: int = 0
+    occurrences: int = 0  # chunks of the documents indexed in this run
+    near_duplicates: int = 0  # of those, near-duplicates of a chunk already in the index
+    dedup_rate: float = 0.0
+    vectors_embedded: int = 0
+    vectors_reused: int = 0
+    versions: list[str] = field(default_factory=list)
+    SUMMARY = ("documents_indexed", "vectors_embedded", "vectors_reused", "near_duplicates", "dedup_rate")
+
+
+def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
+    """The active index version, creating the first one for the configured model on a new database.
+
+    The model is loaded only when a version must be created: a no-op refresh never pays for it.
+    """
+    with connect(db_url) as conn:
+        current = versions.active_version(conn)
+    if current is not None:
+        return current
+    model = resolve_model(settings.embedding.model, settings.embedding.models_dir)
+    embedder = get_embedder(settings.embedding.model, settings.embedding)
+    with connect(db_url) as conn, conn.transaction():
+        chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
+        return versions.ensure_active(conn, model.name, model.location, embedder.dimensions, chunker, parser_version())
+
+
+def index_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> IndexStats:
+    """Group pending documents' chunks into near-duplicate groups and write one row per group into every
+    writable version, with vectors from the embedding cache where possible."""
+    stats = IndexStats()
+    with locked_stage(db_url, "index", stats, timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+        with connect(db_url) as conn:
+            check_configured_model(conn, settings)
+            if documents.pending_documents(conn, D.PENDING_INDEX, 1):
+                conn.commit()
+                ensure_first_version(db_url, settings)
+            writable = versions.writable_versions(conn)
+            stats.versions = [f"{v.label} ({v.status}, {v.embedding_model})" for v in writable]
+
+            def fetch(after: str) -> list[PendingDocument]:
+                batch = documents.pending_documents(conn, D.PENDING_INDEX, settings.batch_size * EMBED_BATCHES, after)
+                conn.commit()
+                return batch
+
+            for batch, (chunks_by_doc, vectors_by_version) in vectors_ahead(db_url, fetch, writable, settings, stats):
+                for doc in batch:
+                    if not doc.acl_labels:
+                        continue  # cannot happen through discovery; the table's CHECK would refuse it anyway
+                    with conn.transaction():
+                        if not documents.claim(conn, doc.doc_id, D.PENDING_INDEX):
+                            continue
+                        write_document(conn, doc, chunks_by_doc[doc.doc_id], writable, vectors_by_version,
+                                       settings, stats)
+                        documents.mark_indexed(conn, doc.doc_id)
+                    stats.documents_indexed += 1
+                progress(
+                    f"index: {stats.documents_indexed} documents, {stats.vectors_embedded} embedded, "
+                    f"{stats.vectors_reused} reused, {stats.near_duplicates} near-duplicates so far"
+                )
+            with conn.transaction():
+                for version in writable:
+                    versions.refresh_stats(conn, version)
+        stats.dedup_rate = round(stats.near_duplicates / stats.occurrences, 4) if stats.occurrences else 0.0
+    return stats
+
+
+def assign_groups(
+    conn: psycopg.Connection, chunks: Sequence[StoredChunk], labels: Sequence[str], params: dedup.LshParams
+) -> list[StoredChunk]:
+    """Put each chunk in its near-duplicate group (same ACL labels only), opening groups as needed."""
+    labels_key = dedup.acl_key(labels)
+    assigned: list[StoredChunk] = []
+    for chunk in chunks:
+        if chunk.group_id and groups.group_key(conn, chunk.group_id) == (labels_key, params.key):
+            assigned.append(chunk)
+            continue
+        sig = dedup.signature(chunk.text)
+        buckets = dedup.band_buckets(sig, params, labels_key)
+        group_id = dedup.closest_group(sig, groups.candidates(conn, buckets, labels_key, params.key), params.threshold)
+        if group_id is None:
+            # Derived from the label set too: a relabelled chunk opens a new group, never re-labels an old one
+            # that other documents' chunks still belong to.
+            group_id = ids.group_id(chunk.chunk_id, labels_key, params.key)
+            groups.open_group(conn, group_id, labels_key, params.key, sig, buckets)
+        chunk_store.set_group(conn, chunk.chunk_id, group_id)
+        assigned.append(replace(chunk, group_id=group_id))
+    return assigned
+
+
+def write_document(
+    conn: psycopg.Connection,
+    doc: PendingDocument,
+    stored_chunks: list[StoredChunk],
+    targets: Sequence[IndexVersion],
+    vectors_by_version: dict[int, dict[str, np.ndarray]],
+    settings: Settings,
+    stats: IndexStats,
+) -> None:
+    """Replace one document's rows in the given versions (inside the caller's transaction)."""
+    chunks = assign_groups(conn, stored_chunks, doc.acl_labels, dedup.lsh_params(settings.dedup.threshold))
+    stats.occurrences += len(chunks)
+    for version in targets:
+        vectors = vectors_by_version[version.version_id]
+        released = versions.delete_document_rows(conn, version, doc.doc_id)
+        rows = [IndexRow(c, sha, vectors[sha]) for c in chunks for sha in (ids.embedding_input_sha(c.embedding_input),)]
+        written = versions.insert_group_rows(conn, version, doc.acl_labels, rows)
+        stats.rows_written += written
+        stats.near_duplicates += len(rows) - written
+        # Groups this document owned but no longer holds get a row from another occurrence.
+        _rehome_groups(conn, version, settings, released, stats)
+    groups.drop_empty(conn, [c.group_id for c in stored_chunks if c.group_id])
+
+
+def _rehome_groups(
+    conn: psycopg.Connection, version: IndexVersion, settings: Settings, group_ids: list[str], stats: IndexStats
+) -> None:
+    for chunk, labels in versions.rowless_group_occurrences(conn, version, group_ids):
+        sha = ids.embedding_input_sha(chunk.embedding_input)
+        vectors = chunk_store.cached_embeddings(conn, version.embedding_model, [sha])
+        if sha not in vectors:
+            embedder = get_embedder(version.embedding_model, settings.embedding)
+            vectors[sha] = embedder.embed_documents([chunk.embedding_input])[0]
+            chunk_store.store_embeddings(conn, version.embedding_model, vectors)
+            stats.vectors_embedded += 1
+        stats.rows_written += versions.insert_group_rows(conn, version, labels, [IndexRow(chunk, sha, vectors[sha])])
+    groups.drop_empty(conn, group_ids)
+
+
+Prepared = tuple[dict[str, list[StoredChunk]], dict[int, dict[str, np.ndarray]]]
+
+
+def vectors_ahead(
+    db_url: str,
+    fetch: Callable[[str], list[PendingDocument]],
+    targets: Sequence[IndexVersion],
+    settings: Settings,
+    stats: IndexStats,
+) -> Iterator[tuple[list[PendingDocument], Prepared]]:
+    """Keyset-paginated batches with their chunks and vectors, the next batch embedded in a worker thread
+    (on a connection of its own) while the caller writes the current one: the model never waits for the
+    database. The worker only reads chunks and fills the embedding cache; every index write stays with
+    the caller, under its row locks."""
+
+    def prepare(batch: list[PendingDocument]) -> tuple[Prepared, IndexStats]:
+        counts = IndexStats()
+        with connect(db_url) as worker_conn:
+            chunks_by_doc = chunk_store.chunks_of(worker_conn, [d.doc_id for d in batch])
+            vectors = {v.version_id: _vectors_for(worker_conn, v, settings, chunks_by_doc, counts) for v in targets}
+        return (chunks_by_doc, vectors), counts
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-ahead") as worker:
+        batch = fetch("")
+        ahead = worker.submit(prepare, batch) if batch else None
+        while batch and ahead is not None:
+            prepared, counts = ahead.result()
+            stats.vectors_embedded += counts.vectors_embedded
+            stats.vectors_reused += counts.vectors_reused
+            following = fetch(batch[-1].doc_id)
+            ahead = worker.submit(prepare, following) if following else None
+            yield batch, prepared
+            batch = following
+
+
+def _vectors_for(
+    conn: psycopg.Connection,
+    version: IndexVersion,
+    settings: Settings,
+    chunks_by_doc: dict[str, list[StoredChunk]],
+    stats: IndexStats,
+) -> dict[str, np.ndarray]:
+    """Vectors for every chunk input of a batch: from the cache where possible, embedded (once) otherwise."""
+    inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input
+              for chunks in chunks_by_doc.values() for c in chunks}
+    vectors = chunk_store.cached_embeddings(conn, version.embedding_model, list(inputs))
+    stats.vectors_reused += len(vectors)
+    missing = [sha for sha in inputs if sha not in vectors]
+    if missing:
+        # Loaded on first use (then kept per process): a refresh whose inputs are all cached never loads it.
+        embedder = get_embedder(version.embedding_model, settings.embedding)
+        fresh = embedder.embed_documents([inputs[sha] for sha in missing])
+        new_vectors = dict(zip(missing, fresh, strict=True))
+        with conn.transaction():
+            chunk_store.store_embeddings(conn, version.embedding_model, new_vectors)
+        vectors.update(new_vectors)
+        stats.vectors_embedded += len(missing)
+    return vectors

@@ -1,0 +1,130 @@
+"""Stage 2: parse new and changed documents through the cascade, clean them, and gate on content_hash.
+
+A document whose cleaned text did not change goes straight back to `indexed` (no chunking, no embedding).
+Anything that cannot be parsed is dead-lettered with a specific reason; the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import psycopg
+
+from rag_pipeline.cascade import Cascade, parse_document
+from rag_pipeline.cleaning import clean_parsed_pages, content_hash
+from rag_pipeline.config import Settings, SourceConfig
+from rag_pipeline.parsing import DeadLetter, parser_version
+from rag_pipeline.sources import UnsafePathError, document_password, safe_join
+from rag_pipeline.stages.common import Progress, StageStats, count, locked_stage, log_progress
+from rag_pipeline.status import DocumentStatus
+from rag_pipeline.store import documents, pages
+from rag_pipeline.store.database import connect
+from rag_pipeline.store.documents import PendingDocument
+
+log = logging.getLogger(__name__)
+D = DocumentStatus
+
+
+@dataclass
+class ParseStats(StageStats):
+    parsed: int = 0
+    content_unchanged: int = 0  # file changed, text did not: no chunking, no embedding
+    dead_lettered: int = 0
+    vanished: int = 0
+    pages: int = 0
+    tiers: dict[str, int] = field(default_factory=dict)
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    chars_removed: dict[str, int] = field(default_factory=dict)  # by cleaning rule
+    escalated: int = 0  # pages that failed the structural check
+    escalation_reasons: dict[str, int] = field(default_factory=dict)
+    unresolved_pages: int = 0  # failed the check and no tier could do better
+    tiers_unavailable: dict[str, str] = field(default_factory=dict)
+    SUMMARY = ("parsed", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages")
+
+
+def parse_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> ParseStats:
+    stats = ParseStats()
+    with locked_stage(db_url, "parse", stats, timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+        version = parser_version()
+        cascade = Cascade(settings.parsing)
+        with connect(db_url) as conn, contextlib.closing(cascade):
+            roots = {s.name: s for s in documents.registered_sources(conn)}
+            after = ""
+            while batch := documents.pending_documents(conn, D.PENDING_PARSE, settings.batch_size, after):
+                conn.commit()
+                for doc in batch:
+                    _parse_one(conn, doc, roots[doc.source], version, cascade, stats)
+                after = batch[-1].doc_id
+                progress(f"parse: {stats.parsed} parsed, {stats.dead_lettered} dead-lettered so far")
+        stats.tiers_unavailable = dict(cascade.unavailable)
+        for tier, why in cascade.unavailable.items():
+            progress(f"parse: tier {tier} could not run: {why}")
+    return stats
+
+
+def _parse_one(
+    conn: psycopg.Connection, doc: PendingDocument, source: SourceConfig, version: str, cascade: Cascade,
+    stats: ParseStats,
+) -> None:
+    try:
+        path = safe_join(source.root, doc.rel_path)
+        password = document_password(source, doc.rel_path)
+    except UnsafePathError as exc:
+        _dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
+        return
+    try:
+        size = path.stat().st_size
+        if size > cascade.config.max_file_bytes:
+            raise DeadLetter("too_large", f"{size:,} bytes; parsing.max_file_bytes is {cascade.config.max_file_bytes:,}")
+        # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because
+        # furniture is found by comparing pages.
+        parsed = parse_document(path, password, cascade)
+        removed = clean_parsed_pages(parsed)
+        new_hash = content_hash([page.markdown for page in parsed])
+        unchanged = new_hash == doc.indexed_content_hash
+        with conn.transaction():
+            if not documents.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint):
+                stats.vanished += 1
+                return
+            pages.replace_pages(conn, doc.doc_id, parsed, version)
+            documents.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
+                                   D.INDEXED if unchanged else D.PENDING_CHUNK, removed)
+            pages.clear_dead_letter(conn, doc.doc_id)
+    except DeadLetter as exc:
+        _dead_letter(conn, doc, exc, stats)
+        return
+    except FileNotFoundError:
+        stats.vanished += 1  # deleted after discovery; the next scan logs the deletion
+        return
+    except Exception as exc:  # a parser bug must not stop the run or lose the document
+        log.exception("parser failed on %s/%s", doc.source, doc.rel_path)
+        _dead_letter(conn, doc, DeadLetter("parser_error", f"{type(exc).__name__}: {exc}"), stats)
+        return
+    if unchanged:
+        stats.content_unchanged += 1
+    else:
+        stats.parsed += 1
+    stats.pages += len(parsed)
+    for page in parsed:
+        count(stats.tiers, page.tier)
+        if "escalation" in page.signals:
+            stats.escalated += 1
+            count(stats.escalation_reasons, page.signals["escalation"])
+        if page.signals.get("unresolved"):
+            stats.unresolved_pages += 1
+    for rule, removed_chars in removed.items():
+        count(stats.chars_removed, rule, removed_chars)
+
+
+def _dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter, stats: ParseStats) -> None:
+    """Park the document with its reason; its old rows leave the index. It is retried when its file changes."""
+    with conn.transaction():
+        if documents.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint):
+            documents.delete_derived_rows(conn, [doc.doc_id])
+            pages.record_dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
+            documents.mark_dead_letter(conn, doc.doc_id)
+    log.warning("dead-lettered %s/%s: %s", doc.source, doc.rel_path, exc)
+    stats.dead_lettered += 1
+    count(stats.dead_letter_reasons, exc.reason)

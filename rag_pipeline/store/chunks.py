@@ -1,0 +1,122 @@
+"""Chunks (version-independent text and structure), the LLM prefix cache and the embedding cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import psycopg
+from pgvector import HalfVector
+
+from rag_pipeline.chunking import Chunk
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    chunk_id: str
+    doc_id: str
+    ordinal: int
+    text: str
+    prefix: str
+    section_path: str
+    page_start: int
+    page_end: int
+    content_type: str
+    group_id: str | None = None
+
+    @property
+    def embedding_input(self) -> str:
+        # The prefix situates the chunk for the embedding and for BM25; the stored text stays pristine.
+        return f"{self.prefix}\n{self.text}" if self.prefix else self.text
+
+
+def replace_chunks(
+    conn: psycopg.Connection,
+    doc_id: str,
+    chunks: Sequence[Chunk],
+    prefixes: Sequence[str],
+    flags: Sequence[Sequence[str]],
+    chunker_version: str,
+    parser_version: str | None,
+) -> None:
+    conn.execute("DELETE FROM chunks WHERE doc_id = %s", (doc_id,))
+    with conn.cursor().copy(
+        """COPY chunks (chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
+                        content_type, token_count, content_hash, chunker_version, parser_version, flags)
+           FROM STDIN"""
+    ) as copy:
+        for chunk, prefix, chunk_flags in zip(chunks, prefixes, flags, strict=True):
+            copy.write_row(
+                (
+                    chunk.chunk_id, doc_id, chunk.ordinal, chunk.text, prefix, chunk.section_path,
+                    chunk.page_start, chunk.page_end, chunk.content_type, chunk.token_count,
+                    chunk.content_hash, chunker_version, parser_version, list(chunk_flags),
+                )
+            )
+
+
+def chunks_of(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, list[StoredChunk]]:
+    result: dict[str, list[StoredChunk]] = {doc_id: [] for doc_id in doc_ids}
+    rows = conn.execute(
+        """SELECT chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end, content_type,
+                  group_id
+           FROM chunks WHERE doc_id = ANY(%s) ORDER BY doc_id, ordinal""",
+        (list(doc_ids),),
+    ).fetchall()
+    for row in rows:
+        result[row[1]].append(StoredChunk(*row))
+    return result
+
+
+def set_group(conn: psycopg.Connection, chunk_id: str, group_id: str) -> None:
+    conn.execute("UPDATE chunks SET group_id = %s WHERE chunk_id = %s", (group_id, chunk_id))
+
+
+# --- the LLM prefix cache --------------------------------------------------------------------------
+
+
+def cached_prefixes(conn: psycopg.Connection, doc_id: str, doc_hash: str, prompt_version: str) -> dict[str, str]:
+    """LLM prefixes already paid for this document content, by chunk hash; stale ones are dropped."""
+    conn.execute(
+        "DELETE FROM prefix_cache WHERE doc_id = %s AND (doc_content_hash <> %s OR prompt_version <> %s)",
+        (doc_id, doc_hash, prompt_version),
+    )
+    return dict(
+        conn.execute(
+            "SELECT chunk_hash, prefix FROM prefix_cache WHERE doc_id = %s AND doc_content_hash = %s"
+            " AND prompt_version = %s",
+            (doc_id, doc_hash, prompt_version),
+        ).fetchall()
+    )
+
+
+def store_prefixes(
+    conn: psycopg.Connection, doc_id: str, doc_hash: str, prompt_version: str, prefixes: dict[str, str]
+) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO prefix_cache (doc_id, doc_content_hash, chunk_hash, prompt_version, prefix)
+               VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+            [(doc_id, doc_hash, chunk_hash, prompt_version, text) for chunk_hash, text in prefixes.items()],
+        )
+
+
+# --- the embedding cache ---------------------------------------------------------------------------
+
+
+def cached_embeddings(conn: psycopg.Connection, model: str, shas: Sequence[str]) -> dict[str, np.ndarray]:
+    rows = conn.execute(
+        "SELECT input_sha, embedding FROM embedding_cache WHERE model = %s AND input_sha = ANY(%s)",
+        (model, list(shas)),
+    ).fetchall()
+    return {sha: np.asarray(vec.to_numpy(), dtype=np.float32) for sha, vec in rows}
+
+
+def store_embeddings(conn: psycopg.Connection, model: str, vectors: dict[str, np.ndarray]) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO embedding_cache (model, input_sha, embedding) VALUES (%s, %s, %s)
+               ON CONFLICT (model, input_sha) DO NOTHING""",
+            [(model, sha, HalfVector(vec)) for sha, vec in vectors.items()],
+        )

@@ -1,0 +1,363 @@
+"""Sources, documents and the work queue: discovery's reconciliation, claims, status changes, reporting."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from rag_pipeline.config import SourceConfig
+from rag_pipeline.sources import DiscoveredFile
+from rag_pipeline.status import DOCUMENT_LIVE_IN_INDEX, DocumentStatus
+from rag_pipeline.store import groups, versions
+
+D = DocumentStatus
+# Every status by name, for statements that name several: bound as parameters, never written as literals.
+_STATUS = {status.name.lower(): status.value for status in DocumentStatus}
+
+
+def upsert_source(conn: psycopg.Connection, source: SourceConfig) -> None:
+    conn.execute(
+        """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds)
+           VALUES (%s, %s, %s, %s, %s)
+           ON CONFLICT (name) DO UPDATE SET root = EXCLUDED.root,
+               include_patterns = EXCLUDED.include_patterns,
+               default_acl_labels = EXCLUDED.default_acl_labels,
+               freshness_sla_seconds = EXCLUDED.freshness_sla_seconds""",
+        (source.name, str(source.root), list(source.include), list(source.acl_labels), source.freshness_sla_seconds),
+    )
+
+
+def registered_sources(conn: psycopg.Connection) -> list[SourceConfig]:
+    rows = conn.execute(
+        "SELECT name, root, include_patterns, default_acl_labels, freshness_sla_seconds FROM sources ORDER BY name"
+    ).fetchall()
+    return [
+        SourceConfig(name=name, root=Path(root), include=tuple(inc), acl_labels=tuple(acl), freshness_sla=sla)
+        for name, root, inc, acl, sla in rows
+    ]
+
+
+@dataclass
+class ReconcileCounts:
+    seen: int = 0
+    new: int = 0
+    changed: int = 0
+    released: int = 0  # held for missing labels before, labelled now
+    retitled: int = 0
+    relabelled: int = 0  # ACL-only change: labels updated in place, nothing re-embedded
+    held: int = 0  # newly held back because they have no ACL labels
+    deleted: int = 0
+
+    @property
+    def unchanged(self) -> int:
+        return self.seen - self.new - self.changed - self.released - self.retitled
+
+
+def reconcile_source(
+    conn: psycopg.Connection, source: str, files: Iterable[DiscoveredFile]
+) -> ReconcileCounts:
+    """Compare one scan of a source with the documents table, in SQL so it scales with the corpus.
+
+    The scan is streamed into a temporary table with COPY; set operations then find new, changed,
+    relabelled and deleted documents. Deleted documents lose their row (cascading to pages, chunks and
+    every index version) and are written to the deletion log.
+    """
+    counts = ReconcileCounts()
+    conn.execute(
+        """CREATE TEMP TABLE scan_files (
+               doc_id text PRIMARY KEY, rel_path text NOT NULL, fingerprint text NOT NULL,
+               size_bytes bigint NOT NULL, modified_at timestamptz NOT NULL, acl_labels text[] NOT NULL,
+               title text, metadata jsonb NOT NULL) ON COMMIT DROP"""
+    )
+    with conn.cursor().copy(
+        "COPY scan_files (doc_id, rel_path, fingerprint, size_bytes, modified_at, acl_labels, title, metadata)"
+        " FROM STDIN"
+    ) as copy:
+        for f in files:
+            counts.seen += 1
+            copy.write_row(
+                (
+                    f.doc_id, f.rel_path, f.fingerprint, f.size_bytes,
+                    datetime.fromtimestamp(f.mtime_ns / 1e9, tz=UTC),
+                    list(f.acl_labels), f.title, Jsonb(f.metadata),
+                )
+            )
+    conn.execute("ANALYZE scan_files")
+
+    # Groups that lose occurrences with the deleted documents must be repaired after the deletion.
+    touched_groups = [r[0] for r in conn.execute(
+        """SELECT DISTINCT c.group_id FROM chunks c JOIN documents d USING (doc_id)
+           WHERE d.source = %s AND c.group_id IS NOT NULL
+             AND NOT EXISTS (SELECT 1 FROM scan_files s WHERE s.doc_id = d.doc_id)""",
+        (source,),
+    ).fetchall()]
+    deleted = conn.execute(
+        """WITH gone AS (
+               DELETE FROM documents d WHERE d.source = %s
+                 AND NOT EXISTS (SELECT 1 FROM scan_files s WHERE s.doc_id = d.doc_id)
+               RETURNING d.doc_id, d.source, d.rel_path)
+           INSERT INTO deletion_log (doc_id, source, rel_path) SELECT doc_id, source, rel_path FROM gone
+           RETURNING doc_id""",
+        (source,),
+    ).fetchall()
+    counts.deleted = len(deleted)
+    repair_groups(conn, touched_groups)
+
+    inserted = conn.execute(
+        """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                  acl_labels, title, metadata, status)
+           SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
+                  s.title, s.metadata,
+                  CASE WHEN cardinality(s.acl_labels) = 0 THEN %(held_no_labels)s ELSE %(pending_parse)s END
+           FROM scan_files s
+           WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id)
+           RETURNING status""",
+        {"source": source, **_STATUS},
+    ).fetchall()
+    counts.new = len(inserted)
+    counts.held = sum(1 for (status,) in inserted if status == D.HELD_NO_LABELS)
+
+    # Classify every existing document whose file or metadata differs from what is stored.
+    conn.execute(
+        """CREATE TEMP TABLE scan_changes ON COMMIT DROP AS
+           SELECT s.*, d.status AS old_status, d.acl_labels AS old_labels,
+                  CASE WHEN cardinality(s.acl_labels) = 0 THEN 'hold'
+                       WHEN d.fingerprint <> s.fingerprint THEN 'changed'
+                       WHEN d.status = %(held_no_labels)s THEN 'released'
+                       WHEN d.title IS DISTINCT FROM s.title THEN 'retitled'
+                       WHEN d.acl_labels <> s.acl_labels THEN 'relabelled'
+                       ELSE 'metadata' END AS change
+           FROM scan_files s JOIN documents d USING (doc_id)
+           WHERE d.fingerprint <> s.fingerprint OR d.acl_labels <> s.acl_labels
+              OR d.title IS DISTINCT FROM s.title OR d.metadata <> s.metadata
+              OR (d.status = %(held_no_labels)s AND cardinality(s.acl_labels) > 0)""",
+        _STATUS,
+    )
+    # A document that loses its last label is held back, and everything derived from it goes.
+    holds = [r[0] for r in conn.execute(
+        "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND old_status <> %s", (D.HELD_NO_LABELS,)
+    ).fetchall()]
+    counts.held += len(holds)
+    if holds:
+        delete_derived_rows(conn, holds)
+    conn.execute(
+        """UPDATE documents d SET
+               fingerprint = c.fingerprint, size_bytes = c.size_bytes, modified_at = c.modified_at,
+               acl_labels = c.acl_labels, title = c.title, metadata = c.metadata, last_seen = now(),
+               status = CASE c.change
+                   WHEN 'hold' THEN %(held_no_labels)s
+                   WHEN 'changed' THEN %(pending_parse)s
+                   WHEN 'released' THEN %(pending_parse)s
+                   WHEN 'retitled' THEN CASE WHEN d.status IN (%(indexed)s, %(pending_index)s)
+                                             THEN %(pending_chunk)s ELSE d.status END
+                   ELSE d.status END,
+               changed_at = CASE WHEN c.change IN ('changed', 'released', 'retitled')
+                                 THEN now() ELSE d.changed_at END
+           FROM scan_changes c WHERE d.doc_id = c.doc_id""",
+        _STATUS,
+    )
+    for change, number in conn.execute("SELECT change, count(*) FROM scan_changes GROUP BY change").fetchall():
+        if change in ("changed", "released", "retitled", "relabelled"):
+            setattr(counts, change, number)
+    # Labels change on the rows at once, whatever else changed: a narrowed ACL must not wait for re-parsing
+    # (which may fail, or run later) to take effect.
+    relabelled = [r[0] for r in conn.execute(
+        "SELECT doc_id FROM scan_changes WHERE change <> 'hold' AND acl_labels <> old_labels"
+    ).fetchall()]
+    if relabelled:
+        relabel_index_rows(conn, relabelled)
+    conn.execute("DROP TABLE scan_changes")
+    conn.execute("DROP TABLE scan_files")
+    return counts
+
+
+def repair_groups(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:
+    """After occurrences of these groups disappeared: drop groups left empty, and send the documents that
+    still hold an occurrence back to indexing, so a group whose row went with its owner gets a new one
+    (from the embedding cache: nothing is re-embedded)."""
+    if not group_ids:
+        return
+    groups.drop_empty(conn, group_ids)
+    conn.execute(
+        """UPDATE documents SET status = %s
+           WHERE status = %s AND doc_id IN (SELECT doc_id FROM chunks WHERE group_id = ANY(%s))""",
+        (D.PENDING_INDEX, D.INDEXED, list(group_ids)),
+    )
+
+
+def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
+    """Remove every row derived from these documents (pages, chunks, all index versions) but the documents."""
+    touched_groups = [r[0] for r in conn.execute(
+        "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (list(doc_ids),)
+    ).fetchall()]
+    for version in versions.index_versions(conn):
+        versions.delete_rows_of(conn, version, doc_ids)
+    conn.execute("DELETE FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),))
+    conn.execute("DELETE FROM document_pages WHERE doc_id = ANY(%s)", (list(doc_ids),))
+    conn.execute("DELETE FROM prefix_cache WHERE doc_id = ANY(%s)", (list(doc_ids),))
+    conn.execute(
+        "UPDATE documents SET content_hash = NULL, indexed_content_hash = NULL WHERE doc_id = ANY(%s)",
+        (list(doc_ids),),
+    )
+    repair_groups(conn, touched_groups)
+
+
+def relabel_index_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
+    """ACL-only change: copy the documents' labels onto their rows in every version at once (a narrowed
+    ACL must not wait for anything), then regroup them: near-duplicate groups never span label sets.
+    Regrouping takes vectors from the embedding cache, so nothing is re-embedded."""
+    for version in versions.index_versions(conn):
+        versions.copy_document_labels(conn, version, doc_ids)
+    conn.execute(
+        "UPDATE documents SET status = %s WHERE status = %s AND doc_id = ANY(%s)",
+        (D.PENDING_INDEX, D.INDEXED, list(doc_ids)),
+    )
+
+
+def record_scan(conn: psycopg.Connection, source: str, started_at: datetime, counts: ReconcileCounts) -> None:
+    conn.execute(
+        """INSERT INTO source_scans (source, started_at, finished_at, files_seen, new_docs, changed, deleted)
+           VALUES (%s, %s, now(), %s, %s, %s, %s)""",
+        (source, started_at, counts.seen, counts.new, counts.changed, counts.deleted),
+    )
+    conn.execute(
+        "UPDATE sources SET last_scan_started_at = %s, last_scan_completed_at = now() WHERE name = %s",
+        (started_at, source),
+    )
+
+
+# --- the work queue --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PendingDocument:
+    doc_id: str
+    source: str
+    rel_path: str
+    fingerprint: str
+    content_hash: str | None
+    indexed_content_hash: str | None
+    title: str | None
+    acl_labels: tuple[str, ...]
+    chunker_version: str | None
+
+
+_PENDING_COLUMNS = sql.SQL(
+    "doc_id, source, rel_path, fingerprint, content_hash, indexed_content_hash, title, acl_labels, chunker_version"
+)
+
+
+def _pending(rows: list[tuple[Any, ...]]) -> list[PendingDocument]:
+    return [PendingDocument(*r[:7], tuple(r[7]), r[8]) for r in rows]
+
+
+def pending_documents(
+    conn: psycopg.Connection, status: DocumentStatus, limit: int, after: str = ""
+) -> list[PendingDocument]:
+    """A batch of documents awaiting a stage, in doc_id order (keyset pagination, never OFFSET)."""
+    rows = conn.execute(
+        sql.SQL("SELECT {} FROM documents WHERE status = %s AND doc_id > %s ORDER BY doc_id LIMIT %s").format(
+            _PENDING_COLUMNS
+        ),
+        (status, after, limit),
+    ).fetchall()
+    return _pending(rows)
+
+
+def shard_documents(
+    conn: psycopg.Connection, shard: int, shards: int, limit: int, after: str = ""
+) -> list[PendingDocument]:
+    """Indexed documents of one hash shard (for backfills that N workers share), in doc_id order."""
+    rows = conn.execute(
+        sql.SQL(
+            """SELECT {} FROM documents
+               WHERE status = %s AND abs(hashtext(doc_id)) %% %s = %s AND doc_id > %s
+               ORDER BY doc_id LIMIT %s"""
+        ).format(_PENDING_COLUMNS),
+        (D.INDEXED, shards, shard, after, limit),
+    ).fetchall()
+    return _pending(rows)
+
+
+def claim(
+    conn: psycopg.Connection, doc_id: str, expected: DocumentStatus, fingerprint: str | None = None
+) -> bool:
+    """Lock a document row for this transaction if it is still in the state the work was planned for.
+
+    A concurrent scan may have re-queued or deleted it meanwhile; then the caller drops its work and the
+    document is picked up again in its new state, so no stale result is ever written over a newer one.
+    """
+    row = conn.execute(
+        "SELECT status, fingerprint FROM documents WHERE doc_id = %s FOR UPDATE", (doc_id,)
+    ).fetchone()
+    return row is not None and row[0] == expected and (fingerprint is None or row[1] == fingerprint)
+
+
+def requeue_for_chunker(conn: psycopg.Connection, chunker_version: str) -> int:
+    """Indexed documents chunked by another chunker version go back to chunking (their text is kept)."""
+    return conn.execute(
+        """UPDATE documents SET status = %s, changed_at = now()
+           WHERE status = ANY(%s) AND chunker_version IS DISTINCT FROM %s""",
+        (D.PENDING_CHUNK, list(DOCUMENT_LIVE_IN_INDEX), chunker_version),
+    ).rowcount
+
+
+def finish_parse(
+    conn: psycopg.Connection,
+    doc_id: str,
+    content_hash: str,
+    page_count: int,
+    parser_version: str,
+    next_status: DocumentStatus,
+    cleaning: dict[str, int],
+) -> None:
+    conn.execute(
+        """UPDATE documents SET content_hash = %s, page_count = %s, parser_version = %s, status = %s,
+                  cleaning = %s, parsed_at = now()
+           WHERE doc_id = %s""",
+        (content_hash, page_count, parser_version, next_status, Jsonb(cleaning), doc_id),
+    )
+
+
+def mark_dead_letter(conn: psycopg.Connection, doc_id: str) -> None:
+    conn.execute("UPDATE documents SET status = %s, parsed_at = now() WHERE doc_id = %s", (D.DEAD_LETTER, doc_id))
+
+
+def mark_chunked(conn: psycopg.Connection, doc_id: str, chunker_version: str) -> None:
+    conn.execute(
+        "UPDATE documents SET status = %s, chunker_version = %s WHERE doc_id = %s",
+        (D.PENDING_INDEX, chunker_version, doc_id),
+    )
+
+
+def parser_version_of(conn: psycopg.Connection, doc_id: str) -> str | None:
+    row = conn.execute("SELECT parser_version FROM documents WHERE doc_id = %s", (doc_id,)).fetchone()
+    return row[0] if row else None
+
+
+def mark_indexed(conn: psycopg.Connection, doc_id: str) -> None:
+    conn.execute(
+        """UPDATE documents SET status = %s, indexed_at = now(), indexed_content_hash = content_hash
+           WHERE doc_id = %s""",
+        (D.INDEXED, doc_id),
+    )
+
+
+# --- reporting -------------------------------------------------------------------------------------
+
+
+def status_counts(conn: psycopg.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT status, count(*) FROM documents GROUP BY status").fetchall())
+
+
+def held_documents(conn: psycopg.Connection) -> list[tuple[str, str]]:
+    return conn.execute(
+        "SELECT source, rel_path FROM documents WHERE status = %s ORDER BY source, rel_path", (D.HELD_NO_LABELS,)
+    ).fetchall()

@@ -1,0 +1,207 @@
+"""The read-only queries behind the six checks (rag_pipeline.health decides what passes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from rag_pipeline.status import DOCUMENT_QUEUED, DocumentStatus
+from rag_pipeline.store.versions import ACTIVE_ALIAS, IndexVersion, index_versions
+
+D = DocumentStatus
+# Tables keyed by document, besides the per-version index tables. Groups emptied by a deletion are
+# checked separately: their occurrences are gone, so they no longer name a document.
+DOCUMENT_TABLES = ("chunks", "document_pages", "prefix_cache", "dead_letters")
+# A document that came back to its source (same source and path) is live again, not deleted.
+_DELETED_DOCUMENTS = sql.SQL(
+    """SELECT DISTINCT ON (l.doc_id) l.doc_id, l.source, l.rel_path, l.deleted_at
+       FROM deletion_log l WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = l.doc_id)
+       ORDER BY l.doc_id, l.deleted_at DESC"""
+)
+
+
+def table_exists(conn: psycopg.Connection, table_name: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table_name,)).fetchone()[0]
+
+
+# --- staleness -------------------------------------------------------------------------------------
+
+
+def source_freshness(conn: psycopg.Connection, now: datetime) -> list[tuple[str, int, Any, Any, int]]:
+    """Per registered source: SLA, seconds since the last completed scan, age of the oldest queued change,
+    and how many changes are queued."""
+    return conn.execute(
+        """SELECT s.name, s.freshness_sla_seconds,
+                  extract(epoch FROM %(now)s - s.last_scan_completed_at),
+                  extract(epoch FROM %(now)s - min(d.changed_at)),
+                  count(d.doc_id)
+           FROM sources s
+           LEFT JOIN documents d ON d.source = s.name AND d.status = ANY(%(queued)s)
+           GROUP BY s.name ORDER BY s.name""",
+        {"now": now, "queued": list(DOCUMENT_QUEUED)},
+    ).fetchall()
+
+
+# --- deletion replay -------------------------------------------------------------------------------
+
+
+def rows_of_deleted_documents(conn: psycopg.Connection) -> list[tuple[str, str, str, datetime, str, int]]:
+    """(doc_id, source, path, deleted_at, where, rows) for every row a deleted document still has, in the
+    document tables and every version table that exists."""
+    places = [sql.SQL("SELECT {label} AS place, doc_id FROM {table}").format(
+        label=sql.Literal(name), table=sql.Identifier(name)) for name in DOCUMENT_TABLES]
+    for version in index_versions(conn):
+        if table_exists(conn, version.table_name):
+            places.append(sql.SQL("SELECT {label} AS place, doc_id FROM {table}").format(
+                label=sql.Literal(f"{version.table_name} ({version.status})"),
+                table=sql.Identifier(version.table_name)))
+    return conn.execute(
+        sql.SQL(
+            """WITH deleted AS ({deleted})
+               SELECT x.doc_id, g.source, g.rel_path, g.deleted_at, x.place, count(*)
+               FROM ({places}) x JOIN deleted g USING (doc_id)
+               GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 5"""
+        ).format(deleted=_DELETED_DOCUMENTS, places=sql.SQL(" UNION ALL ").join(places))
+    ).fetchall()
+
+
+def deleted_document_count(conn: psycopg.Connection) -> int:
+    return conn.execute(sql.SQL("SELECT count(*) FROM ({}) g").format(_DELETED_DOCUMENTS)).fetchone()[0]
+
+
+def empty_group_count(conn: psycopg.Connection) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM chunk_groups g WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.group_id = g.group_id)"
+    ).fetchone()[0]
+
+
+# --- ACL coverage ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LabelCounts:
+    unlabelled: int  # rows without labels
+    mismatched: int  # rows whose labels differ from their document's
+    held: int  # rows of documents held back for missing labels
+    guarded: bool  # the table refuses unlabelled rows in its schema
+
+
+def label_counts(conn: psycopg.Connection, version: IndexVersion) -> LabelCounts:
+    unlabelled, mismatched, held = conn.execute(
+        sql.SQL(
+            """SELECT count(*) FILTER (WHERE cardinality(t.acl_labels) = 0),
+                      count(*) FILTER (WHERE d.acl_labels IS DISTINCT FROM t.acl_labels),
+                      count(*) FILTER (WHERE d.status = %s)
+               FROM {} t LEFT JOIN documents d USING (doc_id)"""
+        ).format(sql.Identifier(version.table_name)),
+        (D.HELD_NO_LABELS,),
+    ).fetchone()
+    guarded = conn.execute(
+        """SELECT count(*) > 0 FROM pg_constraint
+           WHERE conrelid = to_regclass(%s) AND contype = 'c'
+             AND pg_get_constraintdef(oid) LIKE '%%cardinality(acl_labels) > 0%%'""",
+        (version.table_name,),
+    ).fetchone()[0]
+    return LabelCounts(unlabelled, mismatched, held, guarded)
+
+
+def unlabelled_documents_queued(conn: psycopg.Connection) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM documents WHERE cardinality(acl_labels) = 0 AND status <> %s", (D.HELD_NO_LABELS,)
+    ).fetchone()[0]
+
+
+# --- index drift -----------------------------------------------------------------------------------
+
+
+def vector_column_type(conn: psycopg.Connection, version: IndexVersion) -> str | None:
+    row = conn.execute(
+        """SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+           WHERE a.attrelid = to_regclass(%s) AND a.attname = 'embedding' AND NOT a.attisdropped""",
+        (version.table_name,),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def foreign_vectors(conn: psycopg.Connection, version: IndexVersion) -> int:
+    """Rows whose vector differs from what the version's model gave for the same input (embedding cache)."""
+    return conn.execute(
+        sql.SQL(
+            """SELECT count(*) FROM {} t JOIN embedding_cache c
+                   ON c.model = %s AND c.input_sha = t.embedding_input_sha
+               WHERE (t.embedding <=> c.embedding) > 0.001"""
+        ).format(sql.Identifier(version.table_name)),
+        (version.embedding_model,),
+    ).fetchone()[0]
+
+
+def orphan_rows(conn: psycopg.Connection, version: IndexVersion) -> int:
+    """Rows whose owning chunk (in its group, of its document) no longer exists."""
+    return conn.execute(
+        sql.SQL(
+            """SELECT count(*) FROM {} t
+               WHERE NOT EXISTS (SELECT 1 FROM chunks c
+                                 WHERE c.chunk_id = t.owner_chunk_id AND c.doc_id = t.doc_id
+                                   AND coalesce(c.group_id, c.chunk_id) = t.chunk_id)"""
+        ).format(sql.Identifier(version.table_name))
+    ).fetchone()[0]
+
+
+@dataclass(frozen=True)
+class AliasTarget:
+    version_id: int
+    status: str
+    dropped: bool
+    table_name: str
+
+
+def alias_target(conn: psycopg.Connection) -> AliasTarget | None:
+    row = conn.execute(
+        """SELECT a.version_id, v.status, v.dropped_at IS NOT NULL, v.table_name
+           FROM index_alias a JOIN index_versions v USING (version_id) WHERE a.alias = %s""",
+        (ACTIVE_ALIAS,),
+    ).fetchone()
+    return AliasTarget(*row) if row else None
+
+
+# --- parse health ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParseCounts:
+    pages: int
+    near_empty_pages: int
+    zero_text_documents: list[tuple[str, str, int]]  # source, path, pages
+    tiers: list[tuple[str, int]]
+    dead_letters: list[tuple[str, int]]  # reason, documents
+    live_documents: int
+    flagged_chunks: list[tuple[str, str, int, str]]  # source, path, ordinal, patterns
+
+
+def parse_counts(conn: psycopg.Connection, near_empty_chars: int) -> ParseCounts:
+    pages, near_empty = conn.execute(
+        """SELECT count(*), count(*) FILTER (WHERE length(btrim(p.markdown)) < %s)
+           FROM document_pages p JOIN documents d USING (doc_id) WHERE d.status <> %s""",
+        (near_empty_chars, D.DEAD_LETTER),
+    ).fetchone()
+    zero_text = conn.execute(
+        """SELECT d.source, d.rel_path, count(*) FROM documents d JOIN document_pages p USING (doc_id)
+           WHERE d.status <> %s
+           GROUP BY d.doc_id HAVING sum(length(btrim(p.markdown))) = 0 ORDER BY 1, 2""",
+        (D.DEAD_LETTER,),
+    ).fetchall()
+    tiers = conn.execute("SELECT tier, count(*) FROM document_pages GROUP BY tier ORDER BY count(*) DESC").fetchall()
+    dead = conn.execute(
+        "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY count(*) DESC, reason"
+    ).fetchall()
+    live = conn.execute("SELECT count(*) FROM documents WHERE status <> %s", (D.HELD_NO_LABELS,)).fetchone()[0]
+    flagged = conn.execute(
+        """SELECT d.source, d.rel_path, c.ordinal, array_to_string(c.flags, ', ')
+           FROM chunks c JOIN documents d USING (doc_id) WHERE cardinality(c.flags) > 0
+           ORDER BY d.source, d.rel_path, c.ordinal"""
+    ).fetchall()
+    return ParseCounts(pages, near_empty, zero_text, tiers, dead, live, flagged)

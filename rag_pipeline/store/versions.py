@@ -1,0 +1,352 @@
+"""Index versions (blue/green): the registry, one chunk table per version with its indexes, its rows, the
+active alias and the `active_chunks` view, and the lifecycle's events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import psycopg
+from pgvector import HalfVector
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from rag_pipeline import ids
+from rag_pipeline.status import DOCUMENT_LIVE_IN_INDEX, VERSION_WRITABLE, DocumentStatus, VersionStatus
+from rag_pipeline.store.chunks import StoredChunk
+
+V = VersionStatus
+ACTIVE_ALIAS = "active"
+ACTIVE_VIEW = "active_chunks"
+# Arbitrary text: serialises creating and activating versions across processes.
+_REGISTRY_LOCK = "rag_pipeline:index_versions"
+
+
+@dataclass(frozen=True)
+class IndexVersion:
+    version_id: int
+    table_name: str
+    embedding_model: str
+    model_revision: str | None
+    dimensions: int
+    chunker_version: str
+    parser_version: str
+    status: VersionStatus
+    row_count: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"v{self.version_id}"
+
+
+_VERSION_COLUMNS = sql.SQL(
+    "v.version_id, v.table_name, v.embedding_model, v.model_revision, v.dimensions, v.chunker_version,"
+    " v.parser_version, v.status, v.row_count"
+)
+
+
+def _version(row: Sequence[Any]) -> IndexVersion:
+    return IndexVersion(*row[:7], VersionStatus(row[7]), row[8])
+
+
+def index_versions(conn: psycopg.Connection, statuses: Sequence[VersionStatus] | None = None) -> list[IndexVersion]:
+    """Versions whose table exists (not dropped), optionally only those in `statuses`, oldest first."""
+    query = sql.SQL(
+        "SELECT {} FROM index_versions v WHERE v.dropped_at IS NULL AND (%(all)s OR v.status = ANY(%(statuses)s))"
+        " ORDER BY v.version_id"
+    ).format(_VERSION_COLUMNS)
+    rows = conn.execute(query, {"all": statuses is None, "statuses": list(statuses or ())}).fetchall()
+    return [_version(row) for row in rows]
+
+
+def get_version(conn: psycopg.Connection, version_id: int) -> IndexVersion | None:
+    """A version whose table exists, by id."""
+    row = conn.execute(
+        sql.SQL("SELECT {} FROM index_versions v WHERE v.version_id = %s AND v.dropped_at IS NULL").format(
+            _VERSION_COLUMNS
+        ),
+        (version_id,),
+    ).fetchone()
+    return _version(row) if row else None
+
+
+def active_version(conn: psycopg.Connection) -> IndexVersion | None:
+    query = sql.SQL(
+        "SELECT {} FROM index_alias a JOIN index_versions v USING (version_id) WHERE a.alias = %s"
+    ).format(_VERSION_COLUMNS)
+    row = conn.execute(query, (ACTIVE_ALIAS,)).fetchone()
+    return _version(row) if row else None
+
+
+def writable_versions(conn: psycopg.Connection) -> list[IndexVersion]:
+    """Versions that receive every write (rag_pipeline.status.VERSION_WRITABLE)."""
+    return index_versions(conn, VERSION_WRITABLE)
+
+
+def lock_registry(conn: psycopg.Connection) -> None:
+    """Serialise version creation and activation until the transaction ends."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_REGISTRY_LOCK,))
+
+
+def create_version(
+    conn: psycopg.Connection,
+    embedding_model: str,
+    model_revision: str | None,
+    dimensions: int,
+    chunker_version: str,
+    parser_version: str,
+) -> IndexVersion:
+    """Register a version in status 'building' and create its chunk table with all its indexes."""
+    version_id = conn.execute(
+        """INSERT INTO index_versions (table_name, embedding_model, model_revision, dimensions,
+                                       chunker_version, parser_version, status)
+           VALUES ('pending', %s, %s, %s, %s, %s, %s) RETURNING version_id""",
+        (embedding_model, model_revision, dimensions, chunker_version, parser_version, V.BUILDING),
+    ).fetchone()[0]
+    table_name = ids.version_table(version_id)
+    conn.execute("UPDATE index_versions SET table_name = %s WHERE version_id = %s", (table_name, version_id))
+    table = sql.Identifier(table_name)
+    conn.execute(
+        sql.SQL(
+            """CREATE TABLE {table} (
+                   chunk_id            text PRIMARY KEY,  -- near-duplicate group id: one row per group
+                   owner_chunk_id      text NOT NULL,     -- the occurrence whose text and place this row shows
+                   doc_id              text NOT NULL REFERENCES documents (doc_id) ON DELETE CASCADE,
+                   ordinal             integer NOT NULL,
+                   text                text NOT NULL,
+                   prefix              text NOT NULL,
+                   section_path        text NOT NULL,
+                   page_start          integer NOT NULL,
+                   page_end            integer NOT NULL,
+                   content_type        text NOT NULL,
+                   -- default-deny in the schema itself: a row nobody may read cannot exist
+                   acl_labels          text[] NOT NULL CHECK (cardinality(acl_labels) > 0),
+                   embedding_input_sha text NOT NULL,
+                   embedding           halfvec({dims}) NOT NULL,
+                   tsv                 tsvector GENERATED ALWAYS AS
+                                         (to_tsvector('english', prefix || ' ' || text)) STORED
+               )"""
+        ).format(table=table, dims=sql.Literal(dimensions))
+    )
+    for suffix, index_sql in (
+        ("hnsw", "CREATE INDEX {name} ON {table} USING hnsw (embedding halfvec_cosine_ops)"),
+        ("tsv", "CREATE INDEX {name} ON {table} USING gin (tsv)"),
+        ("acl", "CREATE INDEX {name} ON {table} USING gin (acl_labels)"),
+        ("doc", "CREATE INDEX {name} ON {table} (doc_id, ordinal)"),
+        ("ctype", "CREATE INDEX {name} ON {table} (content_type)"),
+    ):
+        conn.execute(sql.SQL(index_sql).format(name=sql.Identifier(f"{table_name}_{suffix}"), table=table))
+    return IndexVersion(version_id, table_name, embedding_model, model_revision, dimensions, chunker_version,
+                        parser_version, V.BUILDING)
+
+
+def ensure_active(
+    conn: psycopg.Connection,
+    embedding_model: str,
+    model_revision: str | None,
+    dimensions: int,
+    chunker_version: str,
+    parser_version: str,
+) -> IndexVersion:
+    """The active version; on a database without one, a new version with these parameters, activated."""
+    lock_registry(conn)
+    current = active_version(conn)
+    if current is not None:
+        return current
+    version = create_version(conn, embedding_model, model_revision, dimensions, chunker_version, parser_version)
+    activate(conn, version.version_id)
+    return active_version(conn)  # type: ignore[return-value]
+
+
+def activate(conn: psycopg.Connection, version_id: int) -> None:
+    """Point the alias and the `active_chunks` view at a version, retiring the previous active one."""
+    table_name = conn.execute(
+        "SELECT table_name FROM index_versions WHERE version_id = %s", (version_id,)
+    ).fetchone()[0]
+    conn.execute(
+        "UPDATE index_versions SET status = %s, retired_at = now() WHERE status = %s AND version_id <> %s",
+        (V.RETIRED, V.ACTIVE, version_id),
+    )
+    conn.execute(
+        "UPDATE index_versions SET status = %s, promoted_at = now(), ready_at = coalesce(ready_at, now())"
+        " WHERE version_id = %s",
+        (V.ACTIVE, version_id),
+    )
+    conn.execute(
+        """INSERT INTO index_alias (alias, version_id) VALUES (%s, %s)
+           ON CONFLICT (alias) DO UPDATE SET version_id = EXCLUDED.version_id, updated_at = now()""",
+        (ACTIVE_ALIAS, version_id),
+    )
+    # The view's vector type changes with the model, so it is replaced, not altered (same transaction).
+    conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(ACTIVE_VIEW)))
+    conn.execute(
+        sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(sql.Identifier(ACTIVE_VIEW), sql.Identifier(table_name))
+    )
+
+
+def mark_ready(conn: psycopg.Connection, version_id: int) -> bool:
+    """A building version whose backfill is complete becomes ready. False when it was not building."""
+    return conn.execute(
+        "UPDATE index_versions SET status = %s, ready_at = now() WHERE version_id = %s AND status = %s",
+        (V.READY, version_id, V.BUILDING),
+    ).rowcount == 1
+
+
+def last_retired_with_table(conn: psycopg.Connection) -> int | None:
+    """The most recently retired version that was once active and still has its table (the rollback target)."""
+    row = conn.execute(
+        """SELECT version_id FROM index_versions
+           WHERE status = %s AND promoted_at IS NOT NULL AND dropped_at IS NULL
+           ORDER BY retired_at DESC LIMIT 1""",
+        (V.RETIRED,),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def drop(conn: psycopg.Connection, version: IndexVersion) -> None:
+    """Drop a version's table for good and mark it retired and dropped."""
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(version.table_name)))
+    conn.execute(
+        """UPDATE index_versions SET status = %s, retired_at = coalesce(retired_at, now()),
+                  dropped_at = now(), row_count = 0 WHERE version_id = %s""",
+        (V.RETIRED, version.version_id),
+    )
+
+
+def record_event(conn: psycopg.Connection, version_id: int, event: str, forced: bool, detail: dict[str, Any]) -> None:
+    conn.execute(
+        "INSERT INTO index_version_events (version_id, event, forced, detail) VALUES (%s, %s, %s, %s)",
+        (version_id, event, forced, Jsonb(detail)),
+    )
+
+
+@dataclass(frozen=True)
+class VersionTimes:
+    created_at: datetime
+    promoted_at: datetime | None
+    retired_at: datetime | None
+
+
+def version_times(conn: psycopg.Connection) -> dict[int, VersionTimes]:
+    rows = conn.execute("SELECT version_id, created_at, promoted_at, retired_at FROM index_versions").fetchall()
+    return {row[0]: VersionTimes(*row[1:]) for row in rows}
+
+
+# --- rows ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    chunk: StoredChunk
+    input_sha: str
+    embedding: np.ndarray
+
+
+_INSERT_ROW = """INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,
+                                 page_end, content_type, acl_labels, embedding_input_sha, embedding)
+                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                 ON CONFLICT (chunk_id) DO NOTHING"""
+
+
+def insert_group_rows(
+    conn: psycopg.Connection, version: IndexVersion, acl_labels: Sequence[str], rows: Sequence[IndexRow]
+) -> int:
+    """One row per near-duplicate group: the first occurrence to arrive owns it. Returns rows inserted."""
+    inserted = 0
+    statement = sql.SQL(_INSERT_ROW).format(sql.Identifier(version.table_name))
+    with conn.cursor() as cur:
+        for row in rows:
+            c = row.chunk
+            cur.execute(
+                statement,
+                (
+                    c.group_id or c.chunk_id, c.chunk_id, c.doc_id, c.ordinal, c.text, c.prefix, c.section_path,
+                    c.page_start, c.page_end, c.content_type, list(acl_labels), row.input_sha,
+                    HalfVector(row.embedding),
+                ),
+            )
+            inserted += cur.rowcount
+    return inserted
+
+
+def delete_document_rows(conn: psycopg.Connection, version: IndexVersion, doc_id: str) -> list[str]:
+    """Delete the rows a document owns in a version; returns their group ids."""
+    rows = conn.execute(
+        sql.SQL("DELETE FROM {} WHERE doc_id = %s RETURNING chunk_id").format(sql.Identifier(version.table_name)),
+        (doc_id,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def delete_rows_of(conn: psycopg.Connection, version: IndexVersion, doc_ids: Sequence[str]) -> None:
+    conn.execute(
+        sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(sql.Identifier(version.table_name)),
+        (list(doc_ids),),
+    )
+
+
+def copy_document_labels(conn: psycopg.Connection, version: IndexVersion, doc_ids: Sequence[str]) -> None:
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} t SET acl_labels = d.acl_labels FROM documents d"
+            " WHERE t.doc_id = d.doc_id AND d.doc_id = ANY(%s)"
+        ).format(sql.Identifier(version.table_name)),
+        (list(doc_ids),),
+    )
+
+
+def rowless_group_occurrences(
+    conn: psycopg.Connection, version: IndexVersion, group_ids: Sequence[str]
+) -> list[tuple[StoredChunk, list[str]]]:
+    """For groups without a row in this version: their first live occurrence (and its document's labels)."""
+    rows = conn.execute(
+        sql.SQL(
+            """SELECT DISTINCT ON (c.group_id) c.chunk_id, c.doc_id, c.ordinal, c.text, c.prefix, c.section_path,
+                      c.page_start, c.page_end, c.content_type, c.group_id, d.acl_labels
+               FROM chunks c JOIN documents d USING (doc_id)
+               WHERE c.group_id = ANY(%s) AND cardinality(d.acl_labels) > 0
+                 AND d.status = ANY(%s)
+                 AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = c.group_id)
+               ORDER BY c.group_id, c.doc_id, c.ordinal"""
+        ).format(sql.Identifier(version.table_name)),
+        (list(group_ids), list(DOCUMENT_LIVE_IN_INDEX)),
+    ).fetchall()
+    return [(StoredChunk(*r[:10]), list(r[10])) for r in rows]
+
+
+def groups_without_row(conn: psycopg.Connection, version: IndexVersion) -> int:
+    """Chunk groups of indexed documents that have no row in this version (a backfill not done, a lost row)."""
+    return conn.execute(
+        sql.SQL(
+            """SELECT count(DISTINCT c.group_id) FROM chunks c JOIN documents d USING (doc_id)
+               WHERE d.status = %s AND c.group_id IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = c.group_id)"""
+        ).format(sql.Identifier(version.table_name)),
+        (DocumentStatus.INDEXED,),
+    ).fetchone()[0]
+
+
+def rows_deleted_since_build(conn: psycopg.Connection, version: IndexVersion) -> int:
+    """Rows of documents deleted at their source since the version's build began (deletion replay)."""
+    return conn.execute(
+        sql.SQL(
+            """SELECT count(*) FROM {} t JOIN deletion_log l ON l.doc_id = t.doc_id
+               JOIN index_versions v ON v.version_id = %s
+               WHERE l.deleted_at >= v.build_started_at
+                 AND NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = t.doc_id)"""
+        ).format(sql.Identifier(version.table_name)),
+        (version.version_id,),
+    ).fetchone()[0]
+
+
+def row_count(conn: psycopg.Connection, version: IndexVersion) -> int:
+    return int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(version.table_name))).fetchone()[0])
+
+
+def refresh_stats(conn: psycopg.Connection, version: IndexVersion) -> int:
+    count = row_count(conn, version)
+    conn.execute("UPDATE index_versions SET row_count = %s WHERE version_id = %s", (count, version.version_id))
+    return count

@@ -1,0 +1,167 @@
+"""The house rules a newcomer relies on: the code location's contents by name, loading it has no side effects,
+SQL lives under rag_pipeline/store, the state tables agree with the database, ids are stable, and the wheel
+installs and migrates on its own."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+
+from rag_pipeline import ids
+from rag_pipeline.defs.code_location import build_definitions
+from rag_pipeline.status import DOCUMENT_TRANSITIONS, VERSION_TRANSITIONS, DocumentStatus, VersionStatus
+from rag_pipeline.store.database import MIGRATIONS_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "rag_pipeline"
+
+
+def test_the_code_location_holds_exactly_these_definitions(make_settings):
+    defs = build_definitions(make_settings())
+    repository = defs.get_repository_def()
+    assert {key.to_user_string() for key in repository.asset_graph.get_all_asset_keys()} == {
+        "source_documents", "parsed_documents", "document_chunks", "search_index", "index_version_backfill"}
+    assert {key.name for key in repository.asset_graph.asset_check_keys} == {
+        "staleness", "deletion_replay", "acl_coverage", "index_drift", "parse_health", "retrieval_quality"}
+    assert {job.name for job in repository.get_all_jobs() if not job.name.startswith("__")} == {
+        "ingest", "index_health", "build_index_version", "start_index_build", "promote_index_version"}
+    assert {s.name for s in repository.schedule_defs} == {"incremental_refresh", "index_health_checks"}
+    assert {s.name for s in repository.sensor_defs} == {"source_changes", "index_alerts"}
+    upstream = {key.to_user_string(): {d.to_user_string() for d in deps}
+                for key, deps in repository.asset_graph.asset_dep_graph["upstream"].items()}
+    assert upstream["search_index"] == {"document_chunks"}
+    assert upstream["document_chunks"] == {"parsed_documents"}
+    assert upstream["parsed_documents"] == {"source_documents"}
+
+
+def _load_code_location(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
+    config = tmp_path / "rag_pipeline.yaml"
+    config.write_text(config_text)
+    probe = (
+        "import sys, rag_pipeline.definitions as d\n"
+        "heavy = sorted(m for m in ('torch', 'sentence_transformers', 'docling', 'rapidocr') if m in sys.modules)\n"
+        "print(len(d.defs.resolve_all_job_defs()), heavy)\n"
+    )
+    env = {**os.environ, "RAG_CONFIG": str(config)}
+    env.pop("RAG_DATABASE_URL", None)
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=180)
+
+
+def test_loading_the_code_location_connects_loads_and_writes_nothing(tmp_path):
+    # An unreachable database and a data folder that must not appear: loading touches neither.
+    result = _load_code_location(
+        tmp_path, "database_url: postgresql://nobody@127.0.0.1:9/none\ndata_dir: state\n"
+        "sources: [{name: docs, root: docs, acl_labels: [staff]}]\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(maxsplit=1)[1].strip() == "[]"  # no model library imported
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rag_pipeline.yaml"]
+
+
+def test_a_bad_configuration_fails_the_code_location_with_the_cli_line(tmp_path):
+    config = tmp_path / "rag_pipeline.yaml"
+    config.write_text("sources: [{name: docs, root: docs, acl_label: [staff]}]\n")
+    line = f"{config}: sources[0].acl_label: unknown key; did you mean acl_labels?"
+    validate = subprocess.run(
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-m", "rag_pipeline.definitions"],
+        capture_output=True, text=True, env={**os.environ, "RAG_CONFIG": str(config)}, cwd=tmp_path, timeout=180,
+    )
+    assert validate.returncode != 0 and line in validate.stdout + validate.stderr
+    cli = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), "index", "list"],
+                         capture_output=True, text=True, timeout=180)
+    assert cli.returncode == 2 and cli.stderr == f"configuration error: {line}\n"
+
+
+def test_dg_finds_the_project_from_pyproject():
+    dg = Path(sys.executable).with_name("dg")
+    result = subprocess.run([str(dg), "list", "defs", "--json"], capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "RAG_CONFIG": str(REPO / "rag_pipeline.yaml")}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    listed = json.loads(result.stdout)
+    assert {asset["asset_key"] for asset in listed["assets"]} >= {"source_documents", "search_index"}
+    workspace = yaml.safe_load((REPO / "workspace.yaml").read_text())  # dagster dev -w keeps working
+    assert workspace["load_from"][0]["python_module"]["module_name"] == "rag_pipeline.definitions"
+
+
+def test_sql_is_executed_only_under_rag_pipeline_store():
+    # The README's reviewer check: grep -rlE "\.(execute|executemany|copy)\(" rag_pipeline
+    executes = re.compile(r"\.(execute|executemany|copy)\(")
+    offenders = sorted(
+        str(path.relative_to(REPO)) for path in PACKAGE.rglob("*.py")
+        if executes.search(path.read_text()) and PACKAGE / "store" not in path.parents
+    )
+    assert offenders == []
+
+
+def test_the_status_tables_in_python_and_in_the_database_agree(db):
+    documents = {tuple(r) for r in db.execute("SELECT from_status, to_status FROM document_status_transitions")}
+    assert documents == {(str(a), str(b)) for a, targets in DOCUMENT_TRANSITIONS.items() for b in targets}
+    version_rows = {tuple(r) for r in db.execute("SELECT from_status, to_status FROM index_version_status_transitions")}
+    assert version_rows == {(str(a), str(b)) for a, targets in VERSION_TRANSITIONS.items() for b in targets}
+    checks = " ".join(r[0] for r in db.execute(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'documents'::regclass AND contype = 'c'"))
+    assert all(f"'{status}'" in checks for status in DocumentStatus)
+    assert set(DOCUMENT_TRANSITIONS) == set(DocumentStatus) and set(VERSION_TRANSITIONS) == set(VersionStatus)
+
+
+def test_the_database_refuses_a_transition_the_table_does_not_list(db):
+    db.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) VALUES ('s', '/x', '{}', 1)")
+    db.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels,
+                                         status)
+                  VALUES ('d1', 's', 'a.md', 'f', 1, now(), '{staff}', 'held_no_labels')""")
+    with pytest.raises(psycopg.errors.CheckViolation, match="cannot go from held_no_labels to indexed"):
+        db.execute("UPDATE documents SET status = 'indexed' WHERE doc_id = 'd1'")
+    db.execute("UPDATE documents SET status = 'pending_parse' WHERE doc_id = 'd1'")  # listed: allowed
+    with pytest.raises(psycopg.errors.CheckViolation, match="cannot go from pending_parse to pending_index"):
+        db.execute("UPDATE documents SET status = 'pending_index' WHERE doc_id = 'd1'")
+
+
+def test_ids_are_stable_across_releases():
+    # Existing indexes are keyed by these: a change here orphans every row, so it needs a migration.
+    assert ids.doc_id("handbook", "travel/policy.md") == "888948dae7a5e4c49d87056a31d6c97e"
+    assert ids.chunk_id("888948dae7a5e4c49d87056a31d6c97e", "v1", 3, ids.text_hash("hello")) == (
+        "825d619d4b003393520ac5f9ded575b3")
+    assert ids.embedding_input_sha("hello") == ids.text_hash("hello") == (
+        "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824")
+    assert ids.version_table(7) == "index_v7"
+
+
+def test_the_wheel_holds_the_package_and_its_migrations_and_installs_and_migrates(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
+                    str(REPO)], check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("rag_pipeline-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    migrations = sorted(p.name for p in MIGRATIONS_DIR.glob("*.sql"))
+    assert [n.rsplit("/", 1)[1] for n in names if n.startswith("rag_pipeline/store/migrations/")] == migrations
+    assert not [n for n in names if n.startswith(("rag_pipeline_tests", "bench", "torture_set", "sample_corpus"))]
+    assert "rag_pipeline/definitions.py" in names
+
+    # A venv that sees the project's dependencies (not its editable checkout) and holds the wheel.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "project_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", str(wheel)], check=True, capture_output=True, timeout=300)
+    work = tmp_path / "elsewhere"  # not the checkout: nothing may be read from it
+    work.mkdir()
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import rag_pipeline; print(rag_pipeline.__file__)"],
+                           capture_output=True, text=True, cwd=work, check=True).stdout
+    assert str(site) in where
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    started = subprocess.run([str(venv / "bin" / "rag-pipeline", ), "db", "start"], capture_output=True, text=True,
+                             cwd=work, env=env, timeout=300)
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        assert "008_status_transitions.sql" in started.stdout  # migrated from the wheel's own files
+    finally:
+        subprocess.run([str(venv / "bin" / "rag-pipeline"), "db", "stop"], cwd=work, env=env, timeout=120)
