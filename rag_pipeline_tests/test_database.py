@@ -77,3 +77,47 @@ def test_embedded_server_lifecycle_through_the_cli():
     finally:
         EmbeddedPostgres(workdir / "pg").stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_migration_008_upgrades_a_database_the_previous_release_left(pg_admin_url, tmp_path):
+    """A database migrated to 007 (the previous main) with documents in every state and a version in use gains
+    the transition tables and triggers in place, and its rows keep their states."""
+    from psycopg import sql
+
+    from rag_pipeline.store.database import ensure_database
+
+    name = f"upgrade_{tmp_path.name[-8:].replace('-', '_')}"
+    ensure_database(pg_admin_url, name)
+    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    for path in MIGRATIONS_DIR.glob("00[1-7]_*.sql"):
+        shutil.copy(path, previous / path.name)
+    try:
+        assert len(migrate(url, previous)) == 7
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)"
+                         " VALUES ('s', '/x', '{}', 60)")
+            for number, status in enumerate(("pending_parse", "pending_chunk", "pending_index", "indexed",
+                                             "dead_letter", "held_no_labels")):
+                conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                                       acl_labels, status)
+                                VALUES (%s, 's', %s, 'f', 1, now(), '{staff}', %s)""", (status, f"{number}.md", status))
+            conn.execute("""INSERT INTO index_versions (table_name, embedding_model, dimensions, chunker_version,
+                                                        parser_version, status)
+                            VALUES ('index_v1', 'm', 8, 'c', 'p', 'active'), ('index_v2', 'm2', 8, 'c', 'p', 'ready')""")
+        assert migrate(url) == ["008_status_transitions.sql"]
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert dict(conn.execute("SELECT doc_id, status FROM documents").fetchall()) == {
+                s: s for s in ("pending_parse", "pending_chunk", "pending_index", "indexed", "dead_letter",
+                               "held_no_labels")}
+            conn.execute("UPDATE documents SET status = 'pending_parse' WHERE doc_id = 'dead_letter'")  # a retry
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute("UPDATE documents SET status = 'indexed' WHERE doc_id = 'pending_chunk'")
+            conn.execute("UPDATE index_versions SET status = 'retired' WHERE status = 'active'")
+            conn.execute("UPDATE index_versions SET status = 'active' WHERE status = 'ready'")  # promotion
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute("UPDATE index_versions SET status = 'building' WHERE status = 'retired'")
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
