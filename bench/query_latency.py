@@ -1,10 +1,11 @@
-"""Hybrid-search latency at 100,000 chunks, with and without a 2%-selective ACL filter.
+"""Query latency of the three search modes on a large index, unfiltered and with a selective ACL filter, at
+several sizes and on two vocabularies; the storage each structure costs; and, with --churn, what ten refresh
+cycles of 10% churn do to size and latency.
 
-Builds a real index version table (halfvec + HNSW, tsvector + GIN, GIN on labels) of synthetic chunks (see
-bench/synthetic.py), then times `rag_pipeline.retrieval.search` end to end: query embedding, the dense and
-sparse candidate lists with the ACL filter inside their SQL, and the fusion.
+    .venv/bin/python -m bench.query_latency [--sizes 100000,300000] [--vocabularies zipf,stress]
+                                            [--modes sparse,dense,hybrid] [--churn 10]
 
-    .venv/bin/python -m bench.query_latency --chunks 100000
+Latencies include the query embedding (dense and hybrid) and return the full k. Printed as Markdown tables.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import random
 import statistics
 import time
 
+from pgvector import HalfVector
 from psycopg import sql
 
 from bench.common import WORDS, machine, throwaway_database
-from bench.synthetic import COMMON_LABEL, RARE_LABEL, load_index, synthetic_vectors
+from bench.synthetic import COMMON_LABEL, RARE_LABEL, ZipfText, load_index, synthetic_vectors
 from rag_pipeline.embedding import get_embedder
 from rag_pipeline.retrieval import search
+from rag_pipeline.store import versions as version_store
 from rag_pipeline.store.database import connect
+
+FILTERS = (("none", [COMMON_LABEL, RARE_LABEL]), ("2% labels", [RARE_LABEL]))
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -28,49 +33,123 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
+def measure(conn, queries: list[str], modes: list[str], k: int) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(mode, filter) -> (p50 ms, p95 ms, mean hits)."""
+    results = {}
+    for mode in modes:
+        for name, labels in FILTERS:
+            for query in queries[:10]:
+                search(conn, query, labels, k=k, mode=mode)  # warm the caches
+            latencies, returned = [], []
+            for query in queries:
+                started = time.perf_counter()
+                hits = search(conn, query, labels, k=k, mode=mode)
+                latencies.append((time.perf_counter() - started) * 1000)
+                returned.append(len(hits))
+            results[(mode, name)] = (percentile(latencies, 0.5), percentile(latencies, 0.95),
+                                     statistics.fmean(returned))
+    return results
+
+
+def storage(conn, version) -> dict[str, int]:
+    """Bytes per structure: the table with its B-trees, the HNSW index, the BM25 postings, weights and counters."""
+    def size(expression: str, name: str) -> int:
+        return conn.execute(sql.SQL("SELECT {}(%s::regclass)").format(sql.SQL(expression)), (name,)).fetchone()[0]
+
+    table = version.table_name
+    return {
+        "halfvec HNSW index": size("pg_relation_size", f"{table}_hnsw"),
+        "rows (heap, TOAST, B-trees, GIN)": size("pg_total_relation_size", table) - size("pg_relation_size", f"{table}_hnsw"),
+        "BM25 postings (+ 2 indexes)": size("pg_total_relation_size", f"{table}_postings"),
+        "BM25 weight vectors": size("pg_total_relation_size", f"{table}_bm25docs"),
+        "BM25 df counters": size("pg_total_relation_size", f"{table}_bm25_df"),
+    }
+
+
+def churn(conn, version, texts: list[str], vectors, cycle: int, share: float = 0.1) -> None:
+    """Delete `share` of the rows and insert as many new ones, through the triggers, as refreshes do."""
+    table = sql.Identifier(version.table_name)
+    rng = random.Random(cycle)
+    with conn.transaction():
+        total = version_store.row_count(conn, version)
+        conn.execute(sql.SQL("DELETE FROM {} WHERE chunk_id IN (SELECT chunk_id FROM {} ORDER BY random() LIMIT %s)")
+                     .format(table, table), (int(total * share),))
+        documents = [r[0] for r in conn.execute("SELECT doc_id FROM documents ORDER BY doc_id").fetchall()]
+        with conn.cursor() as cur:
+            for i in range(int(total * share)):
+                n = rng.randrange(len(texts))
+                cur.execute(sql.SQL(
+                    "INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,"
+                    " page_end, content_type, acl_labels, embedding_input_sha, embedding)"
+                    " SELECT %s, %s, %s, %s, %s, '', '', 1, 1, 'prose', d.acl_labels, %s, %s FROM documents d"
+                    " WHERE d.doc_id = %s").format(table),
+                    (f"churn{cycle}-{i}", f"churn{cycle}-{i}", documents[n % len(documents)], 10_000 + i, texts[n],
+                     f"churn{cycle}-{i}", HalfVector(vectors[n]), documents[n % len(documents)]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--sizes", default="100000,300000", help="comma-separated chunk counts (e.g. add 1000000)")
+    parser.add_argument("--vocabularies", default="zipf,stress")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("-k", type=int, default=10)
-    parser.add_argument("--modes", default="hybrid", help="comma-separated: hybrid, dense, sparse")
+    parser.add_argument("--modes", default="sparse,dense,hybrid")
+    parser.add_argument("--churn", type=int, default=0, help="refresh cycles of 10%% churn at the first size")
     args = parser.parse_args()
-    rng = random.Random(5)
-    queries = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))) for _ in range(args.queries)]
+    modes = args.modes.split(",")
     embedder = get_embedder("all-MiniLM-L6-v2")
     embed_ms = []
-    for query in queries[:50]:
+    for word in WORDS:
         started = time.perf_counter()
-        embedder.embed_query(query)
+        embedder.embed_query(f"{word} policy")
         embed_ms.append((time.perf_counter() - started) * 1000)
-
-    texts, vectors = synthetic_vectors(args.chunks, passages=2000)
-    with throwaway_database() as database, connect(database.create("bench_latency")) as conn:
-        version, timings = load_index(conn, texts, vectors)
-        results = {}
-        for mode in args.modes.split(","):
-            for name, labels in (("no filter (every row readable)", [COMMON_LABEL, RARE_LABEL]),
-                                 ("2%-selective ACL filter", [RARE_LABEL])):
-                latencies, returned = [], []
-                for query in queries[:10]:
-                    search(conn, query, labels, k=args.k, mode=mode)  # warm the caches
-                for query in queries:
+    print(f"machine: {machine()}; query embedding alone: p50 {statistics.median(embed_ms):.1f} ms (included below)")
+    zipf = ZipfText()
+    rows_out, sizes_out = [], []
+    for vocabulary in args.vocabularies.split(","):
+        rng = random.Random(5)
+        if vocabulary == "zipf":
+            queries = [zipf.query(rng) for _ in range(args.queries)]
+        else:
+            queries = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))) for _ in range(args.queries)]
+        for size in (int(s) for s in args.sizes.split(",")):
+            texts, vectors = synthetic_vectors(size, passages=2000)
+            if vocabulary == "zipf":
+                text_rng = random.Random(9)
+                texts = [zipf.text(text_rng) for _ in range(size)]
+            with throwaway_database() as database, connect(database.create("bench_latency")) as conn:
+                version, timings = load_index(conn, texts, vectors)
+                results = measure(conn, queries, modes, args.k)
+                for (mode, name), (p50, p95, hits) in results.items():
+                    rows_out.append(f"| {vocabulary} | {size:,} | {mode} | {name} | {p50:.1f} | {p95:.1f} | {hits:.1f} |")
+                sizes = storage(conn, version)
+                sizes_out.append((vocabulary, size, sizes, timings))
+                if args.churn and size == int(args.sizes.split(",")[0]) and vocabulary == "zipf":
                     started = time.perf_counter()
-                    hits = search(conn, query, labels, k=args.k, mode=mode)
-                    latencies.append((time.perf_counter() - started) * 1000)
-                    returned.append(len(hits))
-                results[(mode, name)] = (latencies, returned)
-        rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(version.table_name))).fetchone()[0]
-
-    print(f"machine: {machine()}")
-    print(f"{rows:,} chunks, all-MiniLM-L6-v2 (384 dims, halfvec), HNSW built after a COPY load in "
-          f"{timings['build_hnsw_s']:.0f} s; {args.queries} queries, k={args.k}")
-    print(f"query embedding alone: p50 {statistics.median(embed_ms):.1f} ms (included below)")
-    print("| mode | caller labels | p50 | p95 | mean hits returned |")
-    print("|---|---|---|---|---|")
-    for (mode, name), (latencies, returned) in results.items():
-        print(f"| {mode} | {name} | {percentile(latencies, 0.5):.1f} ms | {percentile(latencies, 0.95):.1f} ms | "
-              f"{statistics.fmean(returned):.1f} |")
+                    for cycle in range(args.churn):
+                        churn(conn, version, texts, vectors, cycle)
+                    churn_seconds = time.perf_counter() - started
+                    after = measure(conn, queries, modes, args.k)
+                    after_sizes = storage(conn, version)
+                    print(f"\n{args.churn} cycles of 10% churn at {size:,} ({churn_seconds:.0f} s, autovacuum only):")
+                    print("| mode | caller labels | p95 before | p95 after | ratio |\n|---|---|---|---|---|")
+                    for key, (_, p95, _) in results.items():
+                        print(f"| {key[0]} | {key[1]} | {p95:.1f} | {after[key][1]:.1f} | {after[key][1] / p95:.2f} |")
+                    print("| structure | MB before | MB after | ratio |\n|---|---|---|---|")
+                    for name, before in sizes.items():
+                        print(f"| {name} | {before / 2**20:.0f} | {after_sizes[name] / 2**20:.0f} | "
+                              f"{after_sizes[name] / max(1, before):.2f} |")
+    print(f"\n{args.queries} queries per cell, k={args.k}; ms")
+    print("| vocabulary | chunks | mode | caller labels | p50 | p95 | mean hits |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows_out))
+    print("\nstorage per 100,000 chunks (MB) and build times")
+    names = list(sizes_out[0][2])
+    print("| vocabulary | chunks | " + " | ".join(names) + " | HNSW build s | BM25 build s |")
+    print("|---|---|" + "---|" * (len(names) + 2))
+    for vocabulary, size, sizes, timings in sizes_out:
+        scaled = " | ".join(f"{sizes[n] / 2**20 * 100_000 / size:.0f}" for n in names)
+        print(f"| {vocabulary} | {size:,} | {scaled} | {timings['build_hnsw_s']:.0f} | {timings['build_bm25_s']:.0f} |")
 
 
 if __name__ == "__main__":

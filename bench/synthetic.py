@@ -1,9 +1,13 @@
 """A large index made quickly: real embeddings of a few thousand generated passages, each repeated with small
 noise (so the vectors cluster like real ones do, unlike uniform random vectors), loaded with COPY into a
-real index version table, with its HNSW index built after the load."""
+real index version table, with its HNSW index and its BM25 structures built after the load.
+
+Two vocabularies for the text: `stress` (the 40 words of bench.common, each in almost every chunk: the worst
+case for a lexical index) and `zipf` (tens of thousands of words with Zipfian frequencies, as in real text)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 
@@ -18,6 +22,29 @@ from rag_pipeline.store import versions as version_store
 
 RARE_LABEL = "rare"  # on 2% of the documents: the selective ACL filter
 COMMON_LABEL = "staff"
+
+
+class ZipfText:
+    """Text from a vocabulary of `size` made-up words whose frequencies follow Zipf's law (exponent 1.1)."""
+
+    def __init__(self, size: int = 30_000, seed: int = 3):
+        rng = random.Random(seed)
+        consonants, vowels = "bcdfghjklmnprstvz", "aeiou"
+        words: set[str] = set()
+        while len(words) < size:
+            words.add("".join(rng.choice(consonants) + rng.choice(vowels) for _ in range(rng.randint(2, 5))))
+        self.words = sorted(words)
+        rng.shuffle(self.words)  # frequency rank unrelated to spelling
+        self.cumulative = list(itertools.accumulate(1 / (rank + 1) ** 1.1 for rank in range(size)))
+
+    def text(self, rng: random.Random, low: int = 40, high: int = 180) -> str:
+        return " ".join(rng.choices(self.words, cum_weights=self.cumulative, k=rng.randint(low, high)))
+
+    def query(self, rng: random.Random) -> str:
+        """2-6 words: some as frequent as in the text, some drawn evenly from the 5,000 commonest."""
+        count = rng.randint(2, 6)
+        drawn = rng.choices(self.words, cum_weights=self.cumulative, k=count // 2)
+        return " ".join(drawn + rng.sample(self.words[:5000], count - count // 2))
 
 
 def synthetic_vectors(count: int, passages: int, seed: int = 3) -> tuple[list[str], np.ndarray]:
@@ -55,6 +82,8 @@ def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, 
     table = sql.Identifier(version.table_name)
     started = time.perf_counter()
     with conn.transaction():
+        # A bulk load: triggers (BM25) off for the COPY, the structures rebuilt set-based afterwards.
+        conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(f"{version.table_name}_hnsw")))
         with conn.cursor().copy(sql.SQL(
             "COPY {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end, "
@@ -72,4 +101,11 @@ def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, 
     conn.execute(sql.SQL("ANALYZE {}").format(table))
     conn.commit()
     timings["build_hnsw_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    with conn.transaction():
+        version_store.rebuild_bm25(conn, version)
+    for part in ("postings", "bm25docs", "bm25_df"):
+        conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(f"{version.table_name}_{part}")))
+    conn.commit()
+    timings["build_bm25_s"] = time.perf_counter() - started
     return version, timings

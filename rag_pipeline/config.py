@@ -295,12 +295,24 @@ class DedupConfig(_Section):
                              description="estimated Jaccard (word 3-shingles) at which chunks are near-duplicates")
 
 
+class Bm25Config(_Section):
+    """The lexical list: Okapi BM25 over impact-ordered postings (rag_pipeline.store.search)."""
+
+    k1: float = Field(1.2, ge=0.0, le=10.0, description="term-frequency saturation")
+    b: float = Field(0.75, ge=0.0, le=1.0, description="length normalisation")
+    depth: int = Field(1000, ge=10, le=100_000, description="postings read per query term before the exactness test")
+    max_query_terms: int = Field(12, ge=1, le=256,
+                                 description="the rarest terms of a query kept: a long question's filler is dropped")
+    reweight_drift: Fraction = Field(0.1, description="re-weight when the corpus's average length moved this much")
+
+
 class RetrievalConfig(_Section):
     k: int = Field(10, ge=1, le=1000, description="results per search unless the caller says otherwise")
     # Chunks less similar to the query than this are not returned. Model-specific; null = off.
     min_similarity: float | None = Field(None, ge=-1.0, le=1.0, description="score floor (cosine); null: off")
     dense_weight: float = Field(1.0, ge=0.0, description="Reciprocal Rank Fusion weight of the dense list")
-    sparse_weight: float = Field(1.0, ge=0.0, description="... and of the lexical list")
+    sparse_weight: float = Field(1.0, ge=0.0, description="... and of the lexical (BM25) list")
+    bm25: Bm25Config = Field(default_factory=Bm25Config)
 
 
 class UiConfig(_Section):

@@ -160,8 +160,8 @@ def acl_coverage(conn: psycopg.Connection) -> CheckOutcome:
 
 
 def index_drift(conn: psycopg.Connection) -> CheckOutcome:
-    """One model and dimension per version, every chunk group with exactly one vector, no orphan rows,
-    and the active alias on an active, existing version."""
+    """One model and dimension per version, every chunk group with exactly one vector, no orphan rows, BM25
+    structures in step with their table, and the active alias on an active, existing version."""
     problems: list[str] = []
     per_version: list[tuple[Any, ...]] = []
     for version in versions.index_versions(conn):
@@ -179,6 +179,11 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
         orphans = queries.orphan_rows(conn, version)
         # A version being built is incomplete by definition; all others receive every write.
         missing = 0 if version.status == VersionStatus.BUILDING else versions.groups_without_row(conn, version)
+        # BM25 follows every insert and deletion by trigger: its rows and counters must match the table.
+        rows = versions.row_count(conn, version)
+        bm25 = versions.bm25_state(conn, version)
+        if bm25.rows_weighted != rows or bm25.rows_counted != rows:
+            problems.append(f"{label}: BM25 weighs {bm25.rows_weighted} and counts {bm25.rows_counted} of {rows} rows")
         if foreign:
             problems.append(f"{label}: {foreign} vectors differ from what {version.embedding_model} gives")
         if orphans:

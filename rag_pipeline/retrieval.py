@@ -1,4 +1,5 @@
-"""Hybrid retrieval: dense (HNSW over halfvec) + lexical (tsvector, ts_rank_cd) fused by Reciprocal Rank Fusion.
+"""Hybrid retrieval: dense (HNSW over halfvec) + lexical (BM25 over impact-ordered postings) fused by Reciprocal
+Rank Fusion.
 
 The ACL filter is part of both candidate queries, inside the SQL (rag_pipeline.store.search), so a chunk the
 caller may not read is never a candidate. There is no way to call `search` without labels.
@@ -13,7 +14,7 @@ from typing import Any
 import psycopg
 from pgvector import HalfVector
 
-from rag_pipeline.config import EmbeddingConfig, Settings, parse_labels
+from rag_pipeline.config import Bm25Config, EmbeddingConfig, Settings, parse_labels
 from rag_pipeline.embedding import get_embedder
 from rag_pipeline.store import search as search_query
 from rag_pipeline.store import versions
@@ -36,13 +37,14 @@ class SearchOptions:
     candidates: int | None = None  # per list; default max(4k, 40)
     ef_search: int | None = None  # HNSW search depth; default max(2 * candidates, 100), at most 1000
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    bm25: Bm25Config = field(default_factory=Bm25Config)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> SearchOptions:
         retrieval = settings.retrieval
         values: dict[str, Any] = {
             "min_similarity": retrieval.min_similarity, "dense_weight": retrieval.dense_weight,
-            "sparse_weight": retrieval.sparse_weight, "embedding": settings.embedding,
+            "sparse_weight": retrieval.sparse_weight, "embedding": settings.embedding, "bm25": retrieval.bm25,
         }
         values.update(overrides)
         return cls(**values)
@@ -114,6 +116,8 @@ def search(
         dense_weight=options.dense_weight,
         sparse_weight=options.sparse_weight,
         min_similarity=options.min_similarity if use_dense else None,
+        bm25_depth=options.bm25.depth,
+        bm25_max_terms=options.bm25.max_query_terms,
     ))
     return [
         SearchHit(

@@ -24,7 +24,7 @@ from rag_pipeline.parsing import parser_version
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
 from rag_pipeline.stages.common import Progress, locked_stage, log_progress
-from rag_pipeline.stages.index import EMBED_BATCHES, IndexStats, vectors_ahead, write_document
+from rag_pipeline.stages.index import EMBED_BATCHES, IndexStats, rebalance_bm25, vectors_ahead, write_document
 from rag_pipeline.status import DocumentStatus, VersionStatus, check_version_transition
 from rag_pipeline.store import documents, versions
 from rag_pipeline.store.database import connect
@@ -53,13 +53,14 @@ def _record(conn: psycopg.Connection, version_id: int, event: str, forced: bool 
 
 
 def start_build(
-    conn: psycopg.Connection, model: str, location: str, dimensions: int, chunker_version: str, parser: str
+    conn: psycopg.Connection, model: str, location: str, dimensions: int, chunker_version: str, parser: str,
+    bm25_k1: float = 1.2, bm25_b: float = 0.75,
 ) -> IndexVersion:
     """A new version in status 'building'; from now on every write reaches it too."""
     versions.lock_registry(conn)
     if versions.index_versions(conn, (V.BUILDING, V.READY)):
         raise VersionError("another index version is already building (or ready): promote or retire it first")
-    version = versions.create_version(conn, model, location, dimensions, chunker_version, parser)
+    version = versions.create_version(conn, model, location, dimensions, chunker_version, parser, bm25_k1, bm25_b)
     _record(conn, version.version_id, "build", model=model, dimensions=dimensions)
     return version
 
@@ -70,7 +71,9 @@ def start_version_build(db_url: str, settings: Settings, model: str) -> IndexVer
     embedder = get_embedder(model, settings.embedding)
     with connect(db_url) as conn, conn.transaction():
         chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
-        return start_build(conn, resolved.name, resolved.location, embedder.dimensions, chunker, parser_version())
+        bm25 = settings.retrieval.bm25
+        return start_build(conn, resolved.name, resolved.location, embedder.dimensions, chunker, parser_version(),
+                           bm25.k1, bm25.b)
 
 
 def backfill_version(
@@ -105,6 +108,7 @@ def backfill_version(
                         write_document(conn, doc, chunks_by_doc[doc.doc_id], [version], vectors, settings, stats)
                     stats.documents_indexed += 1
                 progress(f"backfill {version.label} shard {shard}/{shards}: {stats.documents_indexed} documents")
+            rebalance_bm25(conn, version, settings)
             with conn.transaction():
                 versions.refresh_stats(conn, version)
                 if mark_ready_if_complete(conn, version):

@@ -106,7 +106,7 @@ def test_migration_008_upgrades_a_database_the_previous_release_left(pg_admin_ur
             conn.execute("""INSERT INTO index_versions (table_name, embedding_model, dimensions, chunker_version,
                                                         parser_version, status)
                             VALUES ('index_v1', 'm', 8, 'c', 'p', 'active'), ('index_v2', 'm2', 8, 'c', 'p', 'ready')""")
-        assert migrate(url) == ["008_status_transitions.sql"]
+        assert migrate(url)[0] == "008_status_transitions.sql"
         with psycopg.connect(url, autocommit=True) as conn:
             assert dict(conn.execute("SELECT doc_id, status FROM documents").fetchall()) == {
                 s: s for s in ("pending_parse", "pending_chunk", "pending_index", "indexed", "dead_letter",

@@ -16,6 +16,7 @@ import psycopg
 from rag_pipeline.chunking import Chunk, Chunker, chunker_version, template_prefix, truncate_to_tokens
 from rag_pipeline.config import Settings
 from rag_pipeline.embedding import load_tokenizer, max_sequence_length, resolve_model
+from rag_pipeline.language import text_search_config
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.safety import injection_flags
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
@@ -148,11 +149,13 @@ def _chunk_one(
     prefixes = [truncate_to_tokens(chunker.tokenizer, p, budget) for p in prefixes]
     # Retrieved text ends up in a model's prompt: flag what looks like an attempt to steer it.
     flags = [injection_flags(c.text) for c in chunks]
+    # The document's language decides how its words are stemmed for BM25.
+    text_config = text_search_config("\n".join(text for _, text in document_pages))
     with conn.transaction():
         if not documents.claim(conn, doc.doc_id, D.PENDING_CHUNK):
             return
         chunk_store.replace_chunks(conn, doc.doc_id, chunks, prefixes, flags, chunker.version,
-                                   documents.parser_version_of(conn, doc.doc_id))
+                                   documents.parser_version_of(conn, doc.doc_id), text_config)
         documents.mark_chunked(conn, doc.doc_id, chunker.version)
     stats.documents_chunked += 1
     stats.chunks_written += len(chunks)

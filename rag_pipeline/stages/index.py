@@ -60,7 +60,9 @@ def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
     embedder = get_embedder(settings.embedding.model, settings.embedding)
     with connect(db_url) as conn, conn.transaction():
         chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
-        return versions.ensure_active(conn, model.name, model.location, embedder.dimensions, chunker, parser_version())
+        bm25 = settings.retrieval.bm25
+        return versions.ensure_active(conn, model.name, model.location, embedder.dimensions, chunker, parser_version(),
+                                      bm25.k1, bm25.b)
 
 
 def index_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> IndexStats:
@@ -99,8 +101,25 @@ def index_pending(db_url: str, settings: Settings, progress: Progress = log_prog
             with conn.transaction():
                 for version in writable:
                     versions.refresh_stats(conn, version)
+            for version in writable:
+                if rebalance_bm25(conn, version, settings):
+                    progress(f"index: {version.label} BM25 weights recomputed for the corpus's average length")
         stats.dedup_rate = round(stats.near_duplicates / stats.occurrences, 4) if stats.occurrences else 0.0
     return stats
+
+
+def rebalance_bm25(conn: psycopg.Connection, version: IndexVersion, settings: Settings) -> bool:
+    """Recompute a version's BM25 weights when the corpus's average length has drifted from the one they were
+    computed with (a first build, a corpus that changed shape) or k1/b changed: scores stay textbook BM25."""
+    bm25 = settings.retrieval.bm25
+    with conn.transaction():
+        state = versions.bm25_state(conn, version)
+        drifted = (state.live_avgdl is not None and state.weights_avgdl is not None
+                   and abs(state.live_avgdl - state.weights_avgdl) > bm25.reweight_drift * state.weights_avgdl)
+        if drifted or (state.k1, state.b) != (bm25.k1, bm25.b):
+            versions.reweight_bm25(conn, version, bm25.k1, bm25.b)
+            return True
+    return False
 
 
 def assign_groups(

@@ -24,6 +24,7 @@ class StoredChunk:
     page_end: int
     content_type: str
     group_id: str | None = None
+    text_config: str = "english"  # the text search configuration of the document's language (BM25)
 
     @property
     def embedding_input(self) -> str:
@@ -39,11 +40,13 @@ def replace_chunks(
     flags: Sequence[Sequence[str]],
     chunker_version: str,
     parser_version: str | None,
+    text_config: str,
 ) -> None:
     conn.execute("DELETE FROM chunks WHERE doc_id = %s", (doc_id,))
     with conn.cursor().copy(
         """COPY chunks (chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
-                        content_type, token_count, content_hash, chunker_version, parser_version, flags)
+                        content_type, token_count, content_hash, chunker_version, parser_version, flags,
+                        text_config)
            FROM STDIN"""
     ) as copy:
         for chunk, prefix, chunk_flags in zip(chunks, prefixes, flags, strict=True):
@@ -51,7 +54,7 @@ def replace_chunks(
                 (
                     chunk.chunk_id, doc_id, chunk.ordinal, chunk.text, prefix, chunk.section_path,
                     chunk.page_start, chunk.page_end, chunk.content_type, chunk.token_count,
-                    chunk.content_hash, chunker_version, parser_version, list(chunk_flags),
+                    chunk.content_hash, chunker_version, parser_version, list(chunk_flags), text_config,
                 )
             )
 
@@ -60,7 +63,7 @@ def chunks_of(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, lis
     result: dict[str, list[StoredChunk]] = {doc_id: [] for doc_id in doc_ids}
     rows = conn.execute(
         """SELECT chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end, content_type,
-                  group_id
+                  group_id, text_config::text
            FROM chunks WHERE doc_id = ANY(%s) ORDER BY doc_id, ordinal""",
         (list(doc_ids),),
     ).fetchall()

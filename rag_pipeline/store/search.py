@@ -1,6 +1,12 @@
-"""The hybrid search query: dense (HNSW over halfvec) and lexical (tsvector) candidates, fused by Reciprocal
-Rank Fusion, with the caller's labels inside every candidate query. rag_pipeline.retrieval validates the
-request and embeds the query; this module only runs it."""
+"""The search queries: the lexical (BM25) list, the dense list and their fusion, with the caller's labels inside
+every query. rag_pipeline.retrieval validates the request and embeds the query; this module only runs it.
+
+The BM25 list reads impact-ordered postings: the `depth` highest-weighted postings of each query term (never
+every match), rescored exactly as BM25 from each candidate's weight vector. It is exact whenever no chunk
+outside the candidates can beat the last one kept: a chunk none of whose postings were read scores at most the
+sum over terms of idf x the last weight read for that term. When that bound is not met (labels that few chunks
+carry, queries of only very common terms), the depth grows, and past `max_depth` every match is ranked.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +21,125 @@ from psycopg.rows import dict_row
 from rag_pipeline.store.versions import IndexVersion
 
 RRF_K = 60
+SPARSE_DIMENSIONS = 1_000_000_000  # rag_term_id's range (migration 009)
 
-# OR of the query's English lexemes: ts_rank_cd then rewards chunks that hold more of them, instead of
-# websearch_to_tsquery's AND, which makes natural-language questions match nothing.
-_OR_TSQUERY = sql.SQL(
-    "to_tsquery('simple', array_to_string(ARRAY("
-    "SELECT quote_literal(lexeme) FROM unnest(tsvector_to_array(to_tsvector('english', %(query)s))) lexeme"
-    " WHERE position(E'\\\\' in lexeme) = 0), ' | '))"
+
+@dataclass(frozen=True)
+class QueryTerm:
+    term_id: int
+    term: str
+    df: int
+    idf: float
+
+
+def _part(version: IndexVersion, suffix: str) -> sql.Identifier:
+    return sql.Identifier(f"{version.table_name}_{suffix}")
+
+
+def query_terms(conn: psycopg.Connection, version: IndexVersion, text: str, max_terms: int) -> list[QueryTerm]:
+    """The query's terms under every language configuration the version's rows use, with their BM25 idf,
+    rarest first: at most `max_terms`, so a long question's instructions and filler cannot drown its content
+    words (those have the highest idf). Terms no row holds are dropped."""
+    rows = conn.execute(
+        sql.SQL(
+            """WITH params AS (SELECT configs FROM {params}),
+                    totals AS (SELECT coalesce(sum(chunks), 0) AS n FROM {totals}),
+                    terms AS (
+                        SELECT DISTINCT ON (rag_term_id(l.term)) rag_term_id(l.term) AS term_id, l.term
+                        FROM params, unnest(params.configs || 'simple'::regconfig) AS cfg, rag_lexemes(cfg, %s) l
+                        ORDER BY rag_term_id(l.term), l.term),
+                    counted AS (
+                        SELECT t.term_id, t.term, (SELECT coalesce(sum(df), 0) FROM {df} d
+                                                   WHERE d.term_id = t.term_id)::bigint AS df
+                        FROM terms t)
+               SELECT c.term_id, c.term, c.df, ln(1 + (totals.n - c.df + 0.5) / (c.df + 0.5)) AS idf
+               FROM counted c, totals WHERE c.df > 0
+               ORDER BY idf DESC, c.term_id LIMIT %s"""
+        ).format(params=_part(version, "bm25_params"), totals=_part(version, "bm25_totals"),
+                 df=_part(version, "bm25_df")),
+        (text, max_terms),
+    ).fetchall()
+    return [QueryTerm(int(term_id), term, int(df), float(idf)) for term_id, term, df, idf in rows]
+
+
+def _query_vector(terms: list[QueryTerm]) -> str:
+    entries = ",".join(f"{t.term_id}:{t.idf!r}" for t in sorted(terms, key=lambda t: t.term_id))
+    return f"{{{entries}}}/{SPARSE_DIMENSIONS}"
+
+
+_IMPACT_SQL = """
+WITH q AS (SELECT * FROM unnest(%(ids)s::integer[], %(idfs)s::float8[]) AS q(term_id, idf)),
+top AS (
+    SELECT q.term_id, p.lexical_id, p.weight FROM q CROSS JOIN LATERAL (
+        SELECT lexical_id, weight FROM {postings} p WHERE p.term_id = q.term_id
+        ORDER BY weight DESC LIMIT %(depth)s) p
+),
+bound AS (  -- the best score a chunk none of whose postings were read could reach
+    SELECT coalesce(sum(q.idf * CASE WHEN b.fetched < %(depth)s THEN 0 ELSE b.last END), 0) AS unseen
+    FROM q JOIN (SELECT term_id, count(*) AS fetched, min(weight) AS last FROM top GROUP BY term_id) b USING (term_id)
+),
+scored AS (
+    SELECT t.chunk_id, -(d.vec <#> %(qvec)s::sparsevec) AS score
+    FROM (SELECT DISTINCT lexical_id FROM top) pool
+    JOIN {docs} d USING (lexical_id) JOIN {table} t USING (lexical_id)
+    WHERE t.acl_labels && %(labels)s::text[]
+    ORDER BY score DESC, t.chunk_id LIMIT %(want)s
 )
+SELECT bound.unseen, scored.chunk_id, scored.score FROM bound LEFT JOIN scored ON true
+ORDER BY scored.score DESC, scored.chunk_id
+"""
+
+_EXHAUSTIVE_SQL = """
+SELECT t.chunk_id, -(d.vec <#> %(qvec)s::sparsevec) AS score
+FROM {table} t JOIN {docs} d USING (lexical_id)
+WHERE t.acl_labels && %(labels)s::text[]
+  AND EXISTS (SELECT 1 FROM {postings} p WHERE p.lexical_id = t.lexical_id AND p.term_id = ANY(%(ids)s::integer[]))
+ORDER BY score DESC, t.chunk_id LIMIT %(want)s
+"""
+
+
+@dataclass(frozen=True)
+class LexicalRanking:
+    chunk_ids: list[str]
+    scores: list[float]
+    terms: list[QueryTerm]
+    depth: int  # postings read per term; 0: every match was ranked
+    exact: bool
+
+
+def bm25_ranking(
+    conn: psycopg.Connection,
+    version: IndexVersion,
+    text: str,
+    labels: tuple[str, ...],
+    want: int,
+    *,
+    depth: int = 1000,
+    max_depth: int = 64000,
+    max_terms: int = 12,
+) -> LexicalRanking:
+    """The top `want` chunks by BM25 among those the caller's labels reach, best first (ties by chunk id)."""
+    if not labels:
+        raise ValueError("a search needs the caller's labels")
+    terms = query_terms(conn, version, text, max_terms)
+    if not terms:
+        return LexicalRanking([], [], [], depth, True)
+    params = {"ids": [t.term_id for t in terms], "idfs": [t.idf for t in terms], "qvec": _query_vector(terms),
+              "labels": list(labels), "want": want}
+    impact = sql.SQL(_IMPACT_SQL).format(postings=_part(version, "postings"), docs=_part(version, "bm25docs"),
+                                         table=sql.Identifier(version.table_name))
+    while depth <= max_depth:
+        rows = conn.execute(impact, {**params, "depth": depth}).fetchall()
+        unseen = float(rows[0][0]) if rows else 0.0
+        kept = [(chunk_id, float(score)) for _, chunk_id, score in rows if chunk_id is not None]
+        if unseen == 0.0 or (len(kept) == want and kept[-1][1] >= unseen):
+            return LexicalRanking([c for c, _ in kept], [s for _, s in kept], terms, depth, True)
+        depth *= 4
+    exhaustive = sql.SQL(_EXHAUSTIVE_SQL).format(postings=_part(version, "postings"), docs=_part(version, "bm25docs"),
+                                                 table=sql.Identifier(version.table_name))
+    rows = conn.execute(exhaustive, params).fetchall()
+    return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
+
 
 _SEARCH_SQL = """
 WITH dense AS (
@@ -32,10 +149,7 @@ WITH dense AS (
         ORDER BY embedding <=> %(vector)s LIMIT %(candidates)s) AS nearest
 ),
 sparse AS (
-    SELECT chunk_id, row_number() OVER (ORDER BY relevance DESC, chunk_id) AS rank FROM (
-        SELECT chunk_id, ts_rank_cd(tsv, q) AS relevance FROM {table}, {tsquery} AS q
-        WHERE %(use_sparse)s AND tsv @@ q AND acl_labels && %(labels)s::text[]
-        ORDER BY relevance DESC LIMIT %(candidates)s) AS matched
+    SELECT chunk_id, rank FROM unnest(%(sparse_ids)s::text[]) WITH ORDINALITY AS s(chunk_id, rank)
 ),
 fused AS (
     SELECT coalesce(d.chunk_id, s.chunk_id) AS chunk_id, d.rank AS dense_rank, s.rank AS sparse_rank,
@@ -75,13 +189,19 @@ class SearchQuery:
     dense_weight: float
     sparse_weight: float
     min_similarity: float | None
+    bm25_depth: int = 1000
+    bm25_max_terms: int = 12
 
 
 def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> list[dict[str, Any]]:
     if not query.labels:
         raise ValueError("a search needs the caller's labels")
-    statement = sql.SQL(_SEARCH_SQL).format(table=sql.Identifier(version.table_name), tsquery=_OR_TSQUERY)
+    statement = sql.SQL(_SEARCH_SQL).format(table=sql.Identifier(version.table_name))
     with conn.transaction():
+        sparse_ids: list[str] = []
+        if query.use_sparse:
+            sparse_ids = bm25_ranking(conn, version, query.text, query.labels, query.candidates,
+                                      depth=query.bm25_depth, max_terms=query.bm25_max_terms).chunk_ids
         # Iterative scan keeps filtered HNSW queries returning enough rows when few chunks match the labels.
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(query.ef_search),))
@@ -90,10 +210,9 @@ def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> 
                 statement,
                 {
                     "vector": query.vector,
-                    "query": query.text,
                     "labels": list(query.labels),
                     "use_dense": query.use_dense,
-                    "use_sparse": query.use_sparse,
+                    "sparse_ids": sparse_ids,
                     "candidates": query.candidates,
                     "dense_weight": query.dense_weight,
                     "sparse_weight": query.sparse_weight,

@@ -98,6 +98,8 @@ def create_version(
     dimensions: int,
     chunker_version: str,
     parser_version: str,
+    bm25_k1: float = 1.2,
+    bm25_b: float = 0.75,
 ) -> IndexVersion:
     """Register a version in status 'building' and create its chunk table with all its indexes."""
     version_id = conn.execute(
@@ -139,6 +141,9 @@ def create_version(
         ("ctype", "CREATE INDEX {name} ON {table} (content_type)"),
     ):
         conn.execute(sql.SQL(index_sql).format(name=sql.Identifier(f"{table_name}_{suffix}"), table=table))
+    # BM25: the row key, the language column, postings, weights, counters and the triggers that keep them
+    # (one definition, in migration 009, for new versions and for those that existed before it).
+    conn.execute("SELECT rag_bm25_attach(%s, %s, %s)", (table_name, bm25_k1, bm25_b))
     return IndexVersion(version_id, table_name, embedding_model, model_revision, dimensions, chunker_version,
                         parser_version, V.BUILDING)
 
@@ -150,13 +155,16 @@ def ensure_active(
     dimensions: int,
     chunker_version: str,
     parser_version: str,
+    bm25_k1: float = 1.2,
+    bm25_b: float = 0.75,
 ) -> IndexVersion:
     """The active version; on a database without one, a new version with these parameters, activated."""
     lock_registry(conn)
     current = active_version(conn)
     if current is not None:
         return current
-    version = create_version(conn, embedding_model, model_revision, dimensions, chunker_version, parser_version)
+    version = create_version(conn, embedding_model, model_revision, dimensions, chunker_version, parser_version,
+                             bm25_k1, bm25_b)
     activate(conn, version.version_id)
     return active_version(conn)  # type: ignore[return-value]
 
@@ -209,6 +217,7 @@ def last_retired_with_table(conn: psycopg.Connection) -> int | None:
 def drop(conn: psycopg.Connection, version: IndexVersion) -> None:
     """Drop a version's table for good and mark it retired and dropped."""
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(version.table_name)))
+    conn.execute("SELECT rag_bm25_detach(%s)", (version.table_name,))
     conn.execute(
         """UPDATE index_versions SET status = %s, retired_at = coalesce(retired_at, now()),
                   dropped_at = now(), row_count = 0 WHERE version_id = %s""",
@@ -246,8 +255,8 @@ class IndexRow:
 
 
 _INSERT_ROW = """INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,
-                                 page_end, content_type, acl_labels, embedding_input_sha, embedding)
-                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                 page_end, content_type, acl_labels, embedding_input_sha, embedding, text_config)
+                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::regconfig)
                  ON CONFLICT (chunk_id) DO NOTHING"""
 
 
@@ -265,7 +274,7 @@ def insert_group_rows(
                 (
                     c.group_id or c.chunk_id, c.chunk_id, c.doc_id, c.ordinal, c.text, c.prefix, c.section_path,
                     c.page_start, c.page_end, c.content_type, list(acl_labels), row.input_sha,
-                    HalfVector(row.embedding),
+                    HalfVector(row.embedding), c.text_config,
                 ),
             )
             inserted += cur.rowcount
@@ -305,7 +314,7 @@ def rowless_group_occurrences(
     rows = conn.execute(
         sql.SQL(
             """SELECT DISTINCT ON (c.group_id) c.chunk_id, c.doc_id, c.ordinal, c.text, c.prefix, c.section_path,
-                      c.page_start, c.page_end, c.content_type, c.group_id, d.acl_labels
+                      c.page_start, c.page_end, c.content_type, c.group_id, c.text_config::text, d.acl_labels
                FROM chunks c JOIN documents d USING (doc_id)
                WHERE c.group_id = ANY(%s) AND cardinality(d.acl_labels) > 0
                  AND d.status = ANY(%s)
@@ -314,7 +323,7 @@ def rowless_group_occurrences(
         ).format(sql.Identifier(version.table_name)),
         (list(group_ids), list(DOCUMENT_LIVE_IN_INDEX)),
     ).fetchall()
-    return [(StoredChunk(*r[:10]), list(r[10])) for r in rows]
+    return [(StoredChunk(*r[:11]), list(r[11])) for r in rows]
 
 
 def groups_without_row(conn: psycopg.Connection, version: IndexVersion) -> int:
@@ -340,6 +349,42 @@ def rows_deleted_since_build(conn: psycopg.Connection, version: IndexVersion) ->
         ).format(sql.Identifier(version.table_name)),
         (version.version_id,),
     ).fetchone()[0]
+
+
+@dataclass(frozen=True)
+class Bm25State:
+    k1: float
+    b: float
+    weights_avgdl: float | None  # the average length the stored weights were computed with
+    live_avgdl: float | None
+    rows_counted: int  # rows the counters account for
+    rows_weighted: int  # rows with a weight vector
+
+
+def bm25_state(conn: psycopg.Connection, version: IndexVersion) -> Bm25State:
+    k1, b, weights_avgdl = conn.execute(
+        sql.SQL("SELECT k1, b, avgdl FROM {}").format(sql.Identifier(f"{version.table_name}_bm25_params"))
+    ).fetchone()
+    counted, total_len = conn.execute(
+        sql.SQL("SELECT coalesce(sum(chunks), 0), coalesce(sum(total_len), 0) FROM {}").format(
+            sql.Identifier(f"{version.table_name}_bm25_totals"))
+    ).fetchone()
+    weighted = conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(f"{version.table_name}_bm25docs"))
+    ).fetchone()[0]
+    return Bm25State(float(k1), float(b), None if weights_avgdl is None else float(weights_avgdl),
+                     float(total_len) / float(counted) if counted else None, int(counted), int(weighted))
+
+
+def reweight_bm25(conn: psycopg.Connection, version: IndexVersion, k1: float, b: float) -> float | None:
+    """Recompute every BM25 weight of a version with the current average length (and these k1, b)."""
+    return conn.execute("SELECT rag_bm25_reweight(%s, %s, %s)", (version.table_name, k1, b)).fetchone()[0]
+
+
+def rebuild_bm25(conn: psycopg.Connection, version: IndexVersion) -> None:
+    """Recompute a version's BM25 structures from its rows, set-based (after a bulk load without triggers; the
+    maintenance step that also drops the dead space of many deletions)."""
+    conn.execute("SELECT rag_bm25_rebuild(%s)", (version.table_name,))
 
 
 def row_count(conn: psycopg.Connection, version: IndexVersion) -> int:
