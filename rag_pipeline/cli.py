@@ -128,10 +128,11 @@ def _searchable_version(conn: Any, number: int) -> Any:
 
 
 def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
-    """Golden-set metrics of one index version, or of two side by side (--compare V1 V2)."""
+    """Golden-set metrics of one index version; of two side by side with paired significance (--compare V1 V2,
+    or --compare-modes A B on one version); or recall and abstention across score floors (--floors)."""
     from dataclasses import asdict
 
-    from rag_pipeline.evaluation import evaluate, load_golden, report_table
+    from rag_pipeline.evaluation import evaluate, floor_sweep, load_golden, paired_differences, report_table
     from rag_pipeline.retrieval import SearchOptions
     from rag_pipeline.store.database import connect
 
@@ -145,20 +146,34 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     floor = settings.retrieval.min_similarity if args.min_similarity is None else args.min_similarity
     options = SearchOptions.from_settings(settings, min_similarity=floor)
     with connect(_index_url(settings)) as conn:
-        targets = [_searchable_version(conn, v) for v in args.compare] if args.compare else [
-            _searchable_version(conn, args.version) if args.version is not None else None
-        ]
-        reports = [
-            evaluate(conn, questions, labels, k=k, mode=args.mode, version=target, options=options)
-            for target in targets
-        ]
+        if args.floors:
+            floors = [float(f) for f in args.floors.split(",")]
+            version = _searchable_version(conn, args.version) if args.version is not None else None
+            points = floor_sweep(conn, questions, labels, floors, k=k, mode=args.mode, version=version,
+                                 options=options)
+            if args.json:
+                _print_json([asdict(p) for p in points])
+            else:
+                print(f"| score floor | recall@{k} | hit@{k} | abstention |\n|---|---|---|---|")
+                for point in points:
+                    print(f"| {point.floor} | {point.recall} | {point.hit} | {point.abstention} |")
+            return 0
+        runs = ([(_searchable_version(conn, v), args.mode) for v in args.compare] if args.compare else
+                [(_searchable_version(conn, args.version) if args.version is not None else None, m)
+                 for m in (args.compare_modes or [args.mode])])
+        reports = [evaluate(conn, questions, labels, k=k, mode=mode, version=target, options=options)
+                   for target, mode in runs]
+    differences = paired_differences(reports[0].results, reports[1].results) if len(reports) == 2 else []
     if args.json:
-        _print_json([asdict(r) for r in reports])
+        _print_json({"reports": [asdict(r) for r in reports], "differences": [asdict(d) for d in differences]})
     else:
         for report in reports:
             print(f"v{report.version} ({report.model}), mode {report.mode}, k={report.k}, "
                   f"{report.questions} questions, score floor {floor}")
         print(report_table(reports))
+        for difference in differences:
+            verdict = "real" if difference.significant else "not significant"
+            print(f"  {difference.describe()}: {verdict}")
     return 0
 
 
@@ -375,7 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("-k", type=int, help="cut-off (default: checks.k)")
     evaluate.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
     evaluate.add_argument("--version", type=int)
-    evaluate.add_argument("--compare", type=int, nargs=2, metavar=("V1", "V2"))
+    evaluate.add_argument("--compare", type=int, nargs=2, metavar=("V1", "V2"),
+                          help="two versions, with paired differences, 95%% CIs and p-values")
+    evaluate.add_argument("--compare-modes", nargs=2, choices=["hybrid", "dense", "sparse"], metavar=("A", "B"),
+                          help="two modes on one version, with paired differences")
+    evaluate.add_argument("--floors", help="comma-separated score floors: recall and abstention for each")
     evaluate.add_argument("--min-similarity", type=float, help="score floor (default: retrieval.min_similarity)")
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=cmd_eval)

@@ -13,10 +13,11 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 
 from rag_pipeline.retrieval import SearchHit, SearchOptions, search
@@ -181,31 +182,114 @@ def evaluate(
 METRIC_ORDER = ("hit@k", "recall@k", "mrr", "ndcg@k", "abstention")
 # The metrics a candidate may not lose against a reference: the promotion gate and retrieval_quality.
 GATED_METRICS = ("recall@k", "ndcg@k")
+# Per-question values of each aggregated metric (QuestionResult attributes).
+METRIC_ATTRIBUTES = {"hit@k": "hit", "recall@k": "recall", "mrr": "reciprocal_rank", "ndcg@k": "ndcg"}
+SIGNIFICANCE = 0.05  # a difference is called real when a paired permutation test gives p below this
+RESAMPLES = 10_000
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """One metric of a candidate against a reference on the same answerable questions."""
+
+    metric: str
+    reference: float
+    candidate: float
+    difference: float  # candidate - reference
+    ci_low: float  # 95% bootstrap confidence interval of the difference
+    ci_high: float
+    p_value: float  # two-sided paired permutation (sign-flip) test
+    questions: int
+
+    @property
+    def significant(self) -> bool:
+        return self.p_value < SIGNIFICANCE
+
+    def describe(self) -> str:
+        return (f"{self.metric} {self.reference:.4f} -> {self.candidate:.4f} ({self.difference:+.4f}, 95% CI "
+                f"{self.ci_low:+.4f}..{self.ci_high:+.4f}, p={self.p_value:.3f}, n={self.questions})")
+
+
+def paired_differences(
+    reference: Sequence[QuestionResult], candidate: Sequence[QuestionResult], *, seed: int = 0
+) -> list[PairedDifference]:
+    """Per metric, the paired difference over the answerable questions both evaluations asked, with a bootstrap
+    confidence interval and a permutation p-value: one flipped question in 42 is noise, not a regression."""
+    by_id = {r.id: r for r in reference if r.answerable}
+    pairs = [(by_id[c.id], c) for c in candidate if c.answerable and c.id in by_id]
+    rng = np.random.default_rng(seed)
+    differences = []
+    for metric, attribute in METRIC_ATTRIBUTES.items():
+        a = np.array([getattr(r, attribute) for r, _ in pairs], dtype=float)
+        b = np.array([getattr(c, attribute) for _, c in pairs], dtype=float)
+        if not len(pairs):
+            continue
+        delta = b - a
+        observed = float(delta.mean())
+        means = delta[rng.integers(0, len(delta), size=(RESAMPLES, len(delta)))].mean(axis=1)
+        flipped = (delta * rng.choice((-1.0, 1.0), size=(RESAMPLES, len(delta)))).mean(axis=1)
+        p_value = float((np.sum(np.abs(flipped) >= abs(observed) - 1e-12) + 1) / (RESAMPLES + 1))
+        differences.append(PairedDifference(
+            metric, round(float(a.mean()), 4), round(float(b.mean()), 4), round(observed, 4),
+            round(float(np.percentile(means, 2.5)), 4), round(float(np.percentile(means, 97.5)), 4),
+            round(p_value, 4) if observed else 1.0, len(pairs)))
+    return differences
 
 
 @dataclass(frozen=True)
 class Regression:
-    metric: str
-    reference: float
-    candidate: float
+    difference: PairedDifference
     tolerance: float
 
     def __str__(self) -> str:
-        return f"{self.metric} {self.candidate} < {self.reference} - {self.tolerance}"
+        return f"{self.difference.describe()} fell by more than {self.tolerance} and the fall is significant"
 
 
-def compare(reference: dict[str, float], candidate: dict[str, float], tolerance: float) -> list[tuple[str, float, float, bool]]:
-    """Per gated metric: (metric, reference, candidate, regressed): a fall of more than `tolerance` regresses."""
-    rows = []
-    for metric in GATED_METRICS:
-        before, after = reference.get(metric, 0.0), candidate.get(metric, 0.0)
-        rows.append((metric, before, after, after < before - tolerance))
-    return rows
+def regressions(
+    reference: Sequence[QuestionResult], candidate: Sequence[QuestionResult], tolerance: float
+) -> list[Regression]:
+    """Gated metrics that fell by more than `tolerance` with a difference the paired test calls real."""
+    return [Regression(d, tolerance) for d in paired_differences(reference, candidate)
+            if d.metric in GATED_METRICS and d.difference < -tolerance and d.significant]
 
 
-def regressions(reference: dict[str, float], candidate: dict[str, float], tolerance: float) -> list[Regression]:
-    return [Regression(metric, before, after, tolerance)
-            for metric, before, after, regressed in compare(reference, candidate, tolerance) if regressed]
+def results_from_json(rows: Sequence[dict[str, Any]]) -> list[QuestionResult]:
+    return [QuestionResult(**row) for row in rows]
+
+
+@dataclass(frozen=True)
+class FloorPoint:
+    floor: float
+    recall: float  # recall@k of the answerable questions with this floor
+    hit: float
+    abstention: float  # share of unanswerable questions answered with nothing
+
+
+def floor_sweep(
+    conn: psycopg.Connection,
+    questions: Sequence[GoldQuestion],
+    labels: Sequence[str] | str,
+    floors: Sequence[float],
+    *,
+    k: int = 10,
+    mode: str = "hybrid",
+    version: IndexVersion | None = None,
+    options: SearchOptions | None = None,
+) -> list[FloorPoint]:
+    """Recall and abstention for each score floor, from one search per question: a deeper list is fetched and
+    each floor drops the hits below it before the cut at k, as `retrieval.min_similarity` would."""
+    options = options or SearchOptions()
+    unfloored = replace(options, min_similarity=None)
+    fetched = [(q, search(conn, q.question, labels, k=3 * k, mode=mode, version=version, options=unfloored))
+               for q in questions]
+    points = []
+    for floor in floors:
+        results = [score_question(q, [h for h in hits if h.similarity is None or h.similarity >= floor][:k], k)
+                   for q, hits in fetched]
+        overall = aggregate(results)["overall"]
+        points.append(FloorPoint(floor, overall.get("recall@k", 0.0), overall.get("hit@k", 0.0),
+                                 overall.get("abstention", 0.0)))
+    return points
 
 
 def report_table(reports: Sequence[EvalReport]) -> str:

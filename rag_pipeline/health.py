@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
 from rag_pipeline.config import ChecksConfig, Settings, SourceConfig
-from rag_pipeline.evaluation import compare, evaluate, load_golden
+from rag_pipeline.evaluation import (
+    GATED_METRICS,
+    evaluate,
+    load_golden,
+    paired_differences,
+    results_from_json,
+)
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.status import VersionStatus
 from rag_pipeline.store import documents, evaluations, versions
@@ -257,16 +263,17 @@ def golden_fingerprint(config: ChecksConfig) -> str:
 
 def _evaluate_version(
     conn: psycopg.Connection, version: IndexVersion, config: ChecksConfig, golden_sha: str, options: SearchOptions
-) -> tuple[evaluations.Metrics, bool]:
-    """Metrics of a version, re-using the last evaluation when the index has not changed since."""
+) -> tuple[evaluations.Evaluation, bool]:
+    """A version's evaluation, re-using the last one when the index has not changed since."""
     state = evaluations.index_state(conn, version)
-    cached = evaluations.cached_metrics(conn, version.version_id, golden_sha, state)
-    if cached is not None:
+    cached = evaluations.cached(conn, version.version_id, golden_sha, state)
+    if cached is not None and cached.per_question is not None:
         return cached, True
     report = evaluate(conn, load_golden(config.golden_set), list(config.golden_labels), k=config.k,
                       version=version, options=options)
-    evaluations.record(conn, version.version_id, golden_sha, config.k, state, report.metrics)
-    return report.metrics, False
+    evaluation = evaluations.Evaluation(report.metrics, [asdict(r) for r in report.results])
+    evaluations.record(conn, version.version_id, golden_sha, config.k, state, evaluation)
+    return evaluation, False
 
 
 def rebaseline(conn: psycopg.Connection, config: ChecksConfig, options: SearchOptions) -> evaluations.Metrics:
@@ -277,9 +284,9 @@ def rebaseline(conn: psycopg.Connection, config: ChecksConfig, options: SearchOp
     if active is None:
         raise ValueError("there is no active index version")
     golden_sha = golden_fingerprint(config)
-    metrics, _ = _evaluate_version(conn, active, config, golden_sha, options)
+    evaluation, _ = _evaluate_version(conn, active, config, golden_sha, options)
     evaluations.set_baseline(conn, active.version_id, golden_sha)
-    return metrics
+    return evaluation.metrics
 
 
 def run_all(conn: psycopg.Connection, settings: Settings) -> dict[str, CheckOutcome]:
@@ -311,26 +318,39 @@ def retrieval_quality(
     problems: list[str] = []
     rows: list[tuple[Any, ...]] = []
     reference = evaluations.baseline(conn, active.version_id, golden_sha)
+    if reference is not None and reference.per_question is None:
+        problems.append("the baseline predates per-question results: re-baseline (rag-pipeline checks "
+                        "--set-baseline) so differences can be tested")
     reused = 0
     for version in candidates:
-        metrics, cached = _evaluate_version(conn, version, config, golden_sha, options)
+        evaluation, cached = _evaluate_version(conn, version, config, golden_sha, options)
         reused += cached
         if reference is None and version.version_id == active.version_id:
             evaluations.set_baseline(conn, active.version_id, golden_sha)
-            reference = metrics
-        for metric, before, value, regressed in compare(reference["overall"], metrics["overall"],
-                                                        config.quality_tolerance):
-            rows.append((version.label, version.status, metric, before, value, round(value - before, 4),
+            reference = evaluation
+        if reference.per_question is None:
+            continue
+        # A fall fails the check only when it is larger than the tolerance and the paired test calls it real.
+        for difference in paired_differences(results_from_json(reference.per_question),
+                                             results_from_json(evaluation.per_question)):
+            if difference.metric not in GATED_METRICS:
+                continue
+            regressed = difference.difference < -config.quality_tolerance and difference.significant
+            rows.append((version.label, version.status, difference.metric, difference.reference,
+                         difference.candidate, difference.difference,
+                         f"{difference.ci_low:+.3f}..{difference.ci_high:+.3f}", difference.p_value,
                          "REGRESSED" if regressed else "ok"))
             if regressed:
-                problems.append(f"{version.label} {metric} {value} < baseline {before} - {config.quality_tolerance}")
-    headline = reference["overall"] if reference else {}
+                problems.append(f"{version.label} {difference.describe()}: below the baseline by more than "
+                                f"{config.quality_tolerance}, significantly")
+    headline = reference.metrics["overall"] if reference else {}
     return CheckOutcome(
         passed=not problems,
         summary="; ".join(problems) or
-        f"{active.label} recall@{config.k} {headline.get('recall@k')} ndcg@{config.k} {headline.get('ndcg@k')}"
-        " within tolerance of the baseline",
+        f"{active.label} recall@{config.k} {headline.get('recall@k')} ndcg@{config.k} {headline.get('ndcg@k')}; "
+        "no significant fall beyond the tolerance",
         numbers={"configured": "yes", "versions_evaluated": len(candidates), "evaluations_reused": reused,
                  "questions": int(headline.get("questions", 0)), "tolerance": config.quality_tolerance},
-        tables={"against_baseline": Table(("version", "status", "metric", "baseline", "now", "delta", "state"), rows)},
+        tables={"against_baseline": Table(("version", "status", "metric", "baseline", "now", "delta", "95% CI",
+                                           "p", "state"), rows)},
     )

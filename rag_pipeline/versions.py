@@ -19,7 +19,7 @@ import psycopg
 
 from rag_pipeline.config import Settings
 from rag_pipeline.embedding import get_embedder, resolve_model
-from rag_pipeline.evaluation import evaluate, load_golden, regressions
+from rag_pipeline.evaluation import evaluate, load_golden, paired_differences, regressions
 from rag_pipeline.parsing import parser_version
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
@@ -162,10 +162,13 @@ def check_gates(
         if not labels:
             raise VersionError("the quality gate needs the labels to evaluate as")
         questions = load_golden(golden)
-        before = evaluate(conn, questions, labels, k=k, version=active, options=options).metrics["overall"]
-        after = evaluate(conn, questions, labels, k=k, version=candidate, options=options).metrics["overall"]
-        report.quality = {"active": before, "candidate": after, "tolerance": tolerance}
-        report.failures += [f"quality: {regression}" for regression in regressions(before, after, tolerance)]
+        before = evaluate(conn, questions, labels, k=k, version=active, options=options)
+        after = evaluate(conn, questions, labels, k=k, version=candidate, options=options)
+        report.quality = {"active": before.metrics["overall"], "candidate": after.metrics["overall"],
+                          "tolerance": tolerance,
+                          "differences": [asdict(d) for d in paired_differences(before.results, after.results)]}
+        report.failures += [f"quality: {regression}"
+                            for regression in regressions(before.results, after.results, tolerance)]
     return report
 
 

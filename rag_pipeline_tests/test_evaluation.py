@@ -10,8 +10,12 @@ from rag_pipeline.evaluation import (
     GoldDoc,
     GoldenSetError,
     GoldQuestion,
+    QuestionResult,
     evaluate,
+    floor_sweep,
     load_golden,
+    paired_differences,
+    regressions,
     report_table,
     score_question,
 )
@@ -74,3 +78,30 @@ def test_shipped_golden_set_on_the_sample_corpus(make_settings, corpus, db):
     floor = evaluate(db, questions, ["staff", "finance"], k=3, mode="dense", options=SearchOptions(min_similarity=0.35))
     assert floor.metrics["unanswerable"]["abstention"] > 0.0
     assert "Δ hit@k" in report_table([reports["dense"], reports["sparse"]])
+    # The floor sweep: a higher floor answers fewer questions, and abstains more on unanswerable ones.
+    points = floor_sweep(db, questions, ["staff", "finance"], [0.0, 0.35, 0.9], k=3, mode="dense")
+    assert [p.floor for p in points] == [0.0, 0.35, 0.9]
+    assert points[0].recall == reports["dense"].metrics["overall"]["recall@k"]
+    assert points[0].recall >= points[1].recall >= points[2].recall
+    assert points[0].abstention <= points[1].abstention <= points[2].abstention == 1.0
+
+
+def _results(recalls: list[float]) -> list[QuestionResult]:
+    return [QuestionResult(f"q{i}", "all", True, hit=float(r > 0), recall=r, reciprocal_rank=r, ndcg=r)
+            for i, r in enumerate(recalls)]
+
+
+def test_one_flipped_question_is_noise_and_a_real_fall_is_not():
+    reference = _results([1.0] * 42)
+    one_flipped = _results([1.0] * 41 + [0.0])
+    (recall,) = [d for d in paired_differences(reference, one_flipped) if d.metric == "recall@k"]
+    assert recall.difference == pytest.approx(-1 / 42, abs=1e-4) and not recall.significant
+    assert recall.ci_low < 0 <= recall.ci_high
+    assert regressions(reference, one_flipped, tolerance=0.02) == []  # larger than the tolerance, but noise
+    ten_lost = _results([1.0] * 32 + [0.0] * 10)
+    (recall,) = [d for d in paired_differences(reference, ten_lost) if d.metric == "recall@k"]
+    assert recall.significant and recall.ci_high < 0
+    assert [r.difference.metric for r in regressions(reference, ten_lost, tolerance=0.02)] == ["recall@k", "ndcg@k"]
+    assert regressions(reference, ten_lost, tolerance=0.5) == []  # real, but within a generous tolerance
+    same = paired_differences(reference, reference)
+    assert all(d.p_value == 1.0 and not d.significant for d in same)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -10,6 +11,12 @@ from psycopg.types.json import Jsonb
 from rag_pipeline.store.versions import IndexVersion, row_count
 
 Metrics = dict[str, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    metrics: Metrics
+    per_question: list[dict[str, Any]] | None  # None: recorded before per-question results were kept
 
 
 def index_state(conn: psycopg.Connection, version: IndexVersion) -> str:
@@ -21,29 +28,32 @@ def index_state(conn: psycopg.Connection, version: IndexVersion) -> str:
     return f"{version.label}|{row_count(conn, version)}|{indexed}|{seen}|{deleted}"
 
 
-def cached_metrics(conn: psycopg.Connection, version_id: int, golden_sha: str, state: str) -> Metrics | None:
+def cached(conn: psycopg.Connection, version_id: int, golden_sha: str, state: str) -> Evaluation | None:
     row = conn.execute(
-        """SELECT metrics FROM retrieval_evaluations WHERE version_id = %s AND golden_sha = %s AND index_state = %s
-           ORDER BY id DESC LIMIT 1""",
+        """SELECT metrics, per_question FROM retrieval_evaluations
+           WHERE version_id = %s AND golden_sha = %s AND index_state = %s ORDER BY id DESC LIMIT 1""",
         (version_id, golden_sha, state),
     ).fetchone()
-    return row[0] if row else None
+    return Evaluation(*row) if row else None
 
 
-def record(conn: psycopg.Connection, version_id: int, golden_sha: str, k: int, state: str, metrics: Any) -> None:
+def record(
+    conn: psycopg.Connection, version_id: int, golden_sha: str, k: int, state: str, evaluation: Evaluation
+) -> None:
     conn.execute(
-        """INSERT INTO retrieval_evaluations (version_id, golden_sha, k, index_state, metrics)
-           VALUES (%s, %s, %s, %s, %s)""",
-        (version_id, golden_sha, k, state, Jsonb(metrics)),
+        """INSERT INTO retrieval_evaluations (version_id, golden_sha, k, index_state, metrics, per_question)
+           VALUES (%s, %s, %s, %s, %s, %s)""",
+        (version_id, golden_sha, k, state, Jsonb(evaluation.metrics), Jsonb(evaluation.per_question)),
     )
 
 
-def baseline(conn: psycopg.Connection, version_id: int, golden_sha: str) -> Metrics | None:
+def baseline(conn: psycopg.Connection, version_id: int, golden_sha: str) -> Evaluation | None:
     row = conn.execute(
-        "SELECT metrics FROM retrieval_evaluations WHERE version_id = %s AND golden_sha = %s AND is_baseline",
+        """SELECT metrics, per_question FROM retrieval_evaluations
+           WHERE version_id = %s AND golden_sha = %s AND is_baseline""",
         (version_id, golden_sha),
     ).fetchone()
-    return row[0] if row else None
+    return Evaluation(*row) if row else None
 
 
 def set_baseline(conn: psycopg.Connection, version_id: int, golden_sha: str) -> bool:
