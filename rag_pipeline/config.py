@@ -306,6 +306,29 @@ class Bm25Config(_Section):
     reweight_drift: Fraction = Field(0.1, description="re-weight when the corpus's average length moved this much")
 
 
+class RoutingConfig(_Section):
+    """Document-aware ranking: a query that names documents (by title, path or metadata: a company, a period, a
+    form) also ranks within them, and that list joins the fusion."""
+
+    enabled: bool = True
+    weight: float = Field(1.0, ge=0.0, description="RRF weight of the within-document lists, relative to the others")
+    min_score: float = Field(2.0, ge=0.0, description="sum of name-term idfs a document needs to count as named")
+    ratio: Fraction = Field(0.75, description="documents scoring at least this share of the best are named too")
+    max_documents: int = Field(5, ge=1, le=100)
+
+
+class RerankerConfig(_Section):
+    """An optional cross-encoder over the fused top-N: a local folder (no reranker ships with the project; e.g.
+    cross-encoder/ms-marco-MiniLM-L-6-v2 or BAAI/bge-reranker-base, downloaded where there is network)."""
+
+    model: Path | None = Field(None, description="folder of a sentence-transformers CrossEncoder; null: off")
+    top_n: int = Field(50, ge=1, le=1000, description="fused results the reranker reorders before the cut to k")
+    batch_size: int = Field(16, ge=1, le=1024)
+    device: str = "cpu"
+
+    _resolve_model = field_validator("model", mode="before")(_relative_to_file)
+
+
 class RetrievalConfig(_Section):
     k: int = Field(10, ge=1, le=1000, description="results per search unless the caller says otherwise")
     # Chunks less similar to the query than this are not returned. Model-specific; null = off.
@@ -313,6 +336,9 @@ class RetrievalConfig(_Section):
     dense_weight: float = Field(1.0, ge=0.0, description="Reciprocal Rank Fusion weight of the dense list")
     sparse_weight: float = Field(1.0, ge=0.0, description="... and of the lexical (BM25) list")
     bm25: Bm25Config = Field(default_factory=Bm25Config)
+    candidates: int | None = Field(None, ge=1, le=10_000, description="depth of each list before fusion; null: max(4k, 40)")
+    document_routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    reranker: RerankerConfig = Field(default_factory=RerankerConfig)
 
 
 class UiConfig(_Section):

@@ -1,7 +1,9 @@
 """Near-duplicate detection with MinHash signatures and LSH banding (datasketch).
 
-Chunks whose estimated Jaccard similarity (on word shingles) reaches the threshold, and whose documents
-carry exactly the same ACL labels, fall into one group; each index version stores one row per group.
+Chunks whose estimated Jaccard similarity (on word shingles) reaches the threshold, whose documents carry
+exactly the same ACL labels, and which state the same figures, fall into one group; each index version stores
+one row per group. Figures matter: last year's and this year's statement differ only in their numbers, and
+collapsing them would answer a question about one year with the other's.
 The LSH state lives in Postgres (`chunk_groups`, `chunk_group_bands`), so it survives runs, grows
 incrementally and shrinks with deletions; these functions only compute signatures and band keys.
 """
@@ -21,6 +23,7 @@ NUM_PERM = 128
 SEED = 1  # fixed: signatures must be comparable across runs and processes
 SHINGLE_WORDS = 3
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
+_FIGURE_RE = re.compile(r"\d[\d,.]*")
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class LshParams:
 
     @property
     def key(self) -> str:
-        return f"minhash{NUM_PERM}:s{SHINGLE_WORDS}:b{self.bands}r{self.rows}"
+        return f"minhash{NUM_PERM}:s{SHINGLE_WORDS}:b{self.bands}r{self.rows}:figures"
 
 
 @lru_cache(maxsize=8)
@@ -68,12 +71,18 @@ def acl_key(labels: Sequence[str]) -> str:
     return "\x1f".join(sorted(set(labels)))
 
 
-def band_buckets(sig: np.ndarray, params: LshParams, labels_key: str) -> list[int]:
-    """One 63-bit bucket per band, keyed by the LSH parameters and the ACL label set."""
+def figures_key(text: str) -> str:
+    """The figures a text states, in order: near-duplicates must state the same ones."""
+    figures = [f.rstrip(",.") for f in _FIGURE_RE.findall(text)]
+    return hashlib.blake2b("\x1f".join(figures).encode(), digest_size=8).hexdigest()
+
+
+def band_buckets(sig: np.ndarray, params: LshParams, labels_key: str, figures: str = "") -> list[int]:
+    """One 63-bit bucket per band, keyed by the LSH parameters, the ACL label set and the figures stated."""
     buckets = []
     for band in range(params.bands):
         chunk = sig[band * params.rows : (band + 1) * params.rows].tobytes()
-        digest = hashlib.blake2b(f"{params.key}|{labels_key}|{band}|".encode() + chunk, digest_size=8)
+        digest = hashlib.blake2b(f"{params.key}|{labels_key}|{figures}|{band}|".encode() + chunk, digest_size=8)
         buckets.append(int.from_bytes(digest.digest(), "big") >> 1)  # fits a signed bigint
     return buckets
 

@@ -143,3 +143,39 @@ def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Embedder:
         if key not in _embedders:
             _embedders[key] = Embedder(model, device=config.device, batch_size=config.batch_size)
         return _embedders[key]
+
+
+class Reranker:
+    """A cross-encoder that scores (query, passage) pairs: slower than the bi-encoder, so it only reorders the
+    fused top-N."""
+
+    def __init__(self, folder: Path, device: str = "cpu", batch_size: int = 16):
+        from sentence_transformers import CrossEncoder
+
+        if not Path(folder).is_dir():
+            raise ModelUnavailableError(f"reranker model folder {folder} does not exist (retrieval.reranker.model)")
+        try:
+            self._model = CrossEncoder(str(folder), device=device)
+        except Exception as exc:
+            raise ModelUnavailableError(f"cannot load the reranker from {folder}: {exc}") from exc
+        self.batch_size = batch_size
+        self._lock = threading.Lock()
+
+    def scores(self, query: str, passages: Sequence[str]) -> list[float]:
+        if not passages:
+            return []
+        with self._lock:
+            values = self._model.predict([(query, p) for p in passages], batch_size=self.batch_size,
+                                         show_progress_bar=False, convert_to_numpy=True)
+        return [float(v) for v in np.asarray(values, dtype=np.float32).reshape(len(passages), -1)[:, -1]]
+
+
+_rerankers: dict[tuple[str, str], Reranker] = {}
+
+
+def get_reranker(folder: Path, device: str = "cpu", batch_size: int = 16) -> Reranker:
+    key = (str(Path(folder).resolve()), device)
+    with _embedders_lock:
+        if key not in _rerankers:
+            _rerankers[key] = Reranker(Path(folder), device, batch_size)
+        return _rerankers[key]

@@ -8,14 +8,21 @@ caller may not read is never a candidate. There is no way to call `search` witho
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import psycopg
 from pgvector import HalfVector
 
-from rag_pipeline.config import Bm25Config, EmbeddingConfig, Settings, parse_labels
-from rag_pipeline.embedding import get_embedder
+from rag_pipeline.config import (
+    Bm25Config,
+    EmbeddingConfig,
+    RerankerConfig,
+    RoutingConfig,
+    Settings,
+    parse_labels,
+)
+from rag_pipeline.embedding import get_embedder, get_reranker
 from rag_pipeline.store import search as search_query
 from rag_pipeline.store import versions
 from rag_pipeline.store.versions import IndexVersion
@@ -38,6 +45,8 @@ class SearchOptions:
     ef_search: int | None = None  # HNSW search depth; default max(2 * candidates, 100), at most 1000
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     bm25: Bm25Config = field(default_factory=Bm25Config)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    reranker: RerankerConfig = field(default_factory=RerankerConfig)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> SearchOptions:
@@ -45,6 +54,8 @@ class SearchOptions:
         values: dict[str, Any] = {
             "min_similarity": retrieval.min_similarity, "dense_weight": retrieval.dense_weight,
             "sparse_weight": retrieval.sparse_weight, "embedding": settings.embedding, "bm25": retrieval.bm25,
+            "candidates": retrieval.candidates, "routing": retrieval.document_routing,
+            "reranker": retrieval.reranker,
         }
         values.update(overrides)
         return cls(**values)
@@ -68,6 +79,7 @@ class SearchHit:
     similarity: float | None = None  # cosine similarity of the chunk to the query (None in sparse mode)
     occurrences: int = 1
     flags: tuple[str, ...] = ()  # e.g. prompt-injection patterns (rag_pipeline.safety): treat the text as data
+    rerank_score: float | None = None  # the cross-encoder's score, when retrieval.reranker is on
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,15 +112,20 @@ def search(
         raise SearchError("there is no active index version yet: run `rag-pipeline ingest` first")
     candidates = options.candidates or max(4 * k, 40)
     use_dense = mode in ("hybrid", "dense")
+    routing = options.routing
+    named = (search_query.named_documents(conn, query, caller_labels, min_score=routing.min_score,
+                                          ratio=routing.ratio, max_documents=routing.max_documents)
+             if routing.enabled else [])
     if use_dense:
         vector = HalfVector(get_embedder(version.embedding_model, options.embedding).embed_query(query))
     else:
         vector = HalfVector([0.0] * version.dimensions)  # unused: the dense list is switched off
+    reranker = options.reranker
     rows = search_query.run(conn, version, search_query.SearchQuery(
         text=query,
         vector=vector,
         labels=caller_labels,
-        k=k,
+        k=max(k, reranker.top_n) if reranker.model else k,
         use_dense=use_dense,
         use_sparse=mode in ("hybrid", "sparse"),
         candidates=candidates,
@@ -118,8 +135,10 @@ def search(
         min_similarity=options.min_similarity if use_dense else None,
         bm25_depth=options.bm25.depth,
         bm25_max_terms=options.bm25.max_query_terms,
+        named_documents=tuple(named),
+        routing_weight=routing.weight,
     ))
-    return [
+    hits = [
         SearchHit(
             **{key: row[key] for key in ("chunk_id", "doc_id", "source", "path", "page_start", "page_end",
                                          "section_path", "content_type", "text", "prefix", "dense_rank",
@@ -131,3 +150,9 @@ def search(
         )
         for row in rows
     ]
+    if reranker.model:
+        scores = get_reranker(reranker.model, reranker.device, reranker.batch_size).scores(
+            query, [f"{h.prefix}\n{h.text}" if h.prefix else h.text for h in hits])
+        hits = [replace(h, rerank_score=s) for h, s in zip(hits, scores, strict=True)]
+        hits.sort(key=lambda h: (-(h.rerank_score or 0.0), h.chunk_id))
+    return hits[:k]

@@ -30,6 +30,21 @@ def test_signatures_estimate_jaccard():
     assert dedup.acl_key(["b", "a", "a"]) == dedup.acl_key(["a", "b"])
 
 
+def test_texts_that_state_other_figures_are_never_near_duplicates():
+    this_year = ("Total revenue for the fiscal year was $1204 million, up from the prior year on higher volumes in "
+                 "both segments. Operating margin improved on lower input costs and a better product mix, while "
+                 "selling, general and administrative expenses grew with the sales force. Capital expenditures went "
+                 "mostly to the new plant, and the company returned cash to shareholders through dividends.")
+    last_year = this_year.replace("1204", "1102")
+    params = dedup.lsh_params(0.8)
+    a, b = dedup.signature(this_year), dedup.signature(last_year)
+    assert dedup.similarity(a, b) >= 0.8  # by their words alone they would be grouped
+    assert dedup.figures_key(this_year) != dedup.figures_key(last_year)
+    assert dedup.figures_key(this_year) == dedup.figures_key(this_year.replace("higher", "larger"))
+    shared = set(dedup.band_buckets(a, params, "staff", dedup.figures_key(this_year)))
+    assert not shared & set(dedup.band_buckets(b, params, "staff", dedup.figures_key(last_year)))
+
+
 @pytest.fixture
 def boilerplate_corpus(tmp_path):
     folder = tmp_path / "policies"

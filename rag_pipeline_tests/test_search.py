@@ -4,7 +4,8 @@ import pytest
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline.retrieval import SearchError, search
+from rag_pipeline.embedding import ModelUnavailableError
+from rag_pipeline.retrieval import SearchError, SearchOptions, search
 from rag_pipeline.runs import run_ingest
 from rag_pipeline.store import versions as version_store
 
@@ -94,3 +95,40 @@ def test_filtered_dense_search_fills_k_when_few_chunks_match(indexed):
         ).fetchall()
     )
     assert "hnsw" in plan
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder(tmp_path_factory):
+    """A real (if untrained) cross-encoder, built and saved here: no reranker weights can be downloaded."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from rag_pipeline.embedding import resolve_model
+
+    folder = tmp_path_factory.mktemp("cross-encoder")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2").location)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_the_reranker_reorders_the_fused_top_n(indexed, tiny_cross_encoder):
+    from sentence_transformers import CrossEncoder
+
+    from rag_pipeline.config import RerankerConfig
+
+    query = "how long does the robot battery last"
+    fused = search(indexed, query, ["staff"], k=8)
+    reranked = search(indexed, query, ["staff"], k=3,
+                      options=SearchOptions(reranker=RerankerConfig(model=tiny_cross_encoder, top_n=8)))
+    assert len(reranked) == 3 and all(h.rerank_score is not None for h in reranked)
+    scores = CrossEncoder(str(tiny_cross_encoder)).predict(
+        [(query, f"{h.prefix}\n{h.text}" if h.prefix else h.text) for h in fused])
+    expected = [h.chunk_id for _, h in sorted(zip(scores, fused, strict=True), key=lambda p: (-p[0], p[1].chunk_id))]
+    assert [h.chunk_id for h in reranked] == expected[:3]
+    assert all(h.rerank_score is None for h in fused)  # off by default
+    with pytest.raises(ModelUnavailableError, match="does not exist"):
+        search(indexed, query, ["staff"], options=SearchOptions(reranker=RerankerConfig(model="/nonexistent/reranker")))

@@ -133,7 +133,7 @@ def assign_groups(
             assigned.append(chunk)
             continue
         sig = dedup.signature(chunk.text)
-        buckets = dedup.band_buckets(sig, params, labels_key)
+        buckets = dedup.band_buckets(sig, params, labels_key, dedup.figures_key(chunk.text))
         group_id = dedup.closest_group(sig, groups.candidates(conn, buckets, labels_key, params.key), params.threshold)
         if group_id is None:
             # Derived from the label set too: a relabelled chunk opens a new group, never re-labels an old one

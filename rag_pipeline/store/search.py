@@ -93,6 +93,7 @@ _EXHAUSTIVE_SQL = """
 SELECT t.chunk_id, -(d.vec <#> %(qvec)s::sparsevec) AS score
 FROM {table} t JOIN {docs} d USING (lexical_id)
 WHERE t.acl_labels && %(labels)s::text[]
+  AND (%(documents)s::text[] IS NULL OR t.doc_id = ANY(%(documents)s::text[]))
   AND EXISTS (SELECT 1 FROM {postings} p WHERE p.lexical_id = t.lexical_id AND p.term_id = ANY(%(ids)s::integer[]))
 ORDER BY score DESC, t.chunk_id LIMIT %(want)s
 """
@@ -117,15 +118,19 @@ def bm25_ranking(
     depth: int = 1000,
     max_depth: int = 64000,
     max_terms: int = 12,
+    documents: list[str] | None = None,
 ) -> LexicalRanking:
-    """The top `want` chunks by BM25 among those the caller's labels reach, best first (ties by chunk id)."""
+    """The top `want` chunks by BM25 among those the caller's labels reach (and, given `documents`, of those
+    documents only), best first (ties by chunk id)."""
     if not labels:
         raise ValueError("a search needs the caller's labels")
     terms = query_terms(conn, version, text, max_terms)
     if not terms:
         return LexicalRanking([], [], [], depth, True)
     params = {"ids": [t.term_id for t in terms], "idfs": [t.idf for t in terms], "qvec": _query_vector(terms),
-              "labels": list(labels), "want": want}
+              "labels": list(labels), "want": want, "documents": documents}
+    if documents is not None:
+        depth = max_depth + 1  # a few documents' rows: rank them all
     impact = sql.SQL(_IMPACT_SQL).format(postings=_part(version, "postings"), docs=_part(version, "bm25docs"),
                                          table=sql.Identifier(version.table_name))
     while depth <= max_depth:
@@ -141,6 +146,46 @@ def bm25_ranking(
     return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
 
 
+_NAMED_DOCUMENTS_SQL = """
+WITH q AS (
+    SELECT DISTINCT rag_term_id(l.term) AS term_id
+    FROM unnest(ARRAY['english', 'simple']::regconfig[]) AS cfg, rag_lexemes(cfg, %(text)s) l
+),
+n AS (  -- the planner's estimate where it has one, else a count (small or never analysed tables)
+    SELECT CASE WHEN reltuples >= 10000 THEN reltuples ELSE (SELECT count(*) FROM documents) END AS docs
+    FROM pg_class WHERE oid = 'documents'::regclass
+),
+counted AS (
+    SELECT q.term_id, (SELECT count(*) FROM (SELECT 1 FROM documents d WHERE d.name_terms @> ARRAY[q.term_id]
+                                             LIMIT %(cap)s) x) AS df
+    FROM q
+),
+naming AS (  -- terms that single out documents: held by few of them
+    SELECT term_id, ln(1 + (n.docs - df + 0.5) / (df + 0.5)) AS idf FROM counted, n
+    WHERE df > 0 AND df < %(cap)s
+)
+SELECT d.doc_id, sum(w.idf) AS score
+FROM documents d JOIN naming w ON d.name_terms @> ARRAY[w.term_id]
+WHERE d.name_terms && (SELECT coalesce(array_agg(term_id), '{}') FROM naming)
+  AND d.acl_labels && %(labels)s::text[]
+GROUP BY d.doc_id ORDER BY score DESC, d.doc_id LIMIT %(limit)s
+"""
+
+
+def named_documents(
+    conn: psycopg.Connection, text: str, labels: tuple[str, ...], *, min_score: float, ratio: float,
+    max_documents: int, cap: int = 1000,
+) -> list[str]:
+    """Documents the query names by their title, path or metadata (a company, a period, a form), best first:
+    those scoring at least `ratio` of the best, when the best reaches `min_score` (a sum of name-term idfs)."""
+    rows = conn.execute(_NAMED_DOCUMENTS_SQL,
+                        {"text": text, "labels": list(labels), "cap": cap, "limit": 4 * max_documents}).fetchall()
+    if not rows or float(rows[0][1]) < min_score:
+        return []
+    best = float(rows[0][1])
+    return [doc_id for doc_id, score in rows if float(score) >= ratio * best][:max_documents]
+
+
 _SEARCH_SQL = """
 WITH dense AS (
     SELECT chunk_id, row_number() OVER (ORDER BY distance, chunk_id) AS rank FROM (
@@ -151,11 +196,26 @@ WITH dense AS (
 sparse AS (
     SELECT chunk_id, rank FROM unnest(%(sparse_ids)s::text[]) WITH ORDINALITY AS s(chunk_id, rank)
 ),
+-- document-aware ranking: the same lists within the documents the query names
+routed_dense AS (
+    SELECT chunk_id, row_number() OVER (ORDER BY distance, chunk_id) AS rank FROM (
+        SELECT chunk_id, embedding <=> %(vector)s AS distance FROM {table}
+        WHERE %(use_dense)s AND doc_id = ANY(%(named)s::text[]) AND acl_labels && %(labels)s::text[]
+        ORDER BY embedding <=> %(vector)s LIMIT %(candidates)s) AS nearest
+),
+routed_sparse AS (
+    SELECT chunk_id, rank FROM unnest(%(routed_sparse_ids)s::text[]) WITH ORDINALITY AS s(chunk_id, rank)
+),
+lists AS (
+    SELECT chunk_id, rank AS dense_rank, NULL::bigint AS sparse_rank, %(dense_weight)s / (%(rrf_k)s + rank) AS score
+    FROM dense
+    UNION ALL SELECT chunk_id, NULL, rank, %(sparse_weight)s / (%(rrf_k)s + rank) FROM sparse
+    UNION ALL SELECT chunk_id, NULL, NULL, %(routing_weight)s * %(dense_weight)s / (%(rrf_k)s + rank) FROM routed_dense
+    UNION ALL SELECT chunk_id, NULL, NULL, %(routing_weight)s * %(sparse_weight)s / (%(rrf_k)s + rank) FROM routed_sparse
+),
 fused AS (
-    SELECT coalesce(d.chunk_id, s.chunk_id) AS chunk_id, d.rank AS dense_rank, s.rank AS sparse_rank,
-           coalesce(%(dense_weight)s / (%(rrf_k)s + d.rank), 0)
-         + coalesce(%(sparse_weight)s / (%(rrf_k)s + s.rank), 0) AS score
-    FROM dense d FULL OUTER JOIN sparse s USING (chunk_id)
+    SELECT chunk_id, min(dense_rank) AS dense_rank, min(sparse_rank) AS sparse_rank, sum(score) AS score
+    FROM lists GROUP BY chunk_id
 )
 SELECT t.chunk_id, t.doc_id, doc.source, doc.rel_path AS path, t.page_start, t.page_end, t.section_path,
        t.content_type, t.text, t.prefix, f.score, f.dense_rank, f.sparse_rank,
@@ -191,6 +251,8 @@ class SearchQuery:
     min_similarity: float | None
     bm25_depth: int = 1000
     bm25_max_terms: int = 12
+    named_documents: tuple[str, ...] = ()  # documents the query names (document-aware ranking); () = none
+    routing_weight: float = 1.0  # RRF weight of the lists within the named documents, relative to the global ones
 
 
 def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> list[dict[str, Any]]:
@@ -199,9 +261,14 @@ def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> 
     statement = sql.SQL(_SEARCH_SQL).format(table=sql.Identifier(version.table_name))
     with conn.transaction():
         sparse_ids: list[str] = []
+        routed_sparse_ids: list[str] = []
         if query.use_sparse:
             sparse_ids = bm25_ranking(conn, version, query.text, query.labels, query.candidates,
                                       depth=query.bm25_depth, max_terms=query.bm25_max_terms).chunk_ids
+            if query.named_documents:
+                routed_sparse_ids = bm25_ranking(conn, version, query.text, query.labels, query.candidates,
+                                                 max_terms=query.bm25_max_terms,
+                                                 documents=list(query.named_documents)).chunk_ids
         # Iterative scan keeps filtered HNSW queries returning enough rows when few chunks match the labels.
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(query.ef_search),))
@@ -213,6 +280,9 @@ def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> 
                     "labels": list(query.labels),
                     "use_dense": query.use_dense,
                     "sparse_ids": sparse_ids,
+                    "routed_sparse_ids": routed_sparse_ids,
+                    "named": list(query.named_documents),
+                    "routing_weight": query.routing_weight,
                     "candidates": query.candidates,
                     "dense_weight": query.dense_weight,
                     "sparse_weight": query.sparse_weight,

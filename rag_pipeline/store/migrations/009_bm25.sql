@@ -13,8 +13,9 @@
 -- recomputes the weights when the corpus's average length has drifted from the one they used.
 
 -- Terms as users type them, the same at index and query time, callable from SQL: the configuration's lexemes
--- (stemmed for the document's language, stop words removed) plus identifiers kept whole (10-K, FY2019-Q2,
--- pg_stat_activity, 240.13a-15) that the default parser would split.
+-- (stemmed for the document's language, stop words removed), identifiers kept whole (10-K, FY2019-Q2,
+-- pg_stat_activity, 240.13a-15) that the default parser would split, and the number inside a code (FY2018).
+-- A term may come out twice (e.g. 2018 from "2018" and from "FY2018"): callers sum by term.
 CREATE FUNCTION rag_lexemes(config regconfig, body text) RETURNS TABLE (term text, tf integer)
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     WITH parsed AS (
@@ -28,6 +29,10 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
     UNION ALL
     SELECT c.term, c.tf FROM compounds c
     WHERE length(c.term) <= 64 AND NOT EXISTS (SELECT 1 FROM parsed p WHERE p.term = c.term)
+    UNION ALL
+    -- the number inside a code, so that FY2018 meets 2018 and 2019Q3 meets 2019
+    SELECT substring(term FROM '[0-9]{3,}'), tf FROM parsed
+    WHERE term ~ '^([[:alpha:]]+[0-9]{3,}[[:alpha:]]*|[0-9]{3,}[[:alpha:]]+)$'
 $$;
 
 -- A term's dimension in the sparse vectors and its key in the postings. A hash, not a dictionary: writers never
