@@ -113,11 +113,12 @@ def _queries(vocabulary: list[str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
-def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels):
+@pytest.mark.parametrize("few_rows", [0, search_store.FEW_ROWS], ids=["impact-ordered postings", "labelled rows"])
+def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels, few_rows):
     conn, version, vocabulary = corpus_db
     for name, query in _queries(vocabulary).items():
         expected = _reference(conn, version, query, set(labels))
-        got = search_store.bm25_ranking(conn, version, query, labels, TOP, max_terms=64)
+        got = search_store.bm25_ranking(conn, version, query, labels, TOP, max_terms=64, few_rows=few_rows)
         assert got.exact and len(got.chunk_ids) == len(expected), (name, len(got.chunk_ids), len(expected))
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query, got.depth)
 
@@ -133,7 +134,7 @@ def test_deletions_and_inserts_keep_the_counters_true(corpus_db):
     # within the tolerance of textbook BM25 on the live corpus.
     for name, query in _queries(vocabulary).items():
         expected = _reference(conn, version, query, {"staff"})
-        got = search_store.bm25_ranking(conn, version, query, ("staff",), TOP, max_terms=64)
+        got = search_store.bm25_ranking(conn, version, query, ("staff",), TOP, max_terms=64, few_rows=0)
         assert _overlap(got.chunk_ids, expected) >= 0.95, name
     postings = sql.Identifier(f"{version.table_name}_postings")
     orphans = conn.execute(sql.SQL("SELECT count(*) FROM {} p WHERE NOT EXISTS (SELECT 1 FROM {} t"

@@ -79,12 +79,31 @@ def test_embedded_server_lifecycle_through_the_cli():
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def test_migration_008_upgrades_a_database_the_previous_release_left(pg_admin_url, tmp_path):
-    """A database migrated to 007 (the previous main) with documents in every state and a version in use gains
-    the transition tables and triggers in place, and its rows keep their states."""
+# A version table exactly as the previous release created it (rag_pipeline/store.py before the restructure).
+PREVIOUS_VERSION_TABLE = """
+CREATE TABLE index_v1 (
+    chunk_id text PRIMARY KEY, owner_chunk_id text NOT NULL,
+    doc_id text NOT NULL REFERENCES documents (doc_id) ON DELETE CASCADE, ordinal integer NOT NULL,
+    text text NOT NULL, prefix text NOT NULL, section_path text NOT NULL, page_start integer NOT NULL,
+    page_end integer NOT NULL, content_type text NOT NULL,
+    acl_labels text[] NOT NULL CHECK (cardinality(acl_labels) > 0), embedding_input_sha text NOT NULL,
+    embedding halfvec(8) NOT NULL,
+    tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', prefix || ' ' || text)) STORED);
+CREATE INDEX index_v1_hnsw ON index_v1 USING hnsw (embedding halfvec_cosine_ops);
+CREATE INDEX index_v1_tsv ON index_v1 USING gin (tsv);
+"""
+
+
+def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_url, tmp_path):
+    """A database migrated to 007 (the previous main) with documents in every state and an index version in use
+    is upgraded in place: states kept (indexed ones queued for regrouping, 012), transitions enforced (008), and
+    the existing rows searchable by BM25 and kept by its triggers from then on (009)."""
+    from pgvector import HalfVector
     from psycopg import sql
 
-    from rag_pipeline.store.database import ensure_database
+    from rag_pipeline.store import search as search_store
+    from rag_pipeline.store import versions as version_store
+    from rag_pipeline.store.database import connect, ensure_database
 
     name = f"upgrade_{tmp_path.name[-8:].replace('-', '_')}"
     ensure_database(pg_admin_url, name)
@@ -93,31 +112,41 @@ def test_migration_008_upgrades_a_database_the_previous_release_left(pg_admin_ur
     previous.mkdir()
     for path in MIGRATIONS_DIR.glob("00[1-7]_*.sql"):
         shutil.copy(path, previous / path.name)
+    statuses = ("pending_parse", "pending_chunk", "pending_index", "indexed", "dead_letter", "held_no_labels")
     try:
         assert len(migrate(url, previous)) == 7
-        with psycopg.connect(url, autocommit=True) as conn:
+        with connect(url, autocommit=True) as conn:
             conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)"
                          " VALUES ('s', '/x', '{}', 60)")
-            for number, status in enumerate(("pending_parse", "pending_chunk", "pending_index", "indexed",
-                                             "dead_letter", "held_no_labels")):
+            for number, status in enumerate(statuses):
                 conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
                                                        acl_labels, status)
                                 VALUES (%s, 's', %s, 'f', 1, now(), '{staff}', %s)""", (status, f"{number}.md", status))
             conn.execute("""INSERT INTO index_versions (table_name, embedding_model, dimensions, chunker_version,
                                                         parser_version, status)
                             VALUES ('index_v1', 'm', 8, 'c', 'p', 'active'), ('index_v2', 'm2', 8, 'c', 'p', 'ready')""")
-        assert migrate(url)[0] == "008_status_transitions.sql"
-        with psycopg.connect(url, autocommit=True) as conn:
-            assert dict(conn.execute("SELECT doc_id, status FROM documents").fetchall()) == {
-                s: s for s in ("pending_parse", "pending_chunk", "pending_index", "indexed", "dead_letter",
-                               "held_no_labels")}
-            conn.execute("UPDATE documents SET status = 'pending_parse' WHERE doc_id = 'dead_letter'")  # a retry
+            conn.execute("INSERT INTO index_alias (alias, version_id) VALUES ('active', 1)")
+            conn.execute(PREVIOUS_VERSION_TABLE)
+            for i, text in enumerate(["The warehouse robot charges at dock seven.", "Travel needs approval."]):
+                conn.execute("""INSERT INTO index_v1 (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix,
+                                    section_path, page_start, page_end, content_type, acl_labels, embedding_input_sha,
+                                    embedding) VALUES (%s, %s, 'indexed', %s, %s, '', '', 1, 1, 'prose', '{staff}', 's', %s)""",
+                             (f"c{i}", f"c{i}", i, text, HalfVector([0.1] * 8)))
+        applied = migrate(url)
+        assert applied[0] == "008_status_transitions.sql" and "009_bm25.sql" in applied
+        with connect(url, autocommit=True) as conn:
+            states = dict(conn.execute("SELECT doc_id, status FROM documents").fetchall())
+            assert states == {**{s: s for s in statuses}, "indexed": "pending_index"}
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute("UPDATE documents SET status = 'indexed' WHERE doc_id = 'pending_chunk'")
-            conn.execute("UPDATE index_versions SET status = 'retired' WHERE status = 'active'")
-            conn.execute("UPDATE index_versions SET status = 'active' WHERE status = 'ready'")  # promotion
             with pytest.raises(psycopg.errors.CheckViolation):
-                conn.execute("UPDATE index_versions SET status = 'building' WHERE status = 'retired'")
+                conn.execute("UPDATE index_versions SET status = 'building' WHERE status = 'active'")
+            version = version_store.active_version(conn)
+            assert search_store.bm25_ranking(conn, version, "robot dock", ("staff",), 5).chunk_ids == ["c0"]
+            conn.execute(sql.SQL("DELETE FROM {} WHERE chunk_id = 'c0'").format(sql.Identifier("index_v1")))
+            assert search_store.bm25_ranking(conn, version, "robot dock", ("staff",), 5).chunk_ids == []
+            state = version_store.bm25_state(conn, version)
+            assert state.rows_counted == state.rows_weighted == 1
     finally:
         with psycopg.connect(pg_admin_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

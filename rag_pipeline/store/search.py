@@ -5,7 +5,9 @@ The BM25 list reads impact-ordered postings: the `depth` highest-weighted postin
 every match), rescored exactly as BM25 from each candidate's weight vector. It is exact whenever no chunk
 outside the candidates can beat the last one kept: a chunk none of whose postings were read scores at most the
 sum over terms of idf x the last weight read for that term. When that bound is not met (labels that few chunks
-carry, queries of only very common terms), the depth grows, and past `max_depth` every match is ranked.
+carry, queries of only very common terms), the terms whose unread postings could add the most are read deeper,
+and after a few rounds every row the caller may read is ranked. A caller whose labels reach few rows has those
+rows ranked directly, in both lists.
 """
 
 from __future__ import annotations
@@ -68,35 +70,58 @@ def _query_vector(terms: list[QueryTerm]) -> str:
 
 
 _IMPACT_SQL = """
-WITH q AS (SELECT * FROM unnest(%(ids)s::integer[], %(idfs)s::float8[]) AS q(term_id, idf)),
-top AS (
-    SELECT q.term_id, p.lexical_id, p.weight FROM q CROSS JOIN LATERAL (
+WITH q AS (SELECT * FROM unnest(%(ids)s::integer[], %(idfs)s::float8[], %(depths)s::integer[])
+           AS q(term_id, idf, depth)),
+top AS (  -- the highest-weighted postings of each term (an index-only scan of the impact index)
+    SELECT q.term_id, q.idf, q.depth, p.lexical_id, p.weight FROM q CROSS JOIN LATERAL (
         SELECT lexical_id, weight FROM {postings} p WHERE p.term_id = q.term_id
-        ORDER BY weight DESC LIMIT %(depth)s) p
+        ORDER BY weight DESC LIMIT q.depth) p
 ),
-bound AS (  -- the best score a chunk none of whose postings were read could reach
-    SELECT coalesce(sum(q.idf * CASE WHEN b.fetched < %(depth)s THEN 0 ELSE b.last END), 0) AS unseen
-    FROM q JOIN (SELECT term_id, count(*) AS fetched, min(weight) AS last FROM top GROUP BY term_id) b USING (term_id)
+last AS (  -- per term, the lowest weight read, or 0 when its whole list was read
+    SELECT term_id, idf, CASE WHEN count(*) < depth THEN 0 ELSE min(weight) END AS last FROM top
+    GROUP BY term_id, idf, depth
 ),
-scored AS (
+total AS (SELECT coalesce(sum(idf * last), 0) AS unseen FROM last),
+bounded AS (  -- what each chunk read scores at most: its weights read plus the last weight of every other term
+    SELECT top.lexical_id, sum(top.idf * top.weight) + total.unseen - sum(top.idf * l.last) AS upper
+    FROM top JOIN last l USING (term_id), total GROUP BY top.lexical_id, total.unseen
+),
+ranked AS (
+    SELECT lexical_id, upper, row_number() OVER (ORDER BY upper DESC, lexical_id) AS position FROM bounded
+),
+rescored AS (
     SELECT t.chunk_id, -(d.vec <#> %(qvec)s::sparsevec) AS score
-    FROM (SELECT DISTINCT lexical_id FROM top) pool
-    JOIN {docs} d USING (lexical_id) JOIN {table} t USING (lexical_id)
-    WHERE t.acl_labels && %(labels)s::text[]
+    FROM ranked r JOIN {docs} d USING (lexical_id) JOIN {table} t USING (lexical_id)
+    WHERE r.position <= %(pool)s AND t.acl_labels && %(labels)s::text[]
     ORDER BY score DESC, t.chunk_id LIMIT %(want)s
+),
+rest AS (  -- the best any chunk not rescored could score
+    SELECT greatest((SELECT unseen FROM total), coalesce((SELECT max(upper) FROM ranked WHERE position > %(pool)s), 0))
+           AS bound
 )
-SELECT bound.unseen, scored.chunk_id, scored.score FROM bound LEFT JOIN scored ON true
-ORDER BY scored.score DESC, scored.chunk_id
+SELECT rest.bound, (SELECT array_agg(idf * last ORDER BY term_id) FROM last) AS slack,
+       (SELECT array_agg(term_id ORDER BY term_id) FROM last) AS slack_terms, rescored.chunk_id, rescored.score
+FROM rest LEFT JOIN rescored ON true
+ORDER BY rescored.score DESC, rescored.chunk_id
 """
 
-_EXHAUSTIVE_SQL = """
+_LABELLED_SQL = """
 SELECT t.chunk_id, -(d.vec <#> %(qvec)s::sparsevec) AS score
 FROM {table} t JOIN {docs} d USING (lexical_id)
 WHERE t.acl_labels && %(labels)s::text[]
   AND (%(documents)s::text[] IS NULL OR t.doc_id = ANY(%(documents)s::text[]))
-  AND EXISTS (SELECT 1 FROM {postings} p WHERE p.lexical_id = t.lexical_id AND p.term_id = ANY(%(ids)s::integer[]))
+  AND -(d.vec <#> %(qvec)s::sparsevec) > 0
 ORDER BY score DESC, t.chunk_id LIMIT %(want)s
 """
+
+_FEW_ROWS_SQL = """
+SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE t.acl_labels && %(labels)s::text[]
+                      AND (%(documents)s::text[] IS NULL OR t.doc_id = ANY(%(documents)s::text[])) LIMIT %(few)s) x
+"""
+
+# Callers whose labels (or named documents) reach fewer rows than this are ranked over exactly those rows.
+FEW_ROWS = 5000
+MAX_ROUNDS = 6  # of reading deeper; then every row the caller may read is ranked
 
 
 @dataclass(frozen=True)
@@ -104,7 +129,7 @@ class LexicalRanking:
     chunk_ids: list[str]
     scores: list[float]
     terms: list[QueryTerm]
-    depth: int  # postings read per term; 0: every match was ranked
+    depth: int  # postings read per term; 0: the rows the caller may read were ranked directly
     exact: bool
 
 
@@ -116,34 +141,61 @@ def bm25_ranking(
     want: int,
     *,
     depth: int = 1000,
-    max_depth: int = 64000,
     max_terms: int = 12,
     documents: list[str] | None = None,
+    few_rows: int = FEW_ROWS,
 ) -> LexicalRanking:
     """The top `want` chunks by BM25 among those the caller's labels reach (and, given `documents`, of those
-    documents only), best first (ties by chunk id)."""
+    documents only), best first (ties by chunk id).
+
+    Callers (or documents) that reach few rows have those rows ranked directly. Otherwise the highest-weighted
+    postings of each term are read, the chunks whose upper bound is highest are rescored exactly, and the result
+    stands when no other chunk could beat the last one kept; if it could, more is read."""
     if not labels:
         raise ValueError("a search needs the caller's labels")
     terms = query_terms(conn, version, text, max_terms)
     if not terms:
-        return LexicalRanking([], [], [], depth, True)
+        return LexicalRanking([], [], [], 0, True)
+    parts = {"table": sql.Identifier(version.table_name), "docs": _part(version, "bm25docs"),
+             "postings": _part(version, "postings")}
     params = {"ids": [t.term_id for t in terms], "idfs": [t.idf for t in terms], "qvec": _query_vector(terms),
-              "labels": list(labels), "want": want, "documents": documents}
-    if documents is not None:
-        depth = max_depth + 1  # a few documents' rows: rank them all
-    impact = sql.SQL(_IMPACT_SQL).format(postings=_part(version, "postings"), docs=_part(version, "bm25docs"),
-                                         table=sql.Identifier(version.table_name))
-    while depth <= max_depth:
-        rows = conn.execute(impact, {**params, "depth": depth}).fetchall()
-        unseen = float(rows[0][0]) if rows else 0.0
-        kept = [(chunk_id, float(score)) for _, chunk_id, score in rows if chunk_id is not None]
-        if unseen == 0.0 or (len(kept) == want and kept[-1][1] >= unseen):
-            return LexicalRanking([c for c, _ in kept], [s for _, s in kept], terms, depth, True)
-        depth *= 4
-    exhaustive = sql.SQL(_EXHAUSTIVE_SQL).format(postings=_part(version, "postings"), docs=_part(version, "bm25docs"),
-                                                 table=sql.Identifier(version.table_name))
-    rows = conn.execute(exhaustive, params).fetchall()
+              "labels": list(labels), "want": want, "documents": documents, "few": max(1, few_rows)}
+    few = label_rows(conn, version, labels) < few_rows or (
+        documents is not None and reachable_rows(conn, parts, params) < few_rows)
+    if few:
+        rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
+        return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
+    impact = sql.SQL(_IMPACT_SQL).format(**parts)
+    depths = {t.term_id: depth for t in terms}
+    pool = 2 * want
+    for _ in range(MAX_ROUNDS):
+        rows = conn.execute(impact, {**params, "depths": [depths[t.term_id] for t in terms], "pool": pool}).fetchall()
+        bound = float(rows[0][0])
+        kept = [(chunk_id, float(score)) for *_, chunk_id, score in rows if chunk_id is not None]
+        if (len(kept) == want and kept[-1][1] >= bound) or bound == 0.0:
+            return LexicalRanking([c for c, _ in kept], [s for _, s in kept], terms, max(depths.values()), True)
+        # Read deeper where the bound comes from: the terms whose unread postings could add the most.
+        slack = dict(zip(rows[0][2], (float(x) for x in rows[0][1]), strict=True))
+        for term_id, _ in sorted(slack.items(), key=lambda item: -item[1])[:2]:
+            if slack[term_id] > 0:
+                depths[term_id] *= 4
+        pool *= 2
+    rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
     return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
+
+
+def label_rows(conn: psycopg.Connection, version: IndexVersion, labels: tuple[str, ...]) -> int:
+    """At most how many rows the caller's labels reach (the per-label counts the BM25 triggers keep, summed)."""
+    return int(conn.execute(
+        sql.SQL("SELECT coalesce(sum(df), 0) FROM {} WHERE term_id IN"
+                " (SELECT rag_label_term_id(l) FROM unnest(%s::text[]) AS l)").format(_part(version, "bm25_df")),
+        (list(labels),),
+    ).fetchone()[0])
+
+
+def reachable_rows(conn: psycopg.Connection, parts: dict[str, sql.Composable], params: dict[str, Any]) -> int:
+    """Rows the caller's labels (and documents) reach, counted up to FEW_ROWS."""
+    return conn.execute(sql.SQL(_FEW_ROWS_SQL).format(**parts), params).fetchone()[0]
 
 
 _NAMED_DOCUMENTS_SQL = """
@@ -187,11 +239,19 @@ def named_documents(
 
 
 _SEARCH_SQL = """
-WITH dense AS (
+WITH readable AS MATERIALIZED (  -- used only when the caller's labels reach few rows: exact, no HNSW
+    SELECT chunk_id, embedding FROM {table}
+    WHERE %(use_dense)s AND %(exact_dense)s AND acl_labels && %(labels)s::text[]
+),
+dense AS (
     SELECT chunk_id, row_number() OVER (ORDER BY distance, chunk_id) AS rank FROM (
         SELECT chunk_id, embedding <=> %(vector)s AS distance FROM {table}
-        WHERE %(use_dense)s AND acl_labels && %(labels)s::text[]
+        WHERE %(use_dense)s AND NOT %(exact_dense)s AND acl_labels && %(labels)s::text[]
         ORDER BY embedding <=> %(vector)s LIMIT %(candidates)s) AS nearest
+    UNION ALL
+    SELECT chunk_id, row_number() OVER (ORDER BY distance, chunk_id) FROM (
+        SELECT chunk_id, embedding <=> %(vector)s AS distance FROM readable
+        ORDER BY embedding <=> %(vector)s LIMIT %(candidates)s) AS exact
 ),
 sparse AS (
     SELECT chunk_id, rank FROM unnest(%(sparse_ids)s::text[]) WITH ORDINALITY AS s(chunk_id, rank)
@@ -260,6 +320,9 @@ def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> 
         raise ValueError("a search needs the caller's labels")
     statement = sql.SQL(_SEARCH_SQL).format(table=sql.Identifier(version.table_name))
     with conn.transaction():
+        # A caller whose labels reach few rows gets them ranked exactly (HNSW would walk most of the graph to
+        # find them, even with iterative scans).
+        exact_dense = query.use_dense and label_rows(conn, version, query.labels) < FEW_ROWS
         sparse_ids: list[str] = []
         routed_sparse_ids: list[str] = []
         if query.use_sparse:
@@ -279,6 +342,7 @@ def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> 
                     "vector": query.vector,
                     "labels": list(query.labels),
                     "use_dense": query.use_dense,
+                    "exact_dense": exact_dense,
                     "sparse_ids": sparse_ids,
                     "routed_sparse_ids": routed_sparse_ids,
                     "named": list(query.named_documents),

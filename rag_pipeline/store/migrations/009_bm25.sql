@@ -40,6 +40,11 @@ $$;
 CREATE FUNCTION rag_term_id(term text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT (abs(hashtextextended(term, 0)) % 999999937)::integer + 1 $$;
 
+-- How many rows carry a label is counted beside the terms (a key no lexeme can have), so a search can tell a
+-- caller whose labels reach few rows (and rank those rows directly) without counting them.
+CREATE FUNCTION rag_label_term_id(label text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT rag_term_id(chr(1) || 'acl:' || label) $$;
+
 CREATE FUNCTION rag_bm25_weight(tf integer, len integer, avgdl double precision, k1 double precision,
                                 b double precision) RETURNS real
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -65,6 +70,16 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('rag_pipeline:bm25:' || version_table), pg_backend_pid() % 16);
     PERFORM set_config(setting, (pg_backend_pid() % 16)::text, true);
     RETURN pg_backend_pid() % 16;
+END $$;
+
+CREATE FUNCTION rag_bm25_count_labels(version_table text, labels text[], shard integer, delta integer)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format($sql$
+        INSERT INTO %I AS c (term_id, shard, df)
+        SELECT DISTINCT rag_label_term_id(l), $1, $2 FROM unnest($3) AS l ORDER BY 1
+        ON CONFLICT (term_id, shard) DO UPDATE SET df = c.df + EXCLUDED.df
+    $sql$, version_table || '_bm25_df') USING shard, delta, labels;
 END $$;
 
 -- Write one row's postings, weights and counters (the AFTER INSERT trigger of every version table).
@@ -106,6 +121,7 @@ BEGIN
         INSERT INTO %I AS t (shard, chunks, total_len) VALUES ($1, 1, $2)
         ON CONFLICT (shard) DO UPDATE SET chunks = t.chunks + 1, total_len = t.total_len + EXCLUDED.total_len
     $sql$, base || '_bm25_totals') USING shard, row_len;
+    PERFORM rag_bm25_count_labels(base, NEW.acl_labels, shard, 1);
     IF params.avgdl IS NULL THEN  -- the version's first row sets the reference length
         EXECUTE format('UPDATE %I SET avgdl = $1 WHERE avgdl IS NULL', base || '_bm25_params') USING row_len;
     END IF;
@@ -129,6 +145,16 @@ BEGIN
         INSERT INTO %I AS t (shard, chunks, total_len) VALUES ($1, -1, -$2)
         ON CONFLICT (shard) DO UPDATE SET chunks = t.chunks - 1, total_len = t.total_len - $2
     $sql$, base || '_bm25_totals') USING shard, coalesce(row_len, 0);
+    PERFORM rag_bm25_count_labels(base, OLD.acl_labels, shard, -1);
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION rag_bm25_labels_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    shard integer := rag_bm25_shard(TG_TABLE_NAME);
+BEGIN
+    PERFORM rag_bm25_count_labels(TG_TABLE_NAME, OLD.acl_labels, shard, -1);
+    PERFORM rag_bm25_count_labels(TG_TABLE_NAME, NEW.acl_labels, shard, 1);
     RETURN NULL;
 END $$;
 
@@ -198,6 +224,11 @@ BEGIN
     $sql$, version_table || '_bm25docs', version_table, version_table || '_postings');
     EXECUTE format('INSERT INTO %I (term_id, shard, df) SELECT term_id, 0, count(*) FROM %I GROUP BY term_id',
                    version_table || '_bm25_df', version_table || '_postings');
+    EXECUTE format($sql$
+        INSERT INTO %I AS c (term_id, shard, df)
+        SELECT rag_label_term_id(l), 0, count(*) FROM %I, unnest(acl_labels) AS l GROUP BY 1
+        ON CONFLICT (term_id, shard) DO UPDATE SET df = c.df + EXCLUDED.df
+    $sql$, version_table || '_bm25_df', version_table);
     EXECUTE format('INSERT INTO %I (shard, chunks, total_len) SELECT 0, count(*), coalesce(sum(len), 0) FROM %I',
                    version_table || '_bm25_totals', version_table || '_bm25docs');
     EXECUTE format($sql$UPDATE %I SET configs = (SELECT coalesce(array_agg(DISTINCT text_config), '{}') FROM %I)$sql$,
@@ -234,6 +265,9 @@ BEGIN
                    version_table || '_bm25_insert', version_table);
     EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %I FOR EACH ROW EXECUTE FUNCTION rag_bm25_row_deleted()',
                    version_table || '_bm25_delete', version_table);
+    EXECUTE format($sql$CREATE TRIGGER %I AFTER UPDATE OF acl_labels ON %I FOR EACH ROW
+                       WHEN (OLD.acl_labels IS DISTINCT FROM NEW.acl_labels)
+                       EXECUTE FUNCTION rag_bm25_labels_changed()$sql$, version_table || '_bm25_labels', version_table);
     PERFORM rag_bm25_rebuild(version_table);
 END $$;
 
