@@ -1,6 +1,8 @@
 """Golden-set evaluation: exact metric values on hand-made results, and the shipped golden set end to end."""
 
 import json
+import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,34 @@ def test_one_flipped_question_is_noise_and_a_real_fall_is_not():
     assert regressions(reference, ten_lost, tolerance=0.5) == []  # real, but within a generous tolerance
     same = paired_differences(reference, reference)
     assert all(d.p_value == 1.0 and not d.significant for d in same)
+
+
+PG_MANUAL = Path("/usr/share/doc/postgresql-doc-15/html")
+needs_pg_manual = pytest.mark.skipif(not PG_MANUAL.is_dir() and not os.environ.get("CI"),
+                                     reason="Debian's postgresql-doc-15 is not installed (.ci/run installs it)")
+
+
+@needs_pg_manual
+def test_the_pg_manual_golden_set_is_answered_by_its_gold_pages(tmp_path):
+    """Every answerable question's evidence is on its gold pages, every gold page is in the corpus the script
+    builds, and the set has the slices it claims."""
+    import html
+    import re
+
+    from scripts.make_pg_manual_corpus import build
+
+    corpus = {p.name for p in build(PG_MANUAL, tmp_path / "corpus")}
+    questions = load_golden(Path(__file__).resolve().parent.parent / "golden" / "pg_manual.jsonl")
+    raw = {json.loads(line)["id"]: json.loads(line) for line in
+           (Path(__file__).resolve().parent.parent / "golden" / "pg_manual.jsonl").read_text().splitlines()}
+    slices = Counter(q.slice for q in questions)
+    assert len(questions) >= 150 and set(slices) == {"exact_term", "paraphrase", "table", "multi_page", "unanswerable"}
+    assert slices["unanswerable"] >= 10 and slices["multi_page"] >= 10
+    for question in questions:
+        if not question.answerable:
+            continue
+        assert {g.doc for g in question.gold} <= corpus, question.id
+        text = " ".join(re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", (PG_MANUAL / g.doc).read_text())))
+                        for g in question.gold)
+        assert all(evidence in text for evidence in raw[question.id]["evidence"]), question.id
+    assert all(len(q.gold) >= 2 for q in questions if q.slice == "multi_page")

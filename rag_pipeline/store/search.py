@@ -121,7 +121,8 @@ SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE t.acl_labels && %(labels)s::
 
 # Callers whose labels (or named documents) reach fewer rows than this are ranked over exactly those rows.
 FEW_ROWS = 5000
-MAX_ROUNDS = 6  # of reading deeper; then every row the caller may read is ranked
+MAX_ROUNDS = 5  # of reading deeper; then every row the caller may read is ranked
+COMMON_SHARE = 0.25  # a query whose rarest term is in more than this share of the rows ranks every match
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,10 @@ def bm25_ranking(
     if few:
         rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
         return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
+    if min(t.df for t in terms) > COMMON_SHARE * total_rows(conn, version):
+        # Only very common terms: almost every chunk matches and reading deeper would end in ranking them all.
+        rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
+        return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
     impact = sql.SQL(_IMPACT_SQL).format(**parts)
     depths = {t.term_id: depth for t in terms}
     pool = 2 * want
@@ -182,6 +187,11 @@ def bm25_ranking(
         pool *= 2
     rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
     return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
+
+
+def total_rows(conn: psycopg.Connection, version: IndexVersion) -> int:
+    return int(conn.execute(sql.SQL("SELECT coalesce(sum(chunks), 0) FROM {}").format(_part(version, "bm25_totals")))
+               .fetchone()[0])
 
 
 def label_rows(conn: psycopg.Connection, version: IndexVersion, labels: tuple[str, ...]) -> int:
