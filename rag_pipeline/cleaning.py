@@ -14,6 +14,9 @@ from collections.abc import Iterable
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SPACES_RE = re.compile(r"[ \t\u00a0\u2000-\u200b\u202f\u205f\u3000]+")
 _BLANK_LINES_RE = re.compile(r"\n{3,}")
+# Glyphs a font could not map to text: never content, and noise to every index (pages that have many are read
+# by OCR first; what no tier could read is removed here).
+_UNMAPPED_GLYPH_RE = re.compile(r"\(cid:\d+\)|\ufffd")
 PAGE_SEPARATOR = "\n\f\n"
 
 
@@ -62,8 +65,11 @@ def clean_document(pages: list[str]) -> tuple[list[str], dict[str, int]]:
     Returns the cleaned pages and the characters each rule removed. Markdown table rows are never
     treated as furniture: a table continuing across pages repeats its header legitimately.
     """
-    removed = dict.fromkeys(("normalisation", "running_header_footer", "page_number", "toc_leader", "watermark",
-                             "hyphenation"), 0)
+    removed = dict.fromkeys(("unmapped_glyphs", "normalisation", "running_header_footer", "page_number",
+                             "toc_leader", "watermark", "hyphenation"), 0)
+    readable = [_UNMAPPED_GLYPH_RE.sub("", page) for page in pages]
+    removed["unmapped_glyphs"] = sum(len(a) - len(b) for a, b in zip(pages, readable, strict=True))
+    pages = readable
     normalised = [clean_text(page) for page in pages]
     # Net characters removed by normalisation (NFKC can lengthen text, e.g. ligatures, so this may be < 0).
     removed["normalisation"] = sum(len(a) for a in pages) - sum(len(b) for b in normalised)
@@ -185,7 +191,10 @@ def clean_parsed_pages(pages: list) -> dict[str, int]:
     texts, removed = clean_document([page.markdown for page in pages])
     texts, reaches = join_continued_tables(texts)
     for index, (page, text) in enumerate(zip(pages, texts, strict=True)):
+        unreadable = len(_UNMAPPED_GLYPH_RE.findall(page.markdown))
         page.markdown = text
+        if unreadable:
+            page.signals = {**page.signals, "unmapped_glyphs_removed": unreadable}
         if index in reaches:
             page.signals = {**page.signals, "table_continues_to": pages[reaches[index]].page}
     return removed

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from rag_pipeline.cascade import Cascade, escalation_reason, parse_document
+from rag_pipeline.cleaning import clean_parsed_pages
 from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.parsing import parse_file
 from rag_pipeline_tests.chat_server import FakeChatServer
@@ -55,6 +56,16 @@ def test_font_without_unicode_map_escalates_and_rotation_is_honoured(tmp_path):
     (page,) = parse_document(tmp_path / "nomap.pdf", None, Cascade(ParsingConfig()))
     assert page.tier == "ocr" and page.signals["escalation"] == "glyph_failure"
     assert "Aletsch glacier" in page.markdown
+    # Where no tier can read them (no OCR here), the unmapped glyphs are removed and counted, never indexed.
+    (unread,) = parse_document(tmp_path / "nomap.pdf", None, Cascade(ParsingConfig(ocr_engine="none")))
+    removed = clean_parsed_pages([unread])
+    assert "(cid:" not in unread.markdown and "\ufffd" not in unread.markdown
+    assert unread.signals["unmapped_glyphs_removed"] == tier_one.signals["cid_glyphs"] > 0
+    assert removed["unmapped_glyphs"] > 0
+    # A few unmapped glyphs below the share threshold still escalate: the page is read by a tier that can.
+    few = {"chars": 500, "cid_glyphs": 3, "replacement_glyphs": 0, "bad_glyph_ratio": 0.006}
+    assert escalation_reason(few, ParsingConfig()) == "glyph_failure"
+    assert escalation_reason({**few, "cid_glyphs": 2}, ParsingConfig()) is None
 
     generate.rotated_page(tmp_path / "rotated.pdf")
     (page,) = parse_file(tmp_path / "rotated.pdf")
