@@ -2,7 +2,7 @@
 postgresql-doc-15) on both packaged models, each ranking feature on and off, with paired significance.
 
     apt-get install postgresql-doc-15
-    .venv/bin/python -m bench.golden_pg_manual [--models all-MiniLM-L6-v2,all-mpnet-base-v2]
+    .venv/bin/python -m bench.golden_pg_manual [--models all-MiniLM-L6-v2,all-mpnet-base-v2] [--config FILE]
 
 Prints hit@5, recall@10, MRR and nDCG@10 per mode and feature setting, and paired differences of hybrid against
 each single list.
@@ -24,7 +24,7 @@ from rag_pipeline.evaluation import evaluate, load_golden, paired_differences
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.runs import run_index_build, run_ingest
 from rag_pipeline.store import versions as version_store
-from rag_pipeline.store.database import connect
+from rag_pipeline.store.database import connect, resolve_urls
 from scripts.make_pg_manual_corpus import build
 
 GOLDEN = REPO / "golden" / "pg_manual.jsonl"
@@ -43,25 +43,55 @@ def settings_for(database, corpus: Path, model: str):
 
 def variants(settings) -> dict[str, tuple[str, SearchOptions]]:
     base = SearchOptions.from_settings(settings)
-    unrouted = dataclasses.replace(base, routing=dataclasses.replace(base.routing, enabled=False))
+    unrouted = dataclasses.replace(base, routing=base.routing.model_copy(update={"enabled": False}))
+    routed = dataclasses.replace(base, routing=base.routing.model_copy(update={"enabled": True}))
     return {
         "dense": ("dense", unrouted),
         "sparse (BM25)": ("sparse", unrouted),
         "hybrid (RRF 1:1)": ("hybrid", unrouted),
-        "hybrid + document routing": ("hybrid", base),
+        "hybrid + document routing": ("hybrid", routed),
         "hybrid, all query terms": ("hybrid", dataclasses.replace(
-            unrouted, bm25=dataclasses.replace(base.bm25, max_query_terms=64))),
+            unrouted, bm25=base.bm25.model_copy(update={"max_query_terms": 64}))),
         "hybrid, dense weight 2": ("hybrid", dataclasses.replace(unrouted, dense_weight=2.0)),
     }
+
+
+def evaluate_versions(settings, questions) -> None:
+    rows, differences = [], []
+    with connect(resolve_urls(settings).index) as conn:
+        for version in version_store.index_versions(conn):
+            for name, (mode, options) in variants(settings).items():
+                at5 = evaluate(conn, questions, LABELS, k=5, mode=mode, version=version, options=options)
+                at10 = evaluate(conn, questions, LABELS, k=10, mode=mode, version=version, options=options)
+                overall5, overall10 = at5.metrics["overall"], at10.metrics["overall"]
+                rows.append((version.embedding_model, name, overall5["hit@k"], overall10["recall@k"],
+                             overall10["mrr"], overall10["ndcg@k"]))
+                differences.append((version.embedding_model, name, at10))
+    print("\n| model | ranking | hit@5 | recall@10 | MRR | nDCG@10 |\n|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+    print("\npaired differences at k=10 (hybrid minus each single list):")
+    for model in dict.fromkeys(m for m, _, _ in differences):
+        reports = {name: report for m, name, report in differences if m == model}
+        for other in ("dense", "sparse (BM25)"):
+            for hybrid in ("hybrid (RRF 1:1)", "hybrid + document routing"):
+                for d in paired_differences(reports[other].results, reports[hybrid].results):
+                    if d.metric in ("recall@k", "mrr"):
+                        print(f"  {model}: {hybrid} vs {other}: {d.describe()}"
+                              f"{' real' if d.significant else ' not significant'}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="all-MiniLM-L6-v2,all-mpnet-base-v2")
+    parser.add_argument("--config", help="evaluate the index versions of this configuration's database (the corpus "
+                        "ingested there as a source labelled docs) instead of building a throwaway one")
     args = parser.parse_args()
     questions = load_golden(GOLDEN)
     print(f"machine: {machine()}; {len(questions)} questions")
-    rows, differences = [], []
+    if args.config:
+        evaluate_versions(load_settings(args.config), questions)
+        return
     with throwaway_database() as database:
         corpus = database.workdir / "pg_manual"
         pages = build(Path("/usr/share/doc/postgresql-doc-15/html"), corpus)
@@ -76,28 +106,7 @@ def main() -> None:
                 started = time.perf_counter()
                 built = run_index_build(settings, model, instance=instance)
                 print(f"{model}: version built in {time.perf_counter() - started:.0f} s ({built['status']})")
-        with connect(settings.database_url) as conn:
-            for version in version_store.index_versions(conn):
-                for name, (mode, options) in variants(settings).items():
-                    at5 = evaluate(conn, questions, LABELS, k=5, mode=mode, version=version, options=options)
-                    at10 = evaluate(conn, questions, LABELS, k=10, mode=mode, version=version, options=options)
-                    overall5, overall10 = at5.metrics["overall"], at10.metrics["overall"]
-                    rows.append((version.embedding_model, name, overall5["hit@k"], overall10["recall@k"],
-                                 overall10["mrr"], overall10["ndcg@k"]))
-                    if name in ("dense", "sparse (BM25)", "hybrid (RRF 1:1)", "hybrid + document routing"):
-                        differences.append((version.embedding_model, name, at10))
-    print("\n| model | ranking | hit@5 | recall@10 | MRR | nDCG@10 |\n|---|---|---|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(str(cell) for cell in row) + " |")
-    print("\npaired differences at k=10 (hybrid minus each single list):")
-    for model in dict.fromkeys(m for m, _, _ in differences):
-        reports = {name: report for m, name, report in differences if m == model}
-        for other in ("dense", "sparse (BM25)"):
-            for hybrid in ("hybrid (RRF 1:1)", "hybrid + document routing"):
-                for d in paired_differences(reports[other].results, reports[hybrid].results):
-                    if d.metric in ("recall@k", "mrr"):
-                        print(f"  {model}: {hybrid} vs {other}: {d.describe()}"
-                              f"{' real' if d.significant else ' not significant'}")
+        evaluate_versions(settings, questions)
 
 
 if __name__ == "__main__":

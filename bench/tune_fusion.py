@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import hashlib
 import itertools
+from pathlib import Path
 
 from rag_pipeline.config import load_settings
 from rag_pipeline.evaluation import evaluate, load_golden, paired_differences
@@ -36,7 +37,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=10)
     args = parser.parse_args()
     settings = load_settings(args.config)
-    questions = load_golden(args.golden)
+    questions = load_golden(Path(args.golden))
     tune = [q for q in questions if half(q.id) == "tune"]
     report = [q for q in questions if half(q.id) == "report"]
     labels = args.labels.split(",")
@@ -44,7 +45,7 @@ def main() -> None:
 
     def options(sparse: float, routing: float) -> SearchOptions:
         return dataclasses.replace(base, dense_weight=1.0, sparse_weight=sparse,
-                                   routing=dataclasses.replace(base.routing, enabled=routing > 0, weight=routing))
+                                   routing=base.routing.model_copy(update={"enabled": routing > 0, "weight": routing}))
 
     with connect(resolve_urls(settings).index) as conn:
         grid = {}

@@ -310,11 +310,14 @@ class Bm25Config(_Section):
 
 class RoutingConfig(_Section):
     """Document-aware ranking: a query that names documents (by title, path or metadata: a company, a period, a
-    form) also ranks within them, and that list joins the fusion."""
+    form) also ranks within them, and that list joins the fusion. For corpora whose names identify documents
+    (filings, contracts, per-customer reports); off by default, because on topic-named pages (a manual's) a word
+    shared with a file name is an accident, and there it costs ranking quality (README: "Retrieval quality")."""
 
-    enabled: bool = True
-    weight: float = Field(1.0, ge=0.0, description="RRF weight of the within-document lists, relative to the others")
+    enabled: bool = False
+    weight: float = Field(0.5, ge=0.0, description="RRF weight of the within-document lists, relative to the others")
     min_score: float = Field(2.0, ge=0.0, description="sum of name-term idfs a document needs to count as named")
+    min_terms: int = Field(2, ge=1, le=10, description="distinct name terms a query must share with a document")
     ratio: Fraction = Field(0.75, description="documents scoring at least this share of the best are named too")
     max_documents: int = Field(5, ge=1, le=100)
 

@@ -114,7 +114,8 @@ def search(
     use_dense = mode in ("hybrid", "dense")
     routing = options.routing
     named = (search_query.named_documents(conn, query, caller_labels, min_score=routing.min_score,
-                                          ratio=routing.ratio, max_documents=routing.max_documents)
+                                          ratio=routing.ratio, max_documents=routing.max_documents,
+                                          min_terms=routing.min_terms)
              if routing.enabled else [])
     if use_dense:
         vector = HalfVector(get_embedder(version.embedding_model, options.embedding).embed_query(query))

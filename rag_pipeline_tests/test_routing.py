@@ -40,6 +40,7 @@ def filings(tmp_path, make_settings):
 
 
 def test_a_question_naming_a_filing_is_answered_from_it(filings, db):
+    assert not RoutingConfig().enabled  # on where names identify documents, as here
     routed = SearchOptions(routing=RoutingConfig(enabled=True))
     unrouted = SearchOptions(routing=RoutingConfig(enabled=False))
     right = {"routed": 0, "unrouted": 0}

@@ -161,15 +161,17 @@ def bm25_ranking(
              "postings": _part(version, "postings")}
     params = {"ids": [t.term_id for t in terms], "idfs": [t.idf for t in terms], "qvec": _query_vector(terms),
               "labels": list(labels), "want": want, "documents": documents, "few": max(1, few_rows)}
-    few = label_rows(conn, version, labels) < few_rows or (
-        documents is not None and reachable_rows(conn, parts, params) < few_rows)
-    if few:
+
+    def every_readable_row() -> LexicalRanking:
         rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
         return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
+
+    if label_rows(conn, version, labels) < few_rows or (
+            documents is not None and reachable_rows(conn, parts, params) < few_rows):
+        return every_readable_row()
     if min(t.df for t in terms) > COMMON_SHARE * total_rows(conn, version):
         # Only very common terms: almost every chunk matches and reading deeper would end in ranking them all.
-        rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
-        return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
+        return every_readable_row()
     impact = sql.SQL(_IMPACT_SQL).format(**parts)
     depths = {t.term_id: depth for t in terms}
     pool = 2 * want
@@ -185,8 +187,7 @@ def bm25_ranking(
             if slack[term_id] > 0:
                 depths[term_id] *= 4
         pool *= 2
-    rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
-    return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
+    return every_readable_row()
 
 
 def total_rows(conn: psycopg.Connection, version: IndexVersion) -> int:
@@ -230,22 +231,26 @@ SELECT d.doc_id, sum(w.idf) AS score
 FROM documents d JOIN naming w ON d.name_terms @> ARRAY[w.term_id]
 WHERE d.name_terms && (SELECT coalesce(array_agg(term_id), '{}') FROM naming)
   AND d.acl_labels && %(labels)s::text[]
-GROUP BY d.doc_id ORDER BY score DESC, d.doc_id LIMIT %(limit)s
+GROUP BY d.doc_id HAVING count(*) >= %(min_terms)s ORDER BY score DESC, d.doc_id LIMIT %(limit)s
 """
 
 
 def named_documents(
     conn: psycopg.Connection, text: str, labels: tuple[str, ...], *, min_score: float, ratio: float,
-    max_documents: int, cap: int = 1000,
+    max_documents: int, min_terms: int = 2, cap: int = 1000,
 ) -> list[str]:
     """Documents the query names by their title, path or metadata (a company, a period, a form), best first:
-    those scoring at least `ratio` of the best, when the best reaches `min_score` (a sum of name-term idfs)."""
-    rows = conn.execute(_NAMED_DOCUMENTS_SQL,
-                        {"text": text, "labels": list(labels), "cap": cap, "limit": 4 * max_documents}).fetchall()
+    those scoring at least `ratio` of the best, when the best reaches `min_score` (a sum of name-term idfs) and
+    they are few. A document is named by at least `min_terms` of its name terms (a company and a period, say):
+    one word shared with a file name is how topic-named pages (a manual's) match by accident. A query that
+    matches a whole family of documents equally names none of them."""
+    rows = conn.execute(_NAMED_DOCUMENTS_SQL, {"text": text, "labels": list(labels), "cap": cap,
+                                               "limit": max_documents + 1, "min_terms": min_terms}).fetchall()
     if not rows or float(rows[0][1]) < min_score:
         return []
     best = float(rows[0][1])
-    return [doc_id for doc_id, score in rows if float(score) >= ratio * best][:max_documents]
+    named = [doc_id for doc_id, score in rows if float(score) >= ratio * best]
+    return named if len(named) <= max_documents else []
 
 
 _SEARCH_SQL = """
