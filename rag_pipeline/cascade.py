@@ -55,8 +55,9 @@ def escalation_reason(signals: dict[str, Any], config: ParsingConfig) -> str | N
         return "image_only"  # a scan, or a page that is mostly a picture of text
     if float(signals.get("invisible_ratio", 0.0)) > config.max_invisible_text_ratio:
         return "invisible_text"  # most of the text layer is hidden (render mode 3): read what is drawn instead
-    unmapped = int(signals.get("cid_glyphs", 0)) + int(signals.get("replacement_glyphs", 0))
-    if float(signals.get("bad_glyph_ratio", 0.0)) > config.max_bad_glyph_ratio or unmapped >= config.max_unmapped_glyphs:
+    # A share of bad glyphs, or one word of them: isolated ones are symbol-font bullets, which cleaning removes.
+    if (float(signals.get("bad_glyph_ratio", 0.0)) > config.max_bad_glyph_ratio
+            or int(signals.get("unmapped_run", 0)) >= config.max_unmapped_run):
         return "glyph_failure"  # fonts without a Unicode map: (cid:NN), U+FFFD, private-use code points
     if float(signals.get("ragged_table_ratio", 0.0)) > config.max_ragged_table_ratio:
         return "table_structure"

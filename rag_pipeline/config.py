@@ -237,8 +237,8 @@ class ParsingConfig(_Section):
     min_chars_per_page: int = Field(80, ge=0, description="fewer on a mostly-image page: a scan")
     min_image_coverage: Fraction = Field(0.3, description="share of the page covered by images for 'mostly image'")
     max_bad_glyph_ratio: Fraction = Field(0.05, description="(cid:NN), U+FFFD and private-use glyphs per character")
-    max_unmapped_glyphs: int = Field(3, ge=1, description="a page with this many (cid:NN) or U+FFFD glyphs escalates, "
-                                     "whatever their share")
+    max_unmapped_run: int = Field(3, ge=1, description="a word of this many unmapped glyphs in a row (a font "
+                                  "without a Unicode map) escalates the page, whatever their share")
     max_ragged_table_ratio: Fraction = Field(0.34, description="share of table rows whose cell count differs")
     # Hidden (render mode 3) characters are never extracted; above this share the page is read from its image.
     max_invisible_text_ratio: Fraction = 0.5

@@ -23,6 +23,7 @@ TEXT_SUFFIXES = {".txt"}
 SUPPORTED_SUFFIXES = PDF_SUFFIXES | DOCLING_SUFFIXES | TEXT_SUFFIXES
 
 CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
+UNMAPPED_RUN_RE = re.compile(r"(?:\(cid:\d+\)|\ufffd)+")  # glyphs in a row: a word the font could not map
 TABLE_SEPARATOR_RE = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+\s*$", re.MULTILINE)
 
 DEAD_LETTER_REASONS = ("empty", "truncated", "corrupt", "encrypted", "unsupported", "too_large", "parser_error")
@@ -400,6 +401,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         "invisible_chars": invisible,
         "invisible_ratio": round(invisible / all_chars, 3) if all_chars else 0.0,
         "cid_glyphs": len(CID_GLYPH_RE.findall(text)),
+        "unmapped_run": max((len(CID_GLYPH_RE.findall(run)) for run in UNMAPPED_RUN_RE.findall(text)), default=0),
         "replacement_glyphs": text.count("\ufffd"),
         "bad_glyph_ratio": round(bad_glyphs / max(1, len(text)), 4),
         "image_coverage": round(min(1.0, image_area / page_area), 3),

@@ -62,10 +62,12 @@ def test_font_without_unicode_map_escalates_and_rotation_is_honoured(tmp_path):
     assert "(cid:" not in unread.markdown and "\ufffd" not in unread.markdown
     assert unread.signals["unmapped_glyphs_removed"] == tier_one.signals["cid_glyphs"] > 0
     assert removed["unmapped_glyphs"] > 0
-    # A few unmapped glyphs below the share threshold still escalate: the page is read by a tier that can.
-    few = {"chars": 500, "cid_glyphs": 3, "replacement_glyphs": 0, "bad_glyph_ratio": 0.006}
-    assert escalation_reason(few, ParsingConfig()) == "glyph_failure"
-    assert escalation_reason({**few, "cid_glyphs": 2}, ParsingConfig()) is None
+    # One word of unmapped glyphs below the share threshold still escalates: the page is read by a tier that can.
+    # Isolated ones (symbol-font bullets) do not: cleaning removes them, and OCR would read the page worse.
+    assert tier_one.signals["unmapped_run"] >= 2
+    word = {"chars": 500, "cid_glyphs": 4, "unmapped_run": 4, "bad_glyph_ratio": 0.008}
+    assert escalation_reason(word, ParsingConfig()) == "glyph_failure"
+    assert escalation_reason({**word, "unmapped_run": 1}, ParsingConfig()) is None
 
     generate.rotated_page(tmp_path / "rotated.pdf")
     (page,) = parse_file(tmp_path / "rotated.pdf")
