@@ -489,7 +489,8 @@ def _read_file(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+        reason = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line, whatever YAML says
+        raise ConfigError(f"{path}: not valid YAML{at}: {reason}") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -168,3 +168,19 @@ def test_a_sixteen_page_table_becomes_one_table_whose_pieces_repeat_the_header(t
     assert len(headers) == 1 and "Company" in headers.pop()
     assert all(c.text.split("\n")[1].startswith("|---") for c in big)
     assert "Maxim Integrated Product" in " ".join(c.text for c in big)
+
+
+def test_chunk_sizes_that_leave_no_room_are_refused_before_any_document_is_touched(tmp_path):
+    from rag_pipeline.config import ConfigError, load_settings
+    from rag_pipeline.stages.chunk import chunk_size
+
+    location = resolve_model("all-MiniLM-L6-v2").location
+    config = tmp_path / "rag.yaml"
+    config.write_text("chunking: {prefix_token_budget: 1000}\n")
+    with pytest.raises(ConfigError, match=r"chunking\.prefix_token_budget: 1000 leaves -746 tokens"):
+        chunk_size(load_settings(config), location)
+    config.write_text("chunking: {overlap_tokens: 400}\n")
+    with pytest.raises(ConfigError, match=r"chunking\.overlap_tokens: 400 is not smaller than the chunk size of 222"):
+        chunk_size(load_settings(config), location)
+    config.write_text("chunking: {overlap_tokens: 20}\n")
+    assert chunk_size(load_settings(config), location) == 256 - 2 - 32

@@ -142,6 +142,7 @@ CONFIG_MISTAKES = [
     ("checks: {golden_set: g.jsonl}", "checks: golden_set needs golden_labels"),
     ("prefix: {mode: llm}", "prefix: mode llm needs endpoint and model"),
     ("sources: [", "not valid YAML at line"),
+    ("name: \x07", "not valid YAML"),
 ]
 
 

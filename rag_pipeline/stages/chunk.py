@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 import psycopg
 
 from rag_pipeline.chunking import Chunk, Chunker, chunker_version, template_prefix, truncate_to_tokens
-from rag_pipeline.config import Settings
+from rag_pipeline.config import ConfigError, Settings
 from rag_pipeline.embedding import load_tokenizer, max_sequence_length, resolve_model
 from rag_pipeline.language import text_search_config
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
@@ -82,11 +82,24 @@ def sizing_model_location(conn: psycopg.Connection, settings: Settings) -> str:
     return min((resolve_model(name, models_dir).location for name in names), key=max_sequence_length)
 
 
+MIN_CHUNK_TOKENS = 16
+
+
 def chunk_size(settings: Settings, model_location: str) -> int:
-    # Two special tokens ([CLS]/[SEP]) and the contextual prefix share the model's window with the chunk.
-    return settings.chunking.max_tokens or (
-        max_sequence_length(model_location) - 2 - (settings.chunking.prefix_token_budget or 0)
-    )
+    """Tokens per chunk: chunking.max_tokens, else what the model's window leaves after two special tokens
+    ([CLS]/[SEP]) and the contextual prefix. Refused (before any document is touched) when the settings leave
+    no room for a chunk, or no room beside the overlap."""
+    chunking = settings.chunking
+    window = max_sequence_length(model_location)
+    size = chunking.max_tokens or window - 2 - (chunking.prefix_token_budget or 0)
+    if size < MIN_CHUNK_TOKENS:
+        raise ConfigError(f"{settings.config_file or 'configuration'}: chunking.prefix_token_budget: "
+                          f"{chunking.prefix_token_budget} leaves {size} tokens of the model's {window} for a chunk "
+                          f"(at least {MIN_CHUNK_TOKENS})")
+    if chunking.overlap_tokens >= size:
+        raise ConfigError(f"{settings.config_file or 'configuration'}: chunking.overlap_tokens: "
+                          f"{chunking.overlap_tokens} is not smaller than the chunk size of {size} tokens")
+    return size
 
 
 def current_chunker_version(settings: Settings, model_location: str) -> str:

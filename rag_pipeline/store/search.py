@@ -114,11 +114,6 @@ WHERE t.acl_labels && %(labels)s::text[]
 ORDER BY score DESC, t.chunk_id LIMIT %(want)s
 """
 
-_FEW_ROWS_SQL = """
-SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE t.acl_labels && %(labels)s::text[]
-                      AND (%(documents)s::text[] IS NULL OR t.doc_id = ANY(%(documents)s::text[])) LIMIT %(few)s) x
-"""
-
 # Callers whose labels (or named documents) reach fewer rows than this are ranked over exactly those rows.
 FEW_ROWS = 5000
 MAX_ROUNDS = 5  # of reading deeper; then every row the caller may read is ranked
@@ -160,14 +155,14 @@ def bm25_ranking(
     parts = {"table": sql.Identifier(version.table_name), "docs": _part(version, "bm25docs"),
              "postings": _part(version, "postings")}
     params = {"ids": [t.term_id for t in terms], "idfs": [t.idf for t in terms], "qvec": _query_vector(terms),
-              "labels": list(labels), "want": want, "documents": documents, "few": max(1, few_rows)}
+              "labels": list(labels), "want": want, "documents": documents}
 
     def every_readable_row() -> LexicalRanking:
         rows = conn.execute(sql.SQL(_LABELLED_SQL).format(**parts), params).fetchall()
         return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows], terms, 0, True)
 
-    if label_rows(conn, version, labels) < few_rows or (
-            documents is not None and reachable_rows(conn, parts, params) < few_rows):
+    if documents is not None or label_rows(conn, version, labels) < few_rows:
+        # Within named documents, or for labels that reach few rows: rank exactly those rows.
         return every_readable_row()
     if min(t.df for t in terms) > COMMON_SHARE * total_rows(conn, version):
         # Only very common terms: almost every chunk matches and reading deeper would end in ranking them all.
@@ -202,11 +197,6 @@ def label_rows(conn: psycopg.Connection, version: IndexVersion, labels: tuple[st
                 " (SELECT rag_label_term_id(l) FROM unnest(%s::text[]) AS l)").format(_part(version, "bm25_df")),
         (list(labels),),
     ).fetchone()[0])
-
-
-def reachable_rows(conn: psycopg.Connection, parts: dict[str, sql.Composable], params: dict[str, Any]) -> int:
-    """Rows the caller's labels (and documents) reach, counted up to FEW_ROWS."""
-    return conn.execute(sql.SQL(_FEW_ROWS_SQL).format(**parts), params).fetchone()[0]
 
 
 _NAMED_DOCUMENTS_SQL = """
@@ -345,7 +335,7 @@ def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> 
                                       depth=query.bm25_depth, max_terms=query.bm25_max_terms).chunk_ids
             if query.named_documents:
                 routed_sparse_ids = bm25_ranking(conn, version, query.text, query.labels, query.candidates,
-                                                 max_terms=query.bm25_max_terms,
+                                                 depth=query.bm25_depth, max_terms=query.bm25_max_terms,
                                                  documents=list(query.named_documents)).chunk_ids
         # Iterative scan keeps filtered HNSW queries returning enough rows when few chunks match the labels.
         conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
