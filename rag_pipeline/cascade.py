@@ -104,13 +104,42 @@ def _rapidocr() -> Any:
 _ocr_lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class OcrReading:
+    lines: tuple[str, ...]
+    score: float  # mean recognition confidence
+    upright: bool  # most text boxes are wider than tall
+
+
+UPRIGHT_SCORE = 0.9  # an upright page read with this confidence is not tried turned
+
+
+def _read(image: Any) -> OcrReading:
+    # Without the per-line 180° classifier, text read upside down scores low: that is what tells the page's
+    # orientation (with it, a turned page reads well but its lines come out in reverse order).
+    with _ocr_lock:  # one ONNX session, already multi-threaded
+        result = _rapidocr()(image, use_cls=False)
+    scores = list(result.scores or ())
+    boxes = result.boxes if result.boxes is not None else []
+    wide = sum(1 for b in boxes if abs(b[1][0] - b[0][0]) + abs(b[1][1] - b[0][1])
+               >= abs(b[3][0] - b[0][0]) + abs(b[3][1] - b[0][1]))
+    return OcrReading(tuple(result.txts or ()), sum(scores) / len(scores) if scores else 0.0,
+                      wide * 2 >= len(boxes))
+
+
 def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str | None) -> str:
+    """OCR of one rendered page, turned upright first: a scan fed sideways or upside down is read with its lines
+    in order. Upright pages cost one pass; turned ones two or three (each candidate turn is read)."""
     if config.ocr_engine == "none":
         raise TierUnavailable("OCR is switched off (parsing.ocr_engine: none)")
     image = render_page(path, page_number, config.ocr_dpi, password)
-    with _ocr_lock:  # one ONNX session, already multi-threaded
-        result = _rapidocr()(image)
-    return "\n".join(result.txts or ())
+    first = _read(image)
+    if first.upright and first.score >= UPRIGHT_SCORE or not first.lines:
+        return "\n".join(first.lines)
+    turns = (180,) if first.upright else (90, 270)
+    readings = [first, *(_read(image.rotate(angle, expand=True)) for angle in turns)]
+    best = max((r for r in readings if r.upright), key=lambda r: r.score, default=first)
+    return "\n".join(best.lines)
 
 
 def docling_unavailable_reason(config: ParsingConfig) -> str | None:

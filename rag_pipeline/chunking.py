@@ -23,9 +23,10 @@ TABLE_LINE_RE = re.compile(r"^\s*\|")
 TABLE_SEPARATOR_RE = re.compile(r"^\s*\|(?:\s*:?-{3,}:?\s*\|)+\s*$")
 LIST_LINE_RE = re.compile(r"^\s*(?:[-*•]|\d{1,3}[.)])\s+\S")
 CAPTION_RE = re.compile(r"^(?:Figure|Fig\.|Abbildung|Chart)\s*[\dIVX]+", re.IGNORECASE)
-TABLE_CAPTION_RE = re.compile(r"^(?:Table|Tabelle)\s*[\dIVX]", re.IGNORECASE)
+# "Table 3. ..." or the parser's "Table: <title above the table>" (pandoc's caption line).
+TABLE_CAPTION_RE = re.compile(r"^(?:Table|Tabelle|Tableau)(?::|\s*[\dIVX])", re.IGNORECASE)
 SECTION_SEPARATOR = " › "
-CHUNKER_FAMILY = "structure+recursive-tokens/2"
+CHUNKER_FAMILY = "structure+recursive-tokens/3"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:

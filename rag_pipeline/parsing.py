@@ -17,6 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from rag_pipeline import forms, rtl
+
 PDF_SUFFIXES = {".pdf"}
 DOCLING_SUFFIXES = {".docx", ".pptx", ".xlsx", ".html", ".htm", ".md"}
 TEXT_SUFFIXES = {".txt"}
@@ -53,7 +55,7 @@ class ParsedPage:
 def parser_version() -> str:
     """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""
     versions = {name: importlib.metadata.version(name) for name in ("pdfplumber", "docling-slim")}
-    return f"rp2;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"
+    return f"rp3;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"
 
 
 def parse_file(path: Path, password: str | None = None) -> Iterator[ParsedPage]:
@@ -335,44 +337,132 @@ def looks_like_borderless_table(rows: list[list[Any]]) -> bool:
 MIN_DIGIT_SHARE_FOR_BORDERLESS = 0.15  # pages with fewer digits are not searched: the text strategy is costly
 
 
-def find_page_tables(page: Any) -> list[tuple[tuple[float, float, float, float], list[list[Any]]]]:
-    """(bbox, rows) of each table: ruled tables first; a borderless one only where nothing is ruled."""
-    ruled = page.find_tables()
-    if ruled:
-        return [(t.bbox, t.extract()) for t in ruled]
+@dataclass
+class PageTable:
+    bbox: tuple[float, float, float, float]
+    rows: list[list[Any]]
+    caption: str = ""
+    caption_top: float | None = None
+    kind: str = "ruled"  # ruled | aligned | text
+
+    @property
+    def top(self) -> float:
+        return self.caption_top if self.caption_top is not None else self.bbox[1]
+
+
+def _is_real_table(rows: list[list[Any]]) -> bool:
+    """Two rows and two columns at least: a ruled "table" of one row is an underlined line (a subtotal rule,
+    a box around a note), and is read as text or as part of the aligned table around it."""
+    rows = _drop_empty_rows_and_columns(rows)
+    return len(rows) >= 2 and max(len(r) for r in rows) >= 2
+
+
+def _inside(box: tuple[float, float, float, float], outer: tuple[float, float, float, float]) -> bool:
+    x0, top, x1, bottom = box
+    cx, cy = (x0 + x1) / 2, (top + bottom) / 2
+    return outer[0] - 1 <= cx <= outer[2] + 1 and outer[1] - 1 <= cy <= outer[3] + 1
+
+
+def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+
+def find_page_tables(page: Any) -> tuple[list[PageTable], dict[str, int]]:
+    """The page's tables and how they were found.
+
+    Aligned tables (figures sharing columns, see rag_pipeline.tables) and ruled tables are both looked for. A
+    ruled table that holds an aligned table and resolves as many columns keeps its ruled cells; any other ruled
+    table that overlaps an aligned one (the rows between two subtotal rules, a grid of header rules only) gives
+    way to it; a ruled table of one row is never a table. Where neither exists, pdfplumber's text strategy looks for a borderless grid of data."""
+    from rag_pipeline import tables as aligned_tables
+
+    ruled_found = [(t.bbox, t.extract()) for t in page.find_tables()]
+    ruled = [PageTable(bbox, rows) for bbox, rows in ruled_found if _is_real_table(rows)]
+    words = page.extract_words()
+    aligned = [PageTable(t.bbox, t.rows, t.caption, t.caption_top, "aligned") for t in aligned_tables.find_tables(words)]
+    kept_aligned = []
+    for table in aligned:
+        # A ruled grid that holds the aligned table and resolves as many columns has the better cells.
+        holders = [r for r in ruled if len(r.rows) >= 3 and _inside(table.bbox, r.bbox)
+                   and max(len(row) for row in r.rows) >= len(table.rows[0])]
+        if holders:
+            holders[0].caption, holders[0].caption_top = holders[0].caption or table.caption, table.caption_top
+            continue
+        ruled = [r for r in ruled if not _overlaps(r.bbox, table.bbox)]
+        kept_aligned.append(table)
+    found = sorted(ruled + kept_aligned, key=lambda t: t.bbox[1])
+    stats = {"ruled_tables": len(ruled), "aligned_tables": len(kept_aligned),
+             "one_row_rulings": sum(1 for _, rows in ruled_found if not _is_real_table(rows))}
+    if found:
+        return found, stats
     glyphs = [c["text"] for c in page.chars if not c["text"].isspace()]
     if not glyphs or sum(ch.isdigit() for ch in glyphs) / len(glyphs) < MIN_DIGIT_SHARE_FOR_BORDERLESS:
-        return []
-    found = []
+        return [], stats
     for candidate in page.find_tables(TEXT_TABLE_SETTINGS):
         # Left-aligned last columns have no aligned right edge: close the grid after the widest word.
         _, top, _, bottom = candidate.bbox
-        right = max((w["x1"] for w in page.extract_words() if top <= w["top"] and w["bottom"] <= bottom),
-                    default=candidate.bbox[2])
+        right = max((w["x1"] for w in words if top <= w["top"] and w["bottom"] <= bottom), default=candidate.bbox[2])
         settings = {**TEXT_TABLE_SETTINGS, "explicit_vertical_lines": [min(float(page.width), right + 1)]}
         for table in page.crop(candidate.bbox[:2] + (min(float(page.width), right + 2), bottom)).find_tables(settings):
             rows = _merge_header_only_columns(_drop_empty_rows_and_columns(table.extract()))
             if looks_like_borderless_table(rows):
-                found.append((table.bbox, rows))
-    return found
+                found.append(PageTable(table.bbox, rows, kind="text"))
+    stats["text_tables"] = len(found)
+    return found, stats
+
+
+SELF_NAMED_CAPTION_RE = re.compile(r"^(?:Table|Tabelle|Tableau)\b", re.IGNORECASE)
+
+
+def table_block(table: PageTable) -> str:
+    """A table's Markdown with its caption on the line above (`Table: ...` unless it names itself)."""
+    markdown = table_to_markdown(table.rows)
+    if not markdown or not table.caption:
+        return markdown
+    caption = " ".join(table.caption.split())
+    if not SELF_NAMED_CAPTION_RE.match(caption):
+        caption = f"Table: {caption}"  # pandoc's caption line; the chunker keeps it with the table
+    return f"{caption}\n{markdown}"
 
 
 def _ragged_ratio(rows: list[list[Any]]) -> float:
-    """Share of a table's rows whose filled-cell count differs from its header's: a sign of broken structure."""
-    filled = [sum(1 for c in row if c not in (None, "")) for row in rows if any(c not in (None, "") for c in row)]
-    if len(filled) < 2:
+    """Share of a table's rows whose filled-cell count differs from most rows': a sign of broken structure.
+    Rows with only their label filled are section rows ("Operating activities:"), not broken ones."""
+    filled = [sum(1 for c in row if c not in (None, "")) for row in rows[1:]]
+    body = [n for n in filled if n > 1]
+    if not body:
         return 0.0
-    return round(sum(1 for n in filled[1:] if n != filled[0]) / (len(filled) - 1), 3)
+    usual = max(set(body), key=body.count)
+    return round(sum(1 for n in body if n != usual) / len(body), 3)
+
+
+def _annotations(page: Any) -> tuple[list[str], dict[str, int]]:
+    """Filled form fields and notes (rag_pipeline.forms); a malformed annotation loses them, not the page."""
+    try:
+        return forms.annotation_lines(page.annots)
+    except Exception:  # pdfminer raises a wide variety on malformed annotation dictionaries
+        return [], {"annotation_errors": 1}
+
+
+def _band_text(page: Any, top: float, bottom: float) -> str:
+    def within(obj: dict[str, Any]) -> bool:
+        return "top" not in obj or top <= (obj["top"] + obj["bottom"]) / 2 < bottom
+
+    return page.filter(within).extract_text() or ""
 
 
 def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     all_chars = len(page.chars)
+    for char in page.chars:
+        char["text"] = rtl.visual_glyph(char["text"])
     invisible = sum(1 for c in page.chars if c.get("render_mode") == INVISIBLE_RENDER_MODE)
     if invisible:
         # Only what is drawn is the page's text; the hidden layer is counted, never extracted.
         page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
-    tables = find_page_tables(page)
-    boxes = [bbox for bbox, _ in tables]
+    tables, table_stats = find_page_tables(page)
+    # A table's caption is read with the table (it travels with every chunk of it), not as text.
+    boxes = [(t.bbox[0], t.top, t.bbox[2], t.bbox[3]) for t in tables]
+    boxes += [(0.0, t.caption_top, float(page.width), t.bbox[1]) for t in tables if t.caption_top is not None]
 
     def outside_tables(obj: dict[str, Any]) -> bool:
         if "x0" not in obj:
@@ -382,12 +472,25 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
 
     text_page = page.filter(outside_tables) if boxes else page
     column_ordered, column_count = column_text(text_page)
-    text = column_ordered if column_ordered is not None else (text_page.extract_text() or "")
     headings = heading_levels(text_page)
-    text = _mark_headings(text, headings)
-    table_rows = [rows for _, rows in tables]
-    table_markdown = [md for md in (table_to_markdown(rows) for rows in table_rows) if md]
-    markdown = "\n\n".join(part for part in [text.strip(), *table_markdown] if part)
+    table_blocks = [block for block in (table_block(t) for t in tables) if block]
+    if column_ordered is not None or not tables:
+        # Several columns: text in column order, tables after it (a table's place in columns is not kept).
+        text = column_ordered if column_ordered is not None else (text_page.extract_text() or "")
+        parts = [_mark_headings(text, headings).strip(), *table_blocks]
+    else:
+        # One column: each table where it stands between the lines of text above and below it.
+        parts, bands, above = [], [], float("-inf")
+        for table in tables:
+            bands.append(_mark_headings(_band_text(text_page, above, table.top), headings).strip())
+            parts += [bands[-1], table_block(table)]
+            above = table.bbox[3]
+        bands.append(_mark_headings(_band_text(text_page, above, float("inf")), headings).strip())
+        parts.append(bands[-1])
+        text = "\n".join(bands)
+    annotations, annotation_stats = _annotations(page)
+    markdown = rtl.logical_text("\n\n".join(part for part in [*parts, "\n".join(annotations)] if part))
+    table_rows = [t.rows for t in tables]
     bad_glyphs = len(CID_GLYPH_RE.findall(text)) + sum(
         1 for ch in text if ch == "\ufffd" or 0xE000 <= ord(ch) <= 0xF8FF
     )
@@ -410,8 +513,11 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         "rotation": int(page.rotation or 0),
         "headings": len(headings),
         "columns": column_count,
+        "rtl_lines": sum(1 for line in markdown.split("\n") if rtl.has_rtl(line)),
     }
-    return markdown, len(table_markdown), signals
+    signals.update(table_stats)
+    signals.update(annotation_stats)
+    return markdown, len(table_blocks), signals
 
 
 def _parse_pdf(path: Path, password: str | None) -> Iterator[ParsedPage]:

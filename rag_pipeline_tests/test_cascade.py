@@ -128,3 +128,14 @@ def test_parse_cli_contract(tmp_path):
                             capture_output=True, text=True, cwd=tmp_path, timeout=120)
     report = json.loads(broken.stdout)
     assert report["status"] == "dead_letter" and report["reason"] == "truncated" and report["pages"] == []
+
+
+def test_scans_turned_sideways_or_upside_down_are_read_upright(tmp_path):
+    from rag_pipeline.cascade import ocr_page
+    from torture_set.generate import ROTATED_SCANS, rotated_scans
+
+    path = tmp_path / "turned.pdf"
+    rotated_scans(path)
+    for number, (turned, _, lines) in enumerate(ROTATED_SCANS, start=1):
+        text = ocr_page(path, number, ParsingConfig(), None)
+        assert text.split("\n") == lines, f"page turned by {turned}: {text!r}"

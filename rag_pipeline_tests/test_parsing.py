@@ -119,3 +119,69 @@ def test_borderless_tables_are_found_only_where_they_look_like_data(tmp_path):
     assert looks_like_borderless_table([["Name", "Qty"], ["Bolts", "40"], ["Nuts", "25"]])
     assert not looks_like_borderless_table([["The ice grows thicker", "where the water"], ["is shallow", ""],
                                              ["and still.", "Skaters wait"]])
+
+
+def test_right_to_left_paragraphs_come_out_in_logical_order(tmp_path):
+    from torture_set.generate import RTL_PARAGRAPHS, rtl_paragraphs
+
+    path = tmp_path / "rtl.pdf"
+    rtl_paragraphs(path)
+    [page] = parse_file(path)
+    # Lines wrap where the PDF wrapped them; joined, each paragraph reads as written (numbers and Latin inside).
+    flowing = " ".join(page.markdown.split())
+    for paragraph in RTL_PARAGRAPHS:
+        assert " ".join(paragraph.split()) in flowing
+    assert page.signals["rtl_lines"] >= 5
+
+
+def test_rtl_lines_unit():
+    from rag_pipeline.rtl import logical_text
+
+    visual = "ملاعلاب ابحرم"  # as a PDF's glyph positions give it
+    assert logical_text(visual) == "مرحبا بالعالم"
+    # A line of mostly Latin keeps its direction; the Arabic words inside it are put in order.
+    assert logical_text(f"The greeting {visual} opens the letter") == "The greeting مرحبا بالعالم opens the letter"
+    # A line of mostly Arabic reads right to left: what stands at its left edge comes last.
+    assert logical_text(f"2023 {visual}") == "مرحبا بالعالم 2023"
+    assert logical_text("## " + visual) == "## مرحبا بالعالم"  # the heading mark stays in front
+    assert logical_text("| 2023 | " + visual + " |") == "| 2023 | مرحبا بالعالم |"  # cells stay in their columns
+    assert logical_text("plain English (with brackets)") == "plain English (with brackets)"
+
+
+@needs_torture
+def test_mixed_scripts_page_has_arabic_in_logical_order():
+    [page] = parse_file(TORTURE_DOCS / "pypdf_multilang.pdf")
+    for expected in ("Hello World", "مرحبا بالعالم", "Привет, мир", "你好世界", "こんにちは世界"):
+        assert expected in page.markdown
+
+
+def test_filled_form_values_and_notes_become_text(tmp_path):
+    from torture_set.generate import filled_form
+
+    path = tmp_path / "form.pdf"
+    truth = filled_form(path)
+    [page] = parse_file(path)
+    for line in truth["must_contain"]:
+        assert line in page.markdown
+    assert "relocation" not in page.markdown  # an unchecked box says nothing
+    assert page.signals["form_fields"] == 4 and page.signals["annotations"] == 1
+
+
+def test_hostile_annotation_dictionaries_are_bounded():
+    from rag_pipeline.forms import MAX_VALUE_CHARS, annotation_lines
+
+    parent: dict = {"T": b"outer"}
+    node = parent
+    for depth in range(100):  # a parent chain deeper than anything real
+        node = {"T": f"n{depth}".encode(), "Parent": node}
+    widget = dict(node, Subtype=_literal("Widget"), V=b"x" * 10_000)
+    lines, stats = annotation_lines([{"data": widget, "top": 5}, {"data": "not a dictionary"}, {"data": None}])
+    assert stats == {"form_fields": 1, "annotations": 0}
+    name, value = lines[0].removeprefix("Form field ").split(": ", 1)
+    assert len(value) == MAX_VALUE_CHARS and name.count(".") < 20
+
+
+def _literal(name: str):
+    from pdfminer.psparser import LIT
+
+    return LIT(name)

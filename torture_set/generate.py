@@ -97,19 +97,218 @@ def table_over_page_break(path: Path) -> dict[str, Any]:
     return {"outcome": "ok", "tables": [rows], "single_table": True}
 
 
-def _scanned_page(pdf: FPDF) -> None:
-    """A page that is one image of SCANNED_TEXT, as a scanner makes it."""
+# Financial statements as filings print them: a title block, a header of periods (a phrase spanning the
+# periods above the years), indented row labels, section rows without figures, "$" on first and total rows,
+# parenthesised negatives, dashes for zero, and subtotal rules drawn as thin filled rectangles under the figures.
+CASH_FLOWS = [
+    (0, "Cash flows from operating activities:", None, ""),
+    (1, "Net income", ["$ 4,512", "$ 3,987", "$ 3,104"], ""),
+    (1, "Adjustments to reconcile net income:", None, ""),
+    (2, "Depreciation and amortization", ["1,203", "1,150", "1,098"], ""),
+    (2, "Stock-based compensation", ["512", "478", "401"], ""),
+    (2, "Deferred income taxes", ["(88)", "(45)", "—"], ""),
+    (1, "Changes in operating assets and liabilities:", None, ""),
+    (2, "Accounts receivable", ["(321)", "(210)", "(156)"], ""),
+    (2, "Inventories", ["(97)", "12", "(64)"], ""),
+    (2, "Accounts payable", ["245", "198", "87"], "single"),
+    (1, "Net cash provided by operating activities", ["5,966", "5,570", "4,470"], ""),
+    (0, "Cash flows from investing activities:", None, ""),
+    (1, "Purchases of property and equipment", ["(1,432)", "(1,287)", "(1,105)"], ""),
+    (1, "Acquisitions, net of cash acquired", ["(650)", "—", "(1,210)"], ""),
+    (1, "Proceeds from sales of investments", ["310", "205", "98"], "single"),
+    (1, "Net cash used in investing activities", ["(1,772)", "(1,082)", "(2,217)"], ""),
+    (0, "Cash flows from financing activities:", None, ""),
+    (1, "Repurchases of common stock", ["(2,000)", "(1,500)", "(1,000)"], ""),
+    (1, "Dividends paid", ["(812)", "(760)", "(702)"], "single"),
+    (1, "Net cash used in financing activities", ["(2,812)", "(2,260)", "(1,702)"], "single"),
+    (0, "Net increase in cash and cash equivalents", ["1,382", "2,228", "551"], ""),
+    (0, "Cash and cash equivalents at beginning of year", ["6,104", "3,876", "3,325"], "single"),
+    (0, "Cash and cash equivalents at end of year", ["$ 7,486", "$ 6,104", "$ 3,876"], "double"),
+]
+BALANCE_SHEET = [
+    (0, "Assets", None, ""),
+    (1, "Current assets:", None, ""),
+    (2, "Cash and cash equivalents", ["$ 7,486", "$ 6,104"], ""),
+    (2, "Accounts receivable, net", ["2,915", "2,594"], ""),
+    (2, "Inventories", ["1,873", "1,776"], "single"),
+    (3, "Total current assets", ["12,274", "10,474"], ""),
+    (1, "Property and equipment, net", ["9,804", "9,575"], ""),
+    (1, "Goodwill", ["4,310", "3,660"], "single"),
+    (3, "Total assets", ["$ 26,388", "$ 23,709"], "double"),
+    (0, "Liabilities and stockholders' equity", None, ""),
+    (1, "Accounts payable", ["$ 1,947", "$ 1,702"], ""),
+    (1, "Long-term debt", ["6,500", "6,750"], "single"),
+    (3, "Total liabilities", ["8,447", "8,452"], ""),
+    (1, "Total stockholders' equity", ["17,941", "15,257"], "single"),
+    (3, "Total liabilities and stockholders' equity", ["$ 26,388", "$ 23,709"], "double"),
+]
+FILING_FONT = "Vera"
+STATEMENT_INTRO = ("Revenue grew 12% to $31,870 million in 2023, and operating margin rose by 140 basis points "
+                   "to 18.2%, as shown in the consolidated statements that follow.")
+STATEMENT_FOOTNOTE = "(1) Cash and cash equivalents include restricted cash of $12 million in each period."
+
+
+def _statement(pdf: FPDF, title: list[str], spanning: str, periods: list[str],
+               rows: list[tuple[int, str, list[str] | None, str]], top: float) -> list[list[str]]:
+    """Draw one statement; returns its ground-truth table (the header merged into one row, as specified)."""
+    label_x, first_value_x, value_width, gap = 18.0, 112.0, 24.0, 6.0
+    pdf.set_xy(label_x, top)
+    for line in title:
+        pdf.set_font(FILING_FONT, style="B" if line.isupper() else "", size=10)
+        pdf.set_x(label_x)
+        pdf.cell(170, 5, line, align="C")
+        pdf.ln(5)
+    pdf.ln(4)
+    pdf.set_font(FILING_FONT, style="B", size=8)
+    span_width = len(periods) * value_width + (len(periods) - 1) * gap
+    pdf.set_x(first_value_x)
+    pdf.cell(span_width, 4, spanning, align="C")
+    pdf.ln(4.5)
+    for index, period in enumerate(periods):
+        pdf.set_x(first_value_x + index * (value_width + gap))
+        pdf.cell(value_width, 4, period, align="R")
+    pdf.ln(6)
+    pdf.set_font(FILING_FONT, size=8)
+    truth = [[""] + [f"{spanning} {period}" for period in periods]]
+    for indent, label, values, rule in rows:
+        y = pdf.get_y()
+        pdf.set_x(label_x + 4 * indent)
+        pdf.cell(90, 4, label)
+        for index, value in enumerate(values or []):
+            x = first_value_x + index * (value_width + gap)
+            if value.startswith("$ "):
+                pdf.set_x(x)
+                pdf.cell(4, 4, "$")
+                value = value[2:]
+            pdf.set_x(x)
+            pdf.cell(value_width, 4, value, align="R")
+            for offset in ((4.6,) if rule == "single" else (4.6, 5.4) if rule == "double" else ()):
+                pdf.rect(x, y + offset, value_width, 0.25, style="F")
+        pdf.set_y(y + (6.2 if rule == "double" else 5))
+        truth.append([label] + [v.replace("$ ", "$") for v in (values or ["", "", ""][: len(periods)])])
+    return truth
+
+
+def financial_statements(path: Path) -> dict[str, Any]:
+    import reportlab
+
+    pdf = _pdf()
+    fonts = Path(reportlab.__file__).parent / "fonts"
+    pdf.add_font(FILING_FONT, fname=str(fonts / "Vera.ttf"))  # a Unicode font: filings print em dashes
+    pdf.add_font(FILING_FONT, style="B", fname=str(fonts / "VeraBd.ttf"))
+    pdf.add_page()
+    cash_flows = _statement(pdf, ["ACME INDUSTRIES, INC.", "CONSOLIDATED STATEMENTS OF CASH FLOWS", "(In millions)"],
+                            "Year Ended December 31,", ["2023", "2022", "2021"], CASH_FLOWS, 20)
+    pdf.ln(4)
+    pdf.set_font(FILING_FONT, size=7)
+    pdf.set_x(18)
+    pdf.multi_cell(170, 4, STATEMENT_FOOTNOTE)
+    pdf.add_page()
+    pdf.set_font(FILING_FONT, size=9)
+    pdf.set_xy(18, 20)
+    pdf.multi_cell(170, 4.5, STATEMENT_INTRO)
+    balance_sheet = _statement(pdf, ["CONSOLIDATED BALANCE SHEETS", "(In millions)"], "December 31,",
+                               ["2023", "2022"], BALANCE_SHEET, 40)
+    pdf.output(str(path))
+    words = ["ACME INDUSTRIES, INC. CONSOLIDATED STATEMENTS OF CASH FLOWS (In millions)"]
+    words += [" ".join([label, *(values or [])]) for _, label, values, _ in CASH_FLOWS]
+    words += [STATEMENT_FOOTNOTE, STATEMENT_INTRO, "CONSOLIDATED BALANCE SHEETS (In millions)"]
+    words += [" ".join([label, *(values or [])]) for _, label, values, _ in BALANCE_SHEET]
+    return {"outcome": "ok", "text": " ".join(words), "tables": [cash_flows, balance_sheet], "statements": True,
+            "must_contain": ["CONSOLIDATED STATEMENTS OF CASH FLOWS", "CONSOLIDATED BALANCE SHEETS"]}
+
+
+# Right-to-left paragraphs, shaped and laid out by HarfBuzz (fpdf2's text shaping) as a real renderer does:
+# glyphs in visual order, Arabic in contextual forms, Latin words and numbers inside the lines.
+RTL_PARAGRAPHS = [
+    "مرحبا بالعالم، هذه فقرة عربية عن التقرير السنوي لعام 2023 الذي نشرته شركة ACME للصناعات في مدينة "
+    "دبي. ارتفعت الإيرادات بنسبة 12 بالمئة لتصل إلى 4512 مليون دولار، وانخفضت التكاليف التشغيلية.",
+    "يعرض الفصل الثاني نتائج المسح الميداني الذي أجري في ثلاث مدن، ويشرح كيف تغيرت أسعار المساكن بين "
+    "عامي 2019 و2023 وفق بيانات البنك المركزي ومؤشر OECD للأسعار.",
+    "שלום עולם, זוהי פסקה בעברית על הדוח השנתי של החברה לשנת 2023. ההכנסות עלו ב-12 אחוזים והגיעו "
+    "ל-4512 מיליון דולר, והמשרד הראשי עבר לתל אביב.",
+]
+DEJAVU_SANS = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")  # Debian's fonts-dejavu-core
+
+
+def rtl_paragraphs(path: Path) -> dict[str, Any]:
+    if not DEJAVU_SANS.exists():
+        raise FileNotFoundError(f"{DEJAVU_SANS} is missing: apt-get install fonts-dejavu-core")
+    pdf = _pdf()
+    pdf.add_page()
+    pdf.add_font("DejaVu", fname=str(DEJAVU_SANS))
+    pdf.set_font("DejaVu", size=12)
+    pdf.set_text_shaping(use_shaping_engine=True)
+    pdf.set_xy(20, 30)
+    for paragraph in RTL_PARAGRAPHS:
+        pdf.set_x(20)
+        pdf.multi_cell(170, 8, paragraph, align="R")
+        pdf.ln(6)
+    pdf.output(str(path))
+    return {"outcome": "ok", "text": "\n\n".join(RTL_PARAGRAPHS), "rtl": True}
+
+
+FORM_FIELDS = {"first_name": "Alice", "manager": "Bob", "office": "Zurich"}
+FORM_NOTE = "Reviewed by payroll on 3 March"
+
+
+def filled_form(path: Path) -> dict[str, Any]:
+    """A filled AcroForm whose values live only in its fields, and a reader's note."""
+    from reportlab.pdfgen import canvas
+
+    pdf = canvas.Canvas(str(path))
+    pdf.drawString(72, 750, "Employee onboarding form")
+    y = 700
+    for name, value in FORM_FIELDS.items():
+        pdf.drawString(72, y + 5, name.replace("_", " ").capitalize() + ":")
+        pdf.acroForm.textfield(name=name, value=value, x=160, y=y, width=150, height=18)
+        y -= 40
+    pdf.drawString(72, y + 5, "Works remotely:")
+    pdf.acroForm.checkbox(name="remote", checked=True, x=160, y=y, buttonStyle="check")
+    pdf.acroForm.checkbox(name="relocation", checked=False, x=200, y=y, buttonStyle="check")
+    pdf.textAnnotation(FORM_NOTE, Rect=(400, 700, 420, 720))
+    pdf.showPage()
+    pdf.save()
+    lines = [f"Form field {name}: {value}" for name, value in FORM_FIELDS.items()] + ["Form field remote: Yes"]
+    return {"outcome": "ok", "must_contain": lines + [f"Annotation: {FORM_NOTE}"],
+            "absent": ["Form field relocation"]}
+
+
+def _scanned_page(pdf: FPDF, lines: list[str] = SCANNED_TEXT, turned: int = 0, skew: float = 0.0) -> None:
+    """A page that is one image of `lines`, as a scanner makes it; the sheet may lie turned by a multiple of 90
+    degrees (counter-clockwise) and a little askew, as sheets fed by hand do."""
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.new("RGB", (1654, 2339), "white")  # A4 at 200 dpi
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default(size=48)
-    for line, text in enumerate(SCANNED_TEXT):
+    for line, text in enumerate(lines):
         draw.text((150, 200 + line * 90), text, fill="black", font=font)
+    if skew:
+        image = image.rotate(skew, expand=False, fillcolor="white", resample=Image.Resampling.BICUBIC)
+    if turned:
+        image = image.rotate(turned, expand=True)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     pdf.add_page()
     pdf.image(buffer, x=0, y=0, w=210, h=297)
+
+
+ROTATED_SCANS = [
+    (0, 1.5, ["Inspection report for bridge 17", "Corrosion found on the north pier", "Repairs are scheduled for May"]),
+    (90, 0.0, ["Water sample taken at gauge 4", "Nitrate level was below the limit", "Next sample is due in June"]),
+    (180, 0.0, ["Delivery note for order 5521", "Twelve pallets of roof tiles", "Signed by the site manager"]),
+    (270, -1.0, ["Minutes of the parish council", "The budget was approved unanimously", "The next meeting is on Friday"]),
+]
+
+
+def rotated_scans(path: Path) -> dict[str, Any]:
+    """Four scanned pages without a text layer, turned by 0, 90, 180 and 270 degrees (two of them askew)."""
+    pdf = _pdf()
+    for turned, skew, lines in ROTATED_SCANS:
+        _scanned_page(pdf, lines, turned, skew)
+    pdf.output(str(path))
+    return {"outcome": "ok", "pages": len(ROTATED_SCANS), "text": " ".join(" ".join(lines) for _, _, lines in ROTATED_SCANS)}
 
 
 def image_only(path: Path) -> dict[str, Any]:
@@ -227,6 +426,10 @@ GENERATORS = {
     "gen_two_columns.pdf": two_columns,
     "gen_borderless_table.pdf": borderless_table,
     "gen_table_over_page_break.pdf": table_over_page_break,
+    "gen_financial_statements.pdf": financial_statements,
+    "gen_rtl_paragraphs.pdf": rtl_paragraphs,
+    "gen_filled_form.pdf": filled_form,
+    "gen_rotated_scans.pdf": rotated_scans,
     "gen_image_only.pdf": image_only,
     "gen_lying_ocr_layer.pdf": lying_ocr_layer,
     "gen_hidden_text.pdf": hidden_text,

@@ -48,6 +48,8 @@ class Score:
     seconds_per_page: float = 0.0
     text_recall: float | None = None
     table_cell_f1: float | None = None
+    table_cell_recall: float | None = None
+    lone_row_tables: int | None = None  # tables of one row (no header, or a header alone): never wanted
     header_rows_preserved: float | None = None
     reading_order_errors: int | None = None
     must_contain: float | None = None
@@ -88,7 +90,8 @@ def reading_order_errors(output: str, truth: str, stride: int = 6) -> int:
 
 
 def _norm_cell(cell: str) -> str:
-    return re.sub(r"\s+", "", str(cell)).lower()
+    """Cells compared by their text: case, spacing and dot leaders ("Total . . . .") aside."""
+    return re.sub(r"\s+", "", re.sub(r"(?:\s*\.){2,}", "", str(cell))).lower()
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:
@@ -104,14 +107,24 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
     return tables
 
 
-def table_cell_f1(output_tables: list[list[list[str]]], truth_tables: list[list[list[str]]]) -> float:
+def _cell_hits(output_tables: list[list[list[str]]], truth_tables: list[list[list[str]]]) -> tuple[int, int, int]:
     produced = Counter(_norm_cell(c) for t in output_tables for r in t for c in r if _norm_cell(c))
     expected = Counter(_norm_cell(c) for t in truth_tables for r in t for c in r if _norm_cell(c))
-    hits = sum(min(n, produced[c]) for c, n in expected.items())
+    return sum(min(n, produced[c]) for c, n in expected.items()), sum(produced.values()), sum(expected.values())
+
+
+def table_cell_f1(output_tables: list[list[list[str]]], truth_tables: list[list[list[str]]]) -> float:
+    hits, produced, expected = _cell_hits(output_tables, truth_tables)
     if not hits:
         return 0.0
-    precision, recall = hits / sum(produced.values()), hits / sum(expected.values())
+    precision, recall = hits / produced, hits / expected
     return round(2 * precision * recall / (precision + recall), 4)
+
+
+def table_cell_recall(output_tables: list[list[list[str]]], truth_tables: list[list[list[str]]]) -> float:
+    """Share of the truth's cells found (by text) in some output table."""
+    hits, _, expected = _cell_hits(output_tables, truth_tables)
+    return round(hits / expected, 4) if expected else 1.0
 
 
 def header_row(table: list[list[str]]) -> list[str]:
@@ -168,13 +181,17 @@ def score_document(name: str, path: Path, truth: dict[str, Any], tier: str, casc
     text = "\n\n".join(p.markdown for p in pages)
     if "text" in truth:
         score.text_recall = text_recall(text, truth["text"])
-        score.reading_order_errors = reading_order_errors(text, truth["text"])
+        # Right-to-left text: every trigram is an anchor, so a reversed word or line shows as an order error.
+        score.reading_order_errors = reading_order_errors(text, truth["text"], stride=1 if truth.get("rtl") else 6)
     if "tables" in truth:
         tables = markdown_tables(text)
         score.table_cell_f1 = table_cell_f1(tables, truth["tables"])
+        score.table_cell_recall = table_cell_recall(tables, truth["tables"])
         score.header_rows_preserved = headers_preserved(tables, truth["tables"])
         if truth.get("single_table"):
             score.single_table = len(tables) == 1
+    if "tables" in truth or truth.get("statements"):
+        score.lone_row_tables = sum(1 for t in markdown_tables(text) if len(t) < 2)
     if "must_contain" in truth:
         score.must_contain = round(sum(1 for s in truth["must_contain"] if s in text) / len(truth["must_contain"]), 4)
     if "absent" in truth:
@@ -224,8 +241,9 @@ def markdown_scoreboard(scores: list[Score]) -> str:
         return "" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
 
     lines = [
-        "| document | tier | outcome | pages | s/page | text recall | table F1 | headers | order errors | checks |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| document | tier | outcome | pages | s/page | text recall | table F1 | cell recall | headers | lone rows"
+        " | order errors | checks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in scores:
         if s.outcome.startswith("not_run"):
@@ -239,14 +257,17 @@ def markdown_scoreboard(scores: list[Score]) -> str:
         outcome = s.outcome if s.outcome_ok else f"**{s.outcome}** (expected {s.expected})"
         lines.append(
             f"| {s.file} | {s.tier} | {outcome} | {s.pages} | {s.seconds_per_page:.3f} | {show(s.text_recall)} |"
-            f" {show(s.table_cell_f1)} | {show(s.header_rows_preserved)} | {show(s.reading_order_errors)} | {checks} |"
+            f" {show(s.table_cell_f1)} | {show(s.table_cell_recall)} | {show(s.header_rows_preserved)} |"
+            f" {show(s.lone_row_tables)} | {show(s.reading_order_errors)} | {checks} |"
         )
     return "\n".join(lines)
 
 
 PINNED = HERE / "pinned_scores.json"
 PINNED_TIERS = ("pdfplumber", "cascade")
-HIGHER_IS_BETTER = ("text_recall", "table_cell_f1", "header_rows_preserved", "must_contain", "must_be_absent")
+HIGHER_IS_BETTER = ("text_recall", "table_cell_f1", "table_cell_recall", "header_rows_preserved", "must_contain",
+                    "must_be_absent")
+LOWER_IS_BETTER = ("reading_order_errors", "lone_row_tables")
 
 
 def pins(scores: list[Score]) -> dict[str, dict[str, Any]]:
@@ -260,8 +281,9 @@ def pins(scores: list[Score]) -> dict[str, dict[str, Any]]:
             value = getattr(s, metric)
             if value is not None:
                 entry[metric] = int(value * 100) / 100  # floor to 2 decimals: noise-tolerant, still a regression gate
-        if s.reading_order_errors is not None:
-            entry["reading_order_errors"] = s.reading_order_errors
+        for metric in LOWER_IS_BETTER:
+            if getattr(s, metric) is not None:
+                entry[metric] = getattr(s, metric)
         if s.single_table is not None:
             entry["single_table"] = s.single_table
         pinned[f"{s.file}|{s.tier}"] = entry
@@ -281,8 +303,9 @@ def regressions(scores: list[Score], pinned: dict[str, dict[str, Any]]) -> list[
         for metric in HIGHER_IS_BETTER:
             if metric in floor and (getattr(score, metric) or 0.0) < floor[metric]:
                 found.append(f"{key}: {metric} {getattr(score, metric)} < {floor[metric]}")
-        if "reading_order_errors" in floor and (score.reading_order_errors or 0) > floor["reading_order_errors"]:
-            found.append(f"{key}: reading_order_errors {score.reading_order_errors} > {floor['reading_order_errors']}")
+        for metric in LOWER_IS_BETTER:
+            if metric in floor and (getattr(score, metric) or 0) > floor[metric]:
+                found.append(f"{key}: {metric} {getattr(score, metric)} > {floor[metric]}")
         if "single_table" in floor and score.single_table != floor["single_table"]:
             found.append(f"{key}: single_table {score.single_table}")
     return found

@@ -1,0 +1,132 @@
+"""Tables found by aligned figures (rag_pipeline.tables) on words placed by hand, and through the parser and
+chunker on generated financial statements whose cells are known."""
+
+from pathlib import Path
+
+import pytest
+
+from rag_pipeline.chunking import TABLE_SEPARATOR_RE, Chunker
+from rag_pipeline.embedding import load_tokenizer, resolve_model
+from rag_pipeline.parsing import parse_file
+from rag_pipeline.tables import find_tables, is_figure
+from torture_set.generate import financial_statements
+from torture_set.harness import markdown_tables, table_cell_f1, table_cell_recall
+
+CHAR = 5.0  # width of one character of the hand-placed words, in points
+
+
+def words_at(top: float, *placed: tuple[float, str]) -> list[dict]:
+    """Words of one line: (x, phrase) pairs; a phrase's words are one space apart."""
+    out = []
+    for x, phrase in placed:
+        for word in phrase.split(" "):
+            out.append({"text": word, "x0": x, "x1": x + CHAR * len(word), "top": top, "bottom": top + 9})
+            x += CHAR * (len(word) + 1)
+    return out
+
+
+def right(x1: float, text: str) -> tuple[float, str]:
+    """A right-aligned figure ending at x1."""
+    return x1 - CHAR * len(text), text
+
+
+def test_figures_and_placeholders():
+    for text in ("1,234", "(1,234)", "$4,512", "12.5%", "—", "(X)", "-0.3", "2023"):
+        assert is_figure(text), text
+    for text in ("Net", "1a", "Q3 sales", "abc123"):
+        assert not is_figure(text), text
+
+
+def test_a_statement_is_one_table_with_its_header_of_periods_and_section_rows():
+    lines = [
+        words_at(10, (150, "Year Ended December 31,")),
+        words_at(22, right(180, "2023"), right(240, "2022")),
+        words_at(34, (20, "Operating activities:")),
+        words_at(46, (30, "Net income"), (140, "$"), right(180, "4,512"), (200, "$"), right(240, "3,987")),
+        words_at(58, (30, "Depreciation"), right(180, "1,203"), right(240, "1,150")),
+        words_at(70, (30, "Deferred taxes"), right(180, "(88)"), right(240, "—")),
+        words_at(82, (20, "Net cash from operations"), right(180, "5,627"), right(240, "5,137")),
+        words_at(100, (20, "(1) Includes restricted cash.")),
+    ]
+    [table] = find_tables([w for line in lines for w in line])
+    assert table.rows == [
+        ["", "Year Ended December 31, 2023", "Year Ended December 31, 2022"],
+        ["Operating activities:", "", ""],
+        ["Net income", "$4,512", "$3,987"],
+        ["Depreciation", "1,203", "1,150"],
+        ["Deferred taxes", "(88)", "—"],
+        ["Net cash from operations", "5,627", "5,137"],
+    ]
+    assert table.bbox[3] < 100  # the footnote stays text
+
+
+def test_prose_with_numbers_is_not_a_table():
+    lines = [words_at(10 + 12 * i, (20, f"Revenue grew {i + 2}% to $4,{i}12 million in 2023 as margins rose by 140"))
+             for i in range(4)]
+    assert find_tables([w for line in lines for w in line]) == []
+
+
+def test_a_lone_row_of_figures_is_not_a_table_but_a_header_and_one_row_is():
+    lone = words_at(10, (20, "Total"), right(180, "1,234"), right(240, "1,111"))
+    assert find_tables(lone) == []
+    with_header = words_at(0, right(180, "2023"), right(240, "2022")) + [dict(w, top=12, bottom=21) for w in lone]
+    [table] = find_tables(with_header)
+    assert table.rows == [["", "2023", "2022"], ["Total", "1,234", "1,111"]]
+
+
+def test_group_headers_head_the_columns_beneath_them():
+    lines = [
+        words_at(0, (118, "Male"), (238, "Female")),
+        words_at(12, right(120, "Total"), right(160, "Minors"), right(240, "Total"), right(280, "Minors")),
+        words_at(24, (20, "Robbery"), right(120, "90.0"), right(160, "22.9"), right(240, "12.1"), right(280, "2.5")),
+        words_at(36, (20, "Arson"), right(120, "8.1"), right(160, "3.7"), right(240, "1.7"), right(280, "0.6")),
+    ]
+    [table] = find_tables([w for line in lines for w in line])
+    assert table.rows[0] == ["", "Male Total", "Male Minors", "Female Total", "Female Minors"]
+
+
+@pytest.fixture(scope="module")
+def statements(tmp_path_factory) -> tuple[list, dict]:
+    path = tmp_path_factory.mktemp("statements") / "statements.pdf"
+    truth = financial_statements(path)
+    return list(parse_file(path)), truth
+
+
+def test_generated_statements_are_whole_tables_with_headers_and_captions(statements):
+    pages, truth = statements
+    text = "\n\n".join(p.markdown for p in pages)
+    tables = markdown_tables(text)
+    assert len(tables) == 2 and all(len(t) >= 10 for t in tables)  # no one-row "tables" between the rules
+    assert table_cell_f1(tables, truth["tables"]) >= 0.9
+    assert table_cell_recall(tables, truth["tables"]) >= 0.95
+    assert "Table: CONSOLIDATED STATEMENTS OF CASH FLOWS (In millions)" in text
+    assert "Revenue grew 12% to $31,870 million" in text  # the prose before a statement stays prose
+    assert all(p.signals["ragged_table_ratio"] == 0 for p in pages)  # section rows are not broken rows
+
+
+def test_every_table_chunk_carries_its_caption_and_header_row(statements):
+    pages, _ = statements
+    chunker = Chunker(load_tokenizer(resolve_model("all-MiniLM-L6-v2").location), max_tokens=120)
+    chunks = chunker.chunk("doc", [(p.page, p.markdown) for p in pages])
+    table_chunks = [c for c in chunks if c.content_type == "table"]
+    assert len(table_chunks) >= 4  # the statements are cut between rows
+    for chunk in table_chunks:
+        lines = chunk.text.split("\n")
+        assert lines[0].startswith("Table: CONSOLIDATED"), chunk.text
+        assert TABLE_SEPARATOR_RE.match(lines[2]) and "December 31" in lines[1], chunk.text
+        assert len(lines) >= 4  # a header and at least one row
+
+
+def test_torture_census_tables_cells_by_text():
+    from rag_pipeline_tests.conftest import TORTURE
+
+    document = TORTURE / "docs" / "camelot_12s0324_borderless_2tables.pdf"
+    if not document.exists():
+        pytest.skip("shared/torture is not beside the checkout")
+    import csv
+
+    truth_dir = TORTURE / "groundtruth" / "camelot_12s0324_borderless_2tables"
+    truth = [list(csv.reader(p.read_text(encoding="utf-8").splitlines())) for p in sorted(truth_dir.glob("*.csv"))]
+    tables = markdown_tables("\n\n".join(p.markdown for p in parse_file(Path(document))))
+    assert len(tables) == 2
+    assert table_cell_recall(tables, truth) >= 0.85
