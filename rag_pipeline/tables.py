@@ -207,6 +207,27 @@ def _pitch(lines: list[Line]) -> float:
     return median(steps) if steps else 12.0
 
 
+def figure_rows(words: Sequence[Word]) -> list[tuple[float, float, float, float]]:
+    """Boxes of the lines that read as a table row (a worded label, then two figures or more set apart from
+    it): outside any table found, they are numbers a table finder missed."""
+    raw = group_lines(words)
+    if not raw:
+        return []
+    gap = _cell_gap(raw)
+    boxes = []
+    for cells in (_cells(line, gap) for line in raw):
+        if not cells:
+            continue
+        line = Line(cells, min(c.top for c in cells), max(c.bottom for c in cells))
+        figures = line.figures()
+        # A worded label and a figure of two digits or more: sub- and superscripts of formulas are neither.
+        worded = sum(ch.isalpha() for ch in line.label()) >= 3
+        if len(figures) >= 2 and worded and any(sum(ch.isdigit() for ch in c.text) >= 2 for c in figures) \
+                and _is_data_row(line, gap):
+            boxes.append((line.x0, line.top, line.x1, line.bottom))
+    return boxes
+
+
 def find_tables(words: Sequence[Word], min_columns: int = 2) -> list[Table]:
     """Tables of aligned figures on one page (words of the page, in any order)."""
     raw = group_lines(words)

@@ -139,3 +139,91 @@ def test_scans_turned_sideways_or_upside_down_are_read_upright(tmp_path):
     for number, (turned, _, lines) in enumerate(ROTATED_SCANS, start=1):
         text = ocr_page(path, number, ParsingConfig(), None)
         assert text.split("\n") == lines, f"page turned by {turned}: {text!r}"
+
+
+def test_spanning_cells_of_the_table_model_fill_their_columns_and_header_rows_merge():
+    from rag_pipeline.layout import html_table_rows
+
+    markup = ("<table><tr><td rowspan='2'>Offense</td><td colspan='2'>Male</td><td>Female</td></tr>"
+              "<tr><td>Total</td><td>Minors</td><td>Total</td></tr>"
+              "<tr><td>Robbery</td><td>90.0</td><td>22.9</td><td>12.1</td></tr>"
+              "<tr><td>Arson</td><td>8.1</td><td></td><td>1.7</td></tr></table>")
+    assert html_table_rows(markup) == [
+        ["Offense", "Male Total", "Male Minors", "Female Total"],
+        ["Robbery", "90.0", "22.9", "12.1"],
+        ["Arson", "8.1", "", "1.7"],
+    ]
+    assert html_table_rows("<table><tr><td colspan='999999'>x</td></tr></table>") == [["x"] * 50]  # bounded
+
+
+@pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
+def test_layout_tier_reads_borderless_tables_offline():
+    import csv
+
+    from rag_pipeline.cascade import layout_page
+    from torture_set.harness import markdown_tables, table_cell_recall
+
+    truth_dir = TORTURE / "groundtruth" / "camelot_12s0324_borderless_2tables"
+    truth = [list(csv.reader(p.read_text(encoding="utf-8").splitlines())) for p in sorted(truth_dir.glob("*.csv"))]
+    markdown = layout_page(TORTURE / "docs" / "camelot_12s0324_borderless_2tables.pdf", 1, ParsingConfig(), None)
+    tables = markdown_tables(markdown)
+    assert len(tables) == 2
+    assert table_cell_recall(tables, truth) >= 0.8
+    assert "Table 324. Arrests by Sex and Age: 2009" in markdown  # its caption, read from the text layer
+
+
+def _staggered_figures(path):
+    """Rows of a label and figures whose columns do not line up (a table tier 1 cannot assemble)."""
+    from fpdf import FPDF
+
+    pdf = FPDF(format="A4")
+    pdf.add_page()
+    pdf.set_font("Helvetica", size=10)
+    pdf.set_xy(20, 20)
+    pdf.cell(0, 6, "Regional output, staggered as a careless export prints it")
+    for row, (label, first, second) in enumerate([("North", "1,204", "1,310"), ("South", "988", "1,042"),
+                                                  ("East", "2,431", "2,502"), ("West", "745", "790"),
+                                                  ("Central", "1,876", "1,911")]):
+        y = 40 + row * 8
+        pdf.set_xy(20, y)
+        pdf.cell(30, 6, label)
+        pdf.set_xy(70 + row * 14, y)
+        pdf.cell(20, 6, first)
+        pdf.set_xy(140 + row * 9, y)
+        pdf.cell(20, 6, second)
+    pdf.output(str(path))
+
+
+def test_figures_outside_any_table_escalate_to_the_layout_tier(tmp_path):
+    path = tmp_path / "staggered.pdf"
+    _staggered_figures(path)
+    [page] = parse_file(path)
+    assert page.signals["stray_figure_rows"] == 5 and page.tables == 0
+    [escalated] = parse_document(path, None, Cascade(ParsingConfig()))
+    assert escalated.signals["escalation"] == "table_structure"
+    assert [a["tier"] for a in escalated.signals["attempts"]] == ["docling", "layout"]
+    assert escalated.tier == "layout"
+    for word in ("North", "1,204", "1,310", "Central", "1,911"):
+        assert word in escalated.markdown  # the tier may misplace words, never drop them
+
+    [off] = parse_document(path, None, Cascade(ParsingConfig(layout_engine="none")))
+    assert off.signals["unresolved"] is True and off.tier == "pdfplumber"
+    assert off.signals["attempts"][1] == {"tier": "layout", "outcome": "unavailable",
+                                          "detail": "the layout tier is switched off (parsing.layout_engine: none)"}
+
+
+def test_ocr_says_when_a_page_needs_a_script_its_models_do_not_read(tmp_path):
+    from dataclasses import replace
+
+    from rag_pipeline.parsing import unmapped_scripts
+    from torture_set.generate import image_only
+
+    assert unmapped_scripts([{"text": "(cid:52970)", "fontname": "ABCDEF+HYGoThic-Medium-UniKS-UCS2-H"},
+                             {"text": "a", "fontname": "SimSun"}]) == ["Korean"]
+    path = tmp_path / "scan.pdf"
+    image_only(path)
+    [page] = parse_file(path)
+    page = replace(page, signals={**page.signals, "unmapped_scripts": ["Korean"]})
+    escalated = Cascade(ParsingConfig())._escalate(path, page, "glyph_failure", None)
+    ocr = [a for a in escalated.signals["attempts"] if a["tier"] == "ocr"][0]
+    assert ocr["outcome"] == "ok" and "Korean" in ocr["detail"] and escalated.tier == "ocr"

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_pipeline.parsing import DeadLetter, looks_like_borderless_table, parse_file, table_to_markdown
+from rag_pipeline.parsing import DeadLetter, parse_file, table_to_markdown
 from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
 
 TORTURE_DOCS = TORTURE / "docs"
@@ -116,9 +116,6 @@ def test_borderless_tables_are_found_only_where_they_look_like_data(tmp_path):
     generate.two_columns(tmp_path / "prose.pdf")
     (prose,) = parse_file(tmp_path / "prose.pdf")
     assert prose.tables == 0
-    assert looks_like_borderless_table([["Name", "Qty"], ["Bolts", "40"], ["Nuts", "25"]])
-    assert not looks_like_borderless_table([["The ice grows thicker", "where the water"], ["is shallow", ""],
-                                             ["and still.", "Skaters wait"]])
 
 
 def test_right_to_left_paragraphs_come_out_in_logical_order(tmp_path):

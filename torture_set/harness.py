@@ -50,6 +50,7 @@ class Score:
     table_cell_f1: float | None = None
     table_cell_recall: float | None = None
     lone_row_tables: int | None = None  # tables of one row (no header, or a header alone): never wanted
+    cid_tokens: int | None = None  # "(cid:N)" left in the cleaned text, which chunks and BM25 would get
     header_rows_preserved: float | None = None
     reading_order_errors: int | None = None
     must_contain: float | None = None
@@ -192,6 +193,7 @@ def score_document(name: str, path: Path, truth: dict[str, Any], tier: str, casc
             score.single_table = len(tables) == 1
     if "tables" in truth or truth.get("statements"):
         score.lone_row_tables = sum(1 for t in markdown_tables(text) if len(t) < 2)
+    score.cid_tokens = text.count("(cid:")
     if "must_contain" in truth:
         score.must_contain = round(sum(1 for s in truth["must_contain"] if s in text) / len(truth["must_contain"]), 4)
     if "absent" in truth:
@@ -251,7 +253,7 @@ def markdown_scoreboard(scores: list[Score]) -> str:
         checks = " ".join(
             f"{label}={show(value)}"
             for label, value in (("contains", s.must_contain), ("absent", s.must_be_absent),
-                                 ("one_table", s.single_table))
+                                 ("one_table", s.single_table), ("cid", s.cid_tokens or None))
             if value is not None
         )
         outcome = s.outcome if s.outcome_ok else f"**{s.outcome}** (expected {s.expected})"
@@ -267,7 +269,7 @@ PINNED = HERE / "pinned_scores.json"
 PINNED_TIERS = ("pdfplumber", "cascade")
 HIGHER_IS_BETTER = ("text_recall", "table_cell_f1", "table_cell_recall", "header_rows_preserved", "must_contain",
                     "must_be_absent")
-LOWER_IS_BETTER = ("reading_order_errors", "lone_row_tables")
+LOWER_IS_BETTER = ("reading_order_errors", "lone_row_tables", "cid_tokens")
 
 
 def pins(scores: list[Score]) -> dict[str, dict[str, Any]]:
