@@ -118,6 +118,7 @@ class OcrReading:
 
 
 UPRIGHT_SCORE = 0.9  # an upright page read with this confidence is not tried turned
+TURN_MARGIN = 0.05  # how much more confident an upside-down reading must be to replace the page as it lies
 
 
 def _read(image: Any) -> OcrReading:
@@ -126,11 +127,14 @@ def _read(image: Any) -> OcrReading:
     with _ocr_lock:  # one ONNX session, already multi-threaded
         result = _rapidocr()(image, use_cls=False)
     scores = list(result.scores or ())
+    texts = tuple(result.txts or ())
     boxes = result.boxes if result.boxes is not None else []
-    wide = sum(1 for b in boxes if abs(b[1][0] - b[0][0]) + abs(b[1][1] - b[0][1])
+    # Orientation from lines of three characters or more: a box around one character (a check mark, a digit)
+    # is as tall as wide whichever way the page lies.
+    lines = [b for b, t in zip(boxes, texts, strict=False) if len(t.strip()) >= 3]
+    wide = sum(1 for b in lines if abs(b[1][0] - b[0][0]) + abs(b[1][1] - b[0][1])
                >= abs(b[3][0] - b[0][0]) + abs(b[3][1] - b[0][1]))
-    return OcrReading(tuple(result.txts or ()), sum(scores) / len(scores) if scores else 0.0,
-                      wide * 2 >= len(boxes))
+    return OcrReading(texts, sum(scores) / len(scores) if scores else 0.0, wide * 2 >= len(lines))
 
 
 def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str | None) -> str:
@@ -142,10 +146,12 @@ def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str 
     first = _read(image)
     if first.upright and first.score >= UPRIGHT_SCORE or not first.lines:
         return "\n".join(first.lines)
-    turns = (180,) if first.upright else (90, 270)
-    readings = [first, *(_read(image.rotate(angle, expand=True)) for angle in turns)]
-    best = max((r for r in readings if r.upright), key=lambda r: r.score, default=first)
-    return "\n".join(best.lines)
+    if first.upright:  # upright lines read with low confidence: upside down, or a poor scan
+        turned = _read(image.rotate(180, expand=True))
+        return "\n".join((turned if turned.score > first.score + TURN_MARGIN else first).lines)
+    # Lines run vertically: the page lies sideways; the turn that reads upright with most confidence wins.
+    readings = [r for r in (_read(image.rotate(angle, expand=True)) for angle in (90, 270)) if r.upright]
+    return "\n".join(max(readings, key=lambda r: r.score, default=first).lines)
 
 
 def layout_page(path: Path, page_number: int, config: ParsingConfig, password: str | None) -> str:

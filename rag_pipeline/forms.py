@@ -23,22 +23,26 @@ def _resolve(value: Any) -> Any:
     return resolve1(value)
 
 
-def _text(value: Any) -> str:
-    """A PDF text string, name, number or array as plain text."""
+def _text(value: Any, depth: int = 0) -> str:
+    """A PDF text string, name, number or (shallow) array as plain text; anything else says nothing."""
     from pdfminer.psparser import PSLiteral
     from pdfminer.utils import decode_text
 
     value = _resolve(value)
-    if value is None:
-        return ""
     if isinstance(value, bytes):
         text = decode_text(value)
+    elif isinstance(value, str):
+        text = value
     elif isinstance(value, PSLiteral):
         text = str(value.name)
-    elif isinstance(value, list):
-        text = ", ".join(t for t in (_text(v) for v in value[:100]) if t)
-    else:
+    elif isinstance(value, bool):
+        text = ""
+    elif isinstance(value, int | float):
         text = str(value)
+    elif isinstance(value, list) and depth < 2:
+        text = ", ".join(t for t in (_text(v, depth + 1) for v in value[:100]) if t)
+    else:
+        return ""  # dictionaries and streams (a signature's /V) are not text
     return " ".join(text.split())[:MAX_VALUE_CHARS]
 
 
@@ -66,26 +70,50 @@ def _qualified_name(field: dict[str, Any]) -> str:
     return ".".join(p for p in parts if p)
 
 
+def page_annotations(page_obj: Any) -> list[dict[str, Any]]:
+    """The page's annotation dictionaries, each resolved one level only. pdfplumber's `page.annots` resolves
+    every reference recursively, which shared references make exponential and parent links make endless."""
+    annots = _resolve(getattr(page_obj, "annots", None))
+    if not isinstance(annots, list):
+        return []
+    resolved = (_resolve(a) for a in annots[:MAX_ANNOTATIONS])
+    return [a for a in resolved if isinstance(a, dict)]
+
+
+def _top(annot: dict[str, Any]) -> float:
+    """How high on the page the annotation sits (larger is higher), for ordering only."""
+    rect = _resolve(annot.get("Rect"))
+    try:
+        return -max(float(_resolve(rect[1])), float(_resolve(rect[3])))
+    except (TypeError, ValueError, IndexError):
+        return 0.0
+
+
 def annotation_lines(annots: list[dict[str, Any]]) -> tuple[list[str], dict[str, int]]:
-    """Lines for the filled fields and notes among one page's annotations (pdfplumber's `page.annots`)."""
+    """Lines for the filled fields and notes among one page's annotation dictionaries (`page_annotations`),
+    top to bottom; a field named twice (the options of one radio group) is said once."""
     lines: list[tuple[float, str]] = []
+    named: set[str] = set()
     fields = notes = 0
-    for annot in annots[:MAX_ANNOTATIONS]:
-        data = _resolve(annot.get("data"))
+    for data in annots[:MAX_ANNOTATIONS]:
         if not isinstance(data, dict):
             continue
         subtype = _text(data.get("Subtype"))
-        top = float(annot.get("top") or 0.0)
         if subtype == "Widget":
+            if _text(_inherited(data, "FT")) == "Sig":
+                continue  # a signature's value is a signature, not text
             value = _text(_inherited(data, "V"))
             if not value or value == "Off":  # an empty field or an unchecked box says nothing
                 continue
             name = _qualified_name(data) or "unnamed"
-            lines.append((top, f"Form field {name}: {value}"))
+            if name in named:
+                continue
+            named.add(name)
+            lines.append((_top(data), f"Form field {name}: {value}"))
             fields += 1
         elif subtype in NOTE_SUBTYPES:
             contents = _text(data.get("Contents"))
             if contents:
-                lines.append((top, f"Annotation: {contents}"))
+                lines.append((_top(data), f"Annotation: {contents}"))
                 notes += 1
     return [text for _, text in sorted(lines, key=lambda item: item[0])], {"form_fields": fields, "annotations": notes}

@@ -215,12 +215,15 @@ def read_table(image: Any, scale: float, bbox: tuple[float, float, float, float]
     x0, top, x1, bottom = (int(v * scale) for v in bbox)
     crop = np.array(image.convert("RGB"))[max(0, top):bottom, max(0, x0):x1]
     boxes = []
+    height, width = crop.shape[:2]
     for word in words:
+        if not in_box(word, bbox):  # the same test that gives a region its words
+            continue
         wx0, wtop, wx1, wbottom = (float(word[k]) * scale for k in ("x0", "top", "x1", "bottom"))
-        if wx0 >= x0 - 2 and wx1 <= x1 + 2 and wtop >= top - 2 and wbottom <= bottom + 2:
-            corners = [[wx0 - x0, wtop - top], [wx1 - x0, wtop - top], [wx1 - x0, wbottom - top],
-                       [wx0 - x0, wbottom - top]]
-            boxes.append([corners, str(word["text"]), 1.0])
+        # A word that sticks out of the detected box is clipped to it, not left out.
+        left, right = min(max(wx0 - x0, 0.0), width - 1), min(max(wx1 - x0, 1.0), width)
+        upper, lower = min(max(wtop - top, 0.0), height - 1), min(max(wbottom - top, 1.0), height)
+        boxes.append([[[left, upper], [right, upper], [right, lower], [left, lower]], str(word["text"]), 1.0])
     if not boxes or crop.size == 0:
         return []
     with _lock:
@@ -229,36 +232,36 @@ def read_table(image: Any, scale: float, bbox: tuple[float, float, float, float]
 
 
 def page_markdown(page: Any, image: Any, scale: float, words: Sequence[dict[str, Any]] | None = None) -> str:
-    """A page from its layout: regions top to bottom (column by column where regions sit side by side), titles
-    as headings, tables read by SLANet with their captions. Words no region holds are kept at the end: the
+    """A page from its layout: regions top to bottom, titles as headings, tables read by SLANet with their
+    captions. Words no region holds are kept at the end: the
     tier may misplace text, never drop it. `page` is the pdfplumber page; `words` default to its own."""
     words = list(words if words is not None else page.extract_words())
     regions = detect_regions(image, scale)
     tables = [r for r in regions if r.kind == "table"][:MAX_TABLES_PER_PAGE]
     used: set[int] = set()
-
-    def in_box(word: dict[str, Any], bbox: tuple[float, float, float, float], pad: float = 2.0) -> bool:
-        cx = (float(word["x0"]) + float(word["x1"])) / 2
-        cy = (float(word["top"]) + float(word["bottom"])) / 2
-        return bbox[0] - pad <= cx <= bbox[2] + pad and bbox[1] - pad <= cy <= bbox[3] + pad
+    in_a_region = [any(in_box(w, r.bbox) for r in regions) for w in words]
 
     def take(bbox: tuple[float, float, float, float], whole_lines: bool = False) -> list[dict[str, Any]]:
         """Words in the box; with whole_lines, also the rest of their lines that no other region holds (a
         detected box often stops short of a line's first or last word)."""
         inside = [i for i, w in enumerate(words) if i not in used and in_box(w, bbox)]
         if whole_lines and inside:
-            others = [r.bbox for r in regions if r.bbox != bbox]
             band = (float("-inf"), bbox[1], float("inf"), bbox[3])
-            inside += [i for i, w in enumerate(words) if i not in used and i not in inside and in_box(w, band, 0)
-                       and not any(in_box(w, other) for other in others)]
+            inside += [i for i, w in enumerate(words) if i not in used and not in_a_region[i] and in_box(w, band, 0)]
         used.update(inside)
         return [words[i] for i in sorted(inside)]
 
     blocks: list[tuple[tuple[float, float], str]] = []
     for table in tables:
         rows = read_table(image, scale, table.bbox, words)
-        take(table.bbox)
+        held = take(table.bbox)
+        # A region the table model cannot make two rows of is read as the text it holds; words the model left
+        # out of its cells (above its first row, say) follow the table.
         markdown = table_to_markdown(rows) if len(rows) >= 2 else ""
+        placed = " ".join(" ".join(str(c) for c in row) for row in rows).split() if markdown else []
+        left_out = [w for w in held if str(w["text"]) not in placed]
+        text = _words_text(left_out)
+        markdown = "\n\n".join(part for part in (markdown, text) if part)
         if markdown:
             blocks.append(((table.bbox[1], table.bbox[0]), markdown))
     order = sorted((r for r in regions if r.kind not in ("table", *SKIPPED_REGIONS)), key=lambda r: r.bbox[1])
@@ -275,6 +278,13 @@ def page_markdown(page: Any, image: Any, scale: float, words: Sequence[dict[str,
     rest = _words_text([w for i, w in enumerate(words) if i not in used])
     parts = [text for _, text in sorted(blocks, key=lambda b: b[0])]
     return "\n\n".join(part for part in [*parts, rest] if part)
+
+
+def in_box(word: dict[str, Any], bbox: tuple[float, float, float, float], pad: float = 2.0) -> bool:
+    """The word's centre lies in the box (widened by pad)."""
+    cx = (float(word["x0"]) + float(word["x1"])) / 2
+    cy = (float(word["top"]) + float(word["bottom"])) / 2
+    return bbox[0] - pad <= cx <= bbox[2] + pad and bbox[1] - pad <= cy <= bbox[3] + pad
 
 
 def _words_text(words: Sequence[dict[str, Any]]) -> str:

@@ -97,10 +97,12 @@ def _cell(value: Any) -> str:
     return " ".join(str(value or "").split()).replace("|", "\\|")
 
 
-def table_to_markdown(rows: list[list[Any]]) -> str:
-    """Rows (first row = header) -> a Markdown table; ragged rows are padded."""
-    rows = [r for r in rows if any(c not in (None, "") for c in r)]
-    if not rows:
+def table_to_markdown(rows: list[list[Any]], empty_header: bool = False) -> str:
+    """Rows (first row = header) -> a Markdown table; ragged rows are padded. Empty rows are dropped, but with
+    `empty_header` an empty first row stays: a table without a header must not promote its first row."""
+    header = rows[:1] if empty_header and len(rows) > 1 else []
+    rows = header + [r for r in rows[len(header):] if any(c not in (None, "") for c in r)]
+    if len(rows) <= len(header):
         return ""
     width = max(len(r) for r in rows)
     padded = [[_cell(c) for c in r] + [""] * (width - len(r)) for r in rows]
@@ -120,6 +122,9 @@ def _group_lines(words: list[dict[str, Any]], tolerance: float = 3.0) -> list[li
     return [sorted(line, key=lambda w: w["x0"]) for line in lines]
 
 
+MAX_PAGE_POINTS = 14_400.0  # 200 inches, the largest page size PDF 1.7 allows
+
+
 def find_gutters(lines: list[list[dict[str, Any]]], width: float) -> list[float]:
     """x positions of vertical gutters between text columns (empty for single-column pages).
 
@@ -128,6 +133,8 @@ def find_gutters(lines: list[list[dict[str, Any]]], width: float) -> list[float]
     """
     if len(lines) < 6:
         return []
+    # The page's width comes from the file: the coverage array is bounded by the largest page PDF allows.
+    width = max(0.0, min(width, MAX_PAGE_POINTS))
     coverage = [0] * (int(width) + 2)
     for line in lines:
         covered = set()
@@ -135,8 +142,8 @@ def find_gutters(lines: list[list[dict[str, Any]]], width: float) -> list[float]
             covered.update(range(max(0, int(word["x0"])), min(len(coverage), int(word["x1"]) + 1)))
         for x in covered:
             coverage[x] += 1
-    left = min(int(w["x0"]) for line in lines for w in line)
-    right = max(int(w["x1"]) for line in lines for w in line)
+    left = max(0, min(int(w["x0"]) for line in lines for w in line))
+    right = min(len(coverage) - 1, max(int(w["x1"]) for line in lines for w in line))
     quiet = int(0.05 * len(lines))  # a few lines (titles, headers) may cross a gutter; none on a short page
     gutters: list[float] = []
     x = left + int(0.15 * (right - left))
@@ -310,12 +317,12 @@ class PageTable:
     bbox: tuple[float, float, float, float]
     rows: list[list[Any]]
     caption: str = ""
-    caption_top: float | None = None
+    caption_bbox: tuple[float, float, float, float] | None = None  # the lines the caption was read from
     kind: str = "ruled"  # ruled | aligned
 
     @property
     def top(self) -> float:
-        return self.caption_top if self.caption_top is not None else self.bbox[1]
+        return min(self.bbox[1], self.caption_bbox[1]) if self.caption_bbox else self.bbox[1]
 
 
 def _is_real_table(rows: list[list[Any]]) -> bool:
@@ -346,15 +353,22 @@ def find_page_tables(page: Any) -> tuple[list[PageTable], dict[str, int]]:
 
     ruled_found = [(t.bbox, t.extract()) for t in page.find_tables()]
     ruled = [PageTable(bbox, rows) for bbox, rows in ruled_found if _is_real_table(rows)]
-    words = page.extract_words()
-    aligned = [PageTable(t.bbox, t.rows, t.caption, t.caption_top, "aligned") for t in aligned_tables.find_tables(words)]
+    # Sideways words (a rotated margin stamp, a vertical axis title) belong to no row.
+    words = [w for w in page.extract_words() if w.get("upright", True)]
+    # Beside columns of prose, lines are read per column: a table in one column must not take the other's text.
+    gutters = find_gutters(_group_lines(words), float(page.width))
+    bounds = [float("-inf"), *gutters, float("inf")]
+    aligned = [PageTable(t.bbox, t.rows, t.caption, t.caption_bbox, "aligned")
+               for lo, hi in zip(bounds, bounds[1:], strict=False)
+               for t in aligned_tables.find_tables([w for w in words if lo <= (w["x0"] + w["x1"]) / 2 < hi])]
     kept_aligned = []
     for table in aligned:
         # A ruled grid that holds the aligned table and resolves as many columns has the better cells.
         holders = [r for r in ruled if len(r.rows) >= 3 and _inside(table.bbox, r.bbox)
                    and max(len(row) for row in r.rows) >= len(table.rows[0])]
         if holders:
-            holders[0].caption, holders[0].caption_top = holders[0].caption or table.caption, table.caption_top
+            if table.caption and not holders[0].caption:
+                holders[0].caption, holders[0].caption_bbox = table.caption, table.caption_bbox
             continue
         ruled = [r for r in ruled if not _overlaps(r.bbox, table.bbox)]
         kept_aligned.append(table)
@@ -371,7 +385,7 @@ SELF_NAMED_CAPTION_RE = re.compile(r"^(?:Table|Tabelle|Tableau)\b", re.IGNORECAS
 
 def table_block(table: PageTable) -> str:
     """A table's Markdown with its caption on the line above (`Table: ...` unless it names itself)."""
-    markdown = table_to_markdown(table.rows)
+    markdown = table_to_markdown(table.rows, empty_header=table.kind == "aligned")
     if not markdown or not table.caption:
         return markdown
     caption = " ".join(table.caption.split())
@@ -406,7 +420,7 @@ def _ragged_ratio(rows: list[list[Any]]) -> float:
 def _annotations(page: Any) -> tuple[list[str], dict[str, int]]:
     """Filled form fields and notes (rag_pipeline.forms); a malformed annotation loses them, not the page."""
     try:
-        return forms.annotation_lines(page.annots)
+        return forms.annotation_lines(forms.page_annotations(page.page_obj))
     except Exception:  # pdfminer raises a wide variety on malformed annotation dictionaries
         return [], {"annotation_errors": 1}
 
@@ -428,8 +442,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
     tables, table_stats = find_page_tables(page)
     # A table's caption is read with the table (it travels with every chunk of it), not as text.
-    boxes = [(t.bbox[0], t.top, t.bbox[2], t.bbox[3]) for t in tables]
-    boxes += [(0.0, t.caption_top, float(page.width), t.bbox[1]) for t in tables if t.caption_top is not None]
+    boxes = [t.bbox for t in tables] + [t.caption_bbox for t in tables if t.caption_bbox]
 
     def outside_tables(obj: dict[str, Any]) -> bool:
         if "x0" not in obj:
@@ -446,12 +459,16 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         text = column_ordered if column_ordered is not None else (text_page.extract_text() or "")
         parts = [_mark_headings(text, headings).strip(), *table_blocks]
     else:
-        # One column: each table where it stands between the lines of text above and below it.
+        # One column: each table where it stands between the lines of text above and below it; text beside
+        # a table (a note to its right) follows it.
         parts, bands, above = [], [], float("-inf")
         for table in tables:
-            bands.append(_mark_headings(_band_text(text_page, above, table.top), headings).strip())
-            parts += [bands[-1], table_block(table)]
-            above = table.bbox[3]
+            top, bottom = max(above, table.top), max(above, table.bbox[3])
+            bands.append(_mark_headings(_band_text(text_page, above, top), headings).strip())
+            beside = _mark_headings(_band_text(text_page, top, bottom), headings).strip()
+            parts += [bands[-1], table_block(table), beside]
+            bands.append(beside)
+            above = bottom
         bands.append(_mark_headings(_band_text(text_page, above, float("inf")), headings).strip())
         parts.append(bands[-1])
         text = "\n".join(bands)

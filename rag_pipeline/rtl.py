@@ -13,6 +13,7 @@ import re
 import unicodedata
 
 RTL_RE = re.compile("[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc]")
+CELL_SEPARATOR_RE = re.compile(r"(?<!\\)\|")  # a pipe inside a cell is escaped (\|)
 HEADING_MARK_RE = re.compile(r"^(#{1,6} )")
 PRESENTATION_FORMS_RE = re.compile("[\ufb1d-\ufdff\ufe70-\ufefc]+")
 
@@ -49,8 +50,9 @@ def logical_text(text: str) -> str:
     out = []
     for line in text.split("\n"):
         if line.lstrip().startswith("|") and has_rtl(line):
-            cells = line.strip().strip("|").split("|")
-            out.append("| " + " | ".join(logical_line(cell.strip()) for cell in cells) + " |")
+            cells = CELL_SEPARATOR_RE.split(line.strip().removeprefix("|").removesuffix("|"))
+            cells = [logical_line(cell.strip().replace("\\|", "|")).replace("|", "\\|") for cell in cells]
+            out.append("| " + " | ".join(cells) + " |")
         else:
             heading = HEADING_MARK_RE.match(line)  # a Markdown heading mark stays in front
             out.append(heading.group(1) + logical_line(line[heading.end(1):]) if heading else logical_line(line))

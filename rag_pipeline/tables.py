@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
@@ -91,9 +91,8 @@ class Table:
     rows: list[list[str]]
     bbox: tuple[float, float, float, float]
     caption: str = ""
-    caption_top: float | None = None
-    header_lines: int = 0
-    sources: list[str] = field(default_factory=list)
+    caption_bbox: tuple[float, float, float, float] | None = None  # the lines the caption was read from
+    header_lines: int = 0  # 0: rows[0] is an empty header (the table has none)
 
 
 def is_figure(text: str) -> bool:
@@ -108,19 +107,24 @@ def _strip_leaders(text: str) -> str:
 
 
 def group_lines(words: Sequence[Word]) -> list[list[Word]]:
-    """Words -> lines by vertical overlap of their boxes, top to bottom, each left to right."""
+    """Words -> lines, top to bottom, each left to right. A word joins the line whose first word's vertical
+    centre is within half a line height of its own (zero-height words at the same height included). Words
+    more than three times the usual height (a rotated margin stamp, a brace) would chain lines together: they
+    are left out, as they are of no table."""
+    heights = sorted(float(w["bottom"]) - float(w["top"]) for w in words)
+    usual = heights[len(heights) // 2] if heights else 0.0
     lines: list[list[Word]] = []
+    reference: tuple[float, float] = (0.0, 0.0)  # centre and height of the current line's first word
     for word in sorted(words, key=lambda w: (float(w["top"]), float(w["x0"]))):
-        if lines:
-            last = lines[-1]
-            top = min(float(w["top"]) for w in last)
-            bottom = max(float(w["bottom"]) for w in last)
-            height = min(bottom - top, float(word["bottom"]) - float(word["top"])) or 1.0
-            overlap = min(bottom, float(word["bottom"])) - max(top, float(word["top"]))
-            if overlap >= 0.5 * height:
-                last.append(word)
-                continue
+        height = float(word["bottom"]) - float(word["top"])
+        if usual and height > 3 * usual:
+            continue
+        centre = (float(word["top"]) + float(word["bottom"])) / 2
+        if lines and abs(centre - reference[0]) <= 0.5 * max(reference[1], height, 1.0):
+            lines[-1].append(word)
+            continue
         lines.append([word])
+        reference = (centre, height)
     return [sorted(line, key=lambda w: float(w["x0"])) for line in lines]
 
 
@@ -241,15 +245,20 @@ def find_tables(words: Sequence[Word], min_columns: int = 2) -> list[Table]:
     tables: list[Table] = []
     used_until = -1
     index = 0
-    while index < len(lines):
+    budget = 20 * len(lines)  # a backstop on lines read by runs that fail, whatever a hostile page holds
+    while index < len(lines) and budget > 0:
         if not data[index] or index <= used_until:
             index += 1
             continue
         run = _grow_run(lines, data, index, pitch)
+        budget -= len(run)
         table = _table_from_run(lines, data, run, pitch, gap, used_until, min_columns)
-        if table is not None:
+        if isinstance(table, Table):
             tables.append(table)
             used_until = run[-1]
+            index = run[-1] + 1
+        elif table == "too few columns":
+            # The figures of any run starting later in this one are a subset: they cannot make more columns.
             index = run[-1] + 1
         else:
             index += 1
@@ -280,39 +289,41 @@ def _grow_run(lines: list[Line], data: list[bool], start: int, pitch: float) -> 
 
 
 def _table_from_run(lines: list[Line], data: list[bool], run: list[int], pitch: float, gap: float,
-                    used_until: int, min_columns: int) -> Table | None:
+                    used_until: int, min_columns: int) -> Table | str:
+    """The table a run of lines makes, or why it makes none."""
     body = [lines[i] for i in run]
     figures = [c for line in body for c in line.figures()]
     columns = _columns(figures)
-    # Leading rows of bare period labels ("2023 2022") are header lines, not data.
+    supported = [span for span in columns if sum(1 for c in figures if span[0] <= (c.x0 + c.x1) / 2 <= span[1]) >= 2]
+    if len(columns) < min_columns or len(supported) < min_columns:
+        return "too few columns"
+    # Leading rows of periods ("2023 2022", or "Sector 2022 2023" with the stub's header) are header lines.
     header_figure_rows = 0
     for line in body:
-        if line.label() or not all(YEARISH_RE.match(c.text) for c in line.figures()):
+        if (line.label() and header_figure_rows) or not all(YEARISH_RE.match(c.text) for c in line.figures()):
             break
         header_figure_rows += 1
     data_rows = [line for line in body[header_figure_rows:] if line.figures()]
-    supported = [span for span in columns if sum(1 for c in figures if span[0] <= (c.x0 + c.x1) / 2 <= span[1]) >= 2]
-    if len(columns) < min_columns or len(supported) < min_columns:
-        return None
+    if not data_rows:
+        return "no row of data"  # years under years: an axis or a list of editions
     labels_left = min(line.x0 for line in body)
     header = _header_lines(lines, run[0], columns, labels_left, pitch, used_until)
     header += [body[i] for i in range(header_figure_rows)]
     if len(data_rows) < 2 and not header:
-        return None  # a lone row of figures without a header is not a table
+        return "a lone row"  # a lone row of figures without a header is not a table
     body = body[header_figure_rows:]
-    head = _header_row(header, columns)
-    rows = [head]
+    rows = [_header_row(header, columns)]
     for line in body:
         row = [line.label()] + [""] * len(columns)
         for cell in line.figures():
             column = _column_of(cell, columns) + 1
             row[column] = f"{row[column]} {cell.text}".strip()
         rows.append(row)
-    top = min(line.top for line in header + body)
-    caption, caption_top = _caption(lines, lines.index((header + body)[0]), pitch, used_until)
     x0 = min(line.x0 for line in header + body)
     x1 = max(line.x1 for line in header + body)
-    return Table(rows, (x0, top, x1, max(line.bottom for line in body)), caption, caption_top, len(header))
+    bbox = (x0, min(line.top for line in header + body), x1, max(line.bottom for line in body))
+    caption, caption_bbox = _caption(lines, lines.index((header + body)[0]), pitch, used_until, x1 - x0)
+    return Table(rows, bbox, caption, caption_bbox, len(header))
 
 
 def _header_lines(lines: list[Line], first: int, columns: list[tuple[float, float]], labels_left: float,
@@ -362,8 +373,11 @@ def _header_row(header: list[Line], columns: list[tuple[float, float]]) -> list[
     return head
 
 
-def _caption(lines: list[Line], first: int, pitch: float, used_until: int) -> tuple[str, float | None]:
-    """The short block of lines right above the table (title, units, notes), if it starts like a title."""
+def _caption(lines: list[Line], first: int, pitch: float, used_until: int,
+             table_width: float) -> tuple[str, tuple[float, float, float, float] | None]:
+    """The short block of lines right above the table (title, units, notes) when it starts with a title: a
+    line naming a table, set in capitals, or short beside the table and not a sentence's end. Returns its text
+    on one line and the box of the lines it took (a block too long for a caption gives only its title)."""
     block: list[Line] = []
     below = lines[first]
     for index in range(first - 1, max(used_until, first - 1 - MAX_CAPTION_LINES), -1):
@@ -380,10 +394,13 @@ def _caption(lines: list[Line], first: int, pitch: float, used_until: int) -> tu
     if not block:
         return "", None
     title = block[0].text
-    if len(title) > 120 or (title.endswith(".") and not TITLE_RE.match(title)):
-        return "", None
+    short = len(title) <= 80 and (block[0].x1 - block[0].x0) <= 0.7 * max(table_width, 1.0)
+    if not (starts or short) or title.endswith((".", ",", ";", ":")) and not TITLE_RE.match(title):
+        return "", None  # the end of a paragraph, not a title
     text = " ".join(_strip_leaders(line.text) for line in block)
-    return (text if len(text) <= MAX_CAPTION_CHARS else title), block[0].top
+    if len(text) > MAX_CAPTION_CHARS:
+        block, text = block[:1], title
+    return text, (min(line.x0 for line in block), block[0].top, max(line.x1 for line in block), block[-1].bottom)
 
 
 def _capitals(text: str) -> bool:

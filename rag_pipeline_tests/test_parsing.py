@@ -172,7 +172,8 @@ def test_hostile_annotation_dictionaries_are_bounded():
     for depth in range(100):  # a parent chain deeper than anything real
         node = {"T": f"n{depth}".encode(), "Parent": node}
     widget = dict(node, Subtype=_literal("Widget"), V=b"x" * 10_000)
-    lines, stats = annotation_lines([{"data": widget, "top": 5}, {"data": "not a dictionary"}, {"data": None}])
+    signature = {"Subtype": _literal("Widget"), "FT": _literal("Sig"), "T": b"sig", "V": {"Contents": b"\x00" * 99}}
+    lines, stats = annotation_lines([widget, "not a dictionary", None, signature])  # type: ignore[list-item]
     assert stats == {"form_fields": 1, "annotations": 0}
     name, value = lines[0].removeprefix("Form field ").split(": ", 1)
     assert len(value) == MAX_VALUE_CHARS and name.count(".") < 20
@@ -182,3 +183,50 @@ def _literal(name: str):
     from pdfminer.psparser import LIT
 
     return LIT(name)
+
+
+def _raw_pdf(objects: dict[int, bytes]) -> bytes:
+    """A minimal PDF from numbered object bodies (object 1 the catalog), with a correct xref table."""
+    out, offsets = bytearray(b"%PDF-1.4\n"), {}
+    for number, body in objects.items():
+        offsets[number] = len(out)
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    start, size = len(out), max(objects) + 1
+    out += b"xref\n0 %d\n" % size
+    for number in range(size):
+        out += b"%010d 00000 n \n" % offsets[number] if number in offsets else b"0000000000 65535 f \n"
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (size, start)
+    return bytes(out)
+
+
+PAGE_WITH_ANNOTS = {
+    1: b"<< /Type /Catalog /Pages 2 0 R >>",
+    2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+    3: b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Annots [6 0 R] >>",
+    4: b"<< /Length 0 >>\nstream\n\nendstream",
+}
+
+
+def test_form_widgets_without_a_type_and_shared_references_are_read_quickly(tmp_path):
+    import time
+
+    form = tmp_path / "form.pdf"
+    form.write_bytes(_raw_pdf({**PAGE_WITH_ANNOTS,
+                               5: b"<< /T (person) /Kids [6 0 R] /FT /Tx /V (Alice) >>",
+                               6: b"<< /Subtype /Widget /Parent 5 0 R /T (first) /Rect [100 700 300 720] >>"}))
+    [page] = parse_file(form)
+    assert "Form field person.first: Alice" in page.markdown
+    # An annotation whose key leads to arrays of 20 references to the next array, six deep: 64 million paths.
+    chain = {10 + d: b"[" + b" ".join([b"%d 0 R" % (11 + d)] * 20) + b"]" for d in range(6)}
+    shared = tmp_path / "shared.pdf"
+    shared.write_bytes(_raw_pdf({**PAGE_WITH_ANNOTS, **chain, 16: b"(leaf)",
+                                 6: b"<< /Type /Annot /Subtype /Text /Rect [100 700 300 720] /Contents (hi) /X 10 0 R >>"}))
+    started = time.perf_counter()
+    [page] = parse_file(shared)
+    assert "Annotation: hi" in page.markdown and time.perf_counter() - started < 5
+
+
+def test_escaped_pipes_in_rtl_table_cells():
+    from rag_pipeline.rtl import logical_text
+
+    assert logical_text("| א\\|ב | 12 |") == "| ב\\|א | 12 |"

@@ -130,3 +130,128 @@ def test_torture_census_tables_cells_by_text():
     tables = markdown_tables("\n\n".join(p.markdown for p in parse_file(Path(document))))
     assert len(tables) == 2
     assert table_cell_recall(tables, truth) >= 0.85
+
+
+def _canvas_pdf(path, draw) -> Path:
+    from reportlab.lib.pagesizes import letter
+    from reportlab.pdfgen import canvas
+
+    pdf = canvas.Canvas(str(path), pagesize=letter)
+    draw(pdf, letter[1])
+    pdf.showPage()
+    pdf.save()
+    return path
+
+
+STATEMENT_ROWS = [("Revenue", "1,234", "1,100"), ("Cost of sales", "(500)", "(450)"), ("Gross profit", "734", "650"),
+                  ("Net income", "300", "250")]
+
+
+def _rows(pdf, y: float, step: float = 12) -> float:
+    for label, first, second in STATEMENT_ROWS:
+        pdf.drawString(72, y, label)
+        pdf.drawRightString(400, y, first)
+        pdf.drawRightString(480, y, second)
+        y -= step
+    return y
+
+
+def test_rows_of_years_alone_are_text_not_a_table_nor_a_failure(tmp_path):
+    def draw(pdf, height):
+        pdf.drawString(72, 700, "Editions of the survey were published in these years:")
+        for r, row in enumerate([("1998", "2001", "2004"), ("2007", "2010", "2013")]):
+            for k, year in enumerate(row):
+                pdf.drawString(100 + k * 80, 680 - r * 14, year)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "years.pdf", draw))
+    assert page.tables == 0 and "2007 2010 2013" in page.markdown
+
+
+def test_a_paragraph_above_a_table_stays_text_and_headerless_tables_keep_an_empty_header(tmp_path):
+    paragraph = [f"Line {i} of a paragraph about operating results that runs across the page, as prose does, and"
+                 for i in range(6)]
+
+    def draw(pdf, height):
+        pdf.setFont("Helvetica", 9)
+        y = height - 72
+        for line in paragraph:
+            pdf.drawString(72, y, line)
+            y -= 12
+        _rows(pdf, y)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "caption.pdf", draw))
+    assert "Table:" not in page.markdown
+    for line in paragraph:
+        assert line in page.markdown
+    # Without a header the first row stays a row: the header line is empty, not "Revenue".
+    assert "|  |  |  |\n|---|---|---|\n| Revenue | 1,234 | 1,100 |" in page.markdown
+
+
+def test_text_beside_a_table_is_kept(tmp_path):
+    def draw(pdf, height):
+        top = height - 150
+        for r, (name, quantity) in enumerate([("Name", "Qty"), ("Apples", "12"), ("Pears", "7"), ("Plums", "30")]):
+            pdf.drawString(80, top - r * 20 - 14, name)
+            pdf.drawString(180, top - r * 20 - 14, quantity)
+        for r in range(5):
+            pdf.line(72, top - r * 20, 260, top - r * 20)
+        for x in (72, 170, 260):
+            pdf.line(x, top, x, top - 80)
+        pdf.drawString(300, top - 20, "Shipments are counted at the dock")
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "side.pdf", draw))
+    assert page.tables == 1 and "Shipments are counted at the dock" in page.markdown
+
+
+def test_a_sideways_margin_stamp_joins_no_row(tmp_path):
+    def draw(pdf, height):
+        pdf.saveState()
+        pdf.translate(30, 250)
+        pdf.rotate(90)
+        pdf.setFont("Times-Roman", 20)
+        pdf.drawString(0, 0, "arXiv:2101.00001v1 [cs.CL] 1 Jan 2021")
+        pdf.restoreState()
+        pdf.setFont("Helvetica", 10)
+        _rows(pdf, height - 300, 14)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "stamp.pdf", draw))
+    assert "| Revenue | 1,234 | 1,100 |" in page.markdown and "Table:" not in page.markdown
+
+
+def test_a_table_in_one_column_of_two_takes_nothing_from_the_other(tmp_path):
+    left = "In this section we describe the method used to collect the data for every firm"
+
+    def draw(pdf, height):
+        pdf.setFont("Helvetica", 9)
+        for i in range(30):
+            pdf.drawString(50, 760 - i * 11, left[: 40 + i % 5])
+            if i < 10 or i > 18:
+                pdf.drawString(320, 760 - i * 11, "Right column prose continues here with words")
+        for r, (a, b, c) in enumerate([("Sector", "2022", "2023"), ("Mining", "120", "131"), ("Retail", "340", "352"),
+                                       ("Services", "980", "1,004"), ("Energy", "55", "61")]):
+            y = 760 - (11 + r) * 11
+            pdf.drawString(320, y, a)
+            pdf.drawRightString(470, y, b)
+            pdf.drawRightString(540, y, c)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "columns.pdf", draw))
+    [table] = markdown_tables(page.markdown)
+    assert table[0] == ["Sector", "2022", "2023"] and ["Mining", "120", "131"] in table
+    assert page.markdown.count(left[:40]) == 30  # every line of the other column is still text
+
+
+def test_zero_height_words_and_hostile_pages_are_handled():
+    flat = [dict(w, bottom=w["top"]) for w in words_at(10, (20, "Revenue"), right(180, "1,234"), right(240, "1,100"))
+            + words_at(22, (20, "Net income"), right(180, "300"), right(240, "250"))
+            + words_at(0, right(180, "2023"), right(240, "2022"))]
+    [table] = find_tables(flat)
+    assert table.rows == [["", "2023", "2022"], ["Revenue", "1,234", "1,100"], ["Net income", "300", "250"]]
+    # Six thousand rows whose figures line up only loosely: the finder must not re-read the page per row (that
+    # was minutes here); a generous bound, ten times what it takes.
+    import time
+
+    staggered = [w for i in range(6000) for w in words_at(i * 12.0, (10, "Row"), right(100 + (i % 97) * 40, "1,234"),
+                                                           right(4100 + (i % 89) * 40, "5,678"))]
+    started = time.perf_counter()
+    find_tables(staggered)
+    assert time.perf_counter() - started < 30
