@@ -76,7 +76,8 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from rag_pipeline.runs import run_ingest
 
     _prepare_instance(settings)
-    summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)))
+    summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
+                         confirm_deletions=args.confirm_deletions or [])
     if args.json:
         _print_json(summary)
     else:
@@ -88,7 +89,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  dead letter: {reason:<10} {count}")
         _print_attention_list(settings)
         for problem in summary["problems"]:
-            print(f"  skipped {problem['source']}:{problem['path']}: {problem['problem']}")
+            print(f"  problem {problem['source']}:{problem['path']}: {problem['problem']}")
         for name, check in sorted(summary["checks"].items()):
             verdict = "ok" if check["passed"] else f"FAILED ({check['severity']})"
             print(f"  check {name:<18} {verdict}: {check['summary']}")
@@ -100,15 +101,15 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _print_attention_list(settings: Settings, limit: int = 20) -> None:
-    """Documents a person should look at: held back for missing labels, or dead-lettered."""
+    """Documents a person should look at: held back (and why), or dead-lettered."""
     from rag_pipeline.store import documents, pages
     from rag_pipeline.store.database import connect
 
     with connect(_index_url(settings)) as conn:
         held = documents.held_documents(conn)
         dead = pages.dead_letter_summary(conn)
-    for source, rel_path in held[:limit]:
-        print(f"  held (no ACL labels): {source}:{rel_path}")
+    for source, rel_path, status, reason in held[:limit]:
+        print(f"  {status}: {source}:{rel_path}" + (f" ({reason})" if reason else ""))
     for entry in dead[:limit]:
         print(f"  dead letter ({entry['reason']}): {entry['source']}:{entry['rel_path']}")
     hidden = max(0, len(held) - limit) + max(0, len(dead) - limit)
@@ -371,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--source", action="append", metavar="NAME=PATH",
                         help="scan this folder as source NAME (repeatable); default: the configured sources")
     ingest.add_argument("--labels", help="default ACL labels for --source folders, comma-separated")
+    ingest.add_argument("--confirm-deletions", action="append", metavar="SOURCE",
+                        help="carry out the deletions a scan of SOURCE held back (its root was empty, or more than "
+                             "its max_deletion_share of documents were gone); repeatable")
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
     ingest.set_defaults(func=cmd_ingest)
 

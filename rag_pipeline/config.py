@@ -151,6 +151,13 @@ class SourceConfig(_Section):
     acl_labels: Labels = Field((), description="default ACL labels; a document without labels is not indexed")
     freshness_sla_seconds: Duration = Field(24 * 3600, alias="freshness_sla",
                                             description="the staleness check's limit, e.g. 24h")
+    max_deletion_share: Fraction = Field(0.5, description="a scan that would delete more of the source's documents "
+                                         "than this share deletes nothing until confirmed (--confirm-deletions)")
+    symlinks: Literal["target_labels", "refuse"] = Field(
+        "target_labels", description="links inside the root: indexed with the labels of their target's location, "
+        "or refused")
+    allow_hard_links: bool = Field(False, description="index files with several hard links (their other names may "
+                                   "carry other labels); by default they are held")
 
     _resolve_root = field_validator("root", mode="before")(_relative_to_file)
 

@@ -25,7 +25,7 @@ from rag_pipeline.evaluation import (
     results_from_json,
 )
 from rag_pipeline.retrieval import SearchOptions
-from rag_pipeline.status import VersionStatus
+from rag_pipeline.status import DOCUMENT_HELD, VersionStatus
 from rag_pipeline.store import documents, evaluations, versions
 from rag_pipeline.store import health as queries
 from rag_pipeline.store.versions import IndexVersion
@@ -60,32 +60,40 @@ def staleness(
     """Per source: time since the last completed scan and age of the oldest change not yet indexed,
     against the source's freshness SLA. A configured source that was never scanned is stale."""
     rows = queries.source_freshness(conn, now or datetime.now(UTC))
-    report = {name: (sla, scan_age, pending_age, pending) for name, sla, scan_age, pending_age, pending in rows}
+    report = {name: rest for name, *rest in rows}
     for source in configured:
-        report.setdefault(source.name, (source.freshness_sla_seconds, None, None, 0))
+        report.setdefault(source.name, [source.freshness_sla_seconds, None, None, 0, 0, None])
     stale: list[tuple[float, tuple[Any, ...]]] = []
     table_rows: list[tuple[float, tuple[Any, ...]]] = []
-    for name, (sla, scan_age, pending_age, pending) in sorted(report.items()):
+    held_deletions: list[str] = []
+    for name, (sla, scan_age, pending_age, pending, deletions_held, held_reason) in sorted(report.items()):
         ages = [float(a) for a in (scan_age, pending_age) if a is not None]
-        # Never scanned counts as infinitely late.
+        # Never scanned counts as infinitely late; a scan that held deletions back leaves the source not true.
         lateness = (max(ages) / max(1, sla)) if scan_age is not None else float("inf")
+        if deletions_held:
+            lateness = float("inf")
+            held_deletions.append(f"{name}: {deletions_held} deletions held ({held_reason}); confirm with "
+                                  f"`rag-pipeline ingest --confirm-deletions {name}` if they are meant")
         row = (name, _hours(sla), _hours(scan_age), pending, _hours(pending_age) if pending else "-",
-               "STALE" if lateness > 1 else "ok")
+               deletions_held, "STALE" if lateness > 1 else "ok")
         table_rows.append((lateness, row))
         if lateness > 1:
             stale.append((lateness, row))
     table_rows.sort(key=lambda item: -item[0])
     worst = [row for _, row in table_rows[:OFFENDERS_SHOWN]]
-    header = ("source", "SLA", "since last scan", "changes waiting", "oldest waiting", "state")
+    header = ("source", "SLA", "since last scan", "changes waiting", "oldest waiting", "deletions held", "state")
     summary = (
-        f"{len(stale)} of {len(report)} sources past their freshness SLA: "
+        f"{len(stale)} of {len(report)} sources past their freshness SLA or holding deletions: "
         + ", ".join(row[0] for _, row in sorted(stale, key=lambda item: -item[0])[:5])
         if stale else f"all {len(report)} sources within their freshness SLA"
     )
+    if held_deletions:
+        summary += "; " + "; ".join(held_deletions)
     return CheckOutcome(
         passed=not stale,
         summary=summary,
-        numbers={"sources": len(report), "stale_sources": len(stale)},
+        numbers={"sources": len(report), "stale_sources": len(stale),
+                 "deletions_held": sum(int(values[4]) for values in report.values())},
         tables={"freshness_per_source": Table(header, worst)},
     )
 
@@ -149,15 +157,19 @@ def acl_coverage(conn: psycopg.Connection) -> CheckOutcome:
     if unlabelled_docs:
         problems.append(f"{unlabelled_docs} documents without labels are queued for indexing")
     held = documents.held_documents(conn)
+    by_status = {status: sum(1 for h in held if h[2] == status) for status in DOCUMENT_HELD}
+    summary = "; ".join(problems) or f"every row in {len(per_version)} versions carries its document's labels"
+    if held:  # listed, not failed: held documents have nothing in the index, which is what holding means
+        summary += "; held back: " + ", ".join(f"{n} {status}" for status, n in by_status.items() if n)
     return CheckOutcome(
         passed=not problems,
-        summary="; ".join(problems) or f"every row in {len(per_version)} versions carries its document's labels",
+        summary=summary,
         numbers={"bad_rows": total_bad, "unlabelled_documents_queued": unlabelled_docs,
-                 "documents_held_no_labels": len(held)},
+                 **{f"documents_{status}": n for status, n in by_status.items()}},
         tables={
             "per_version": Table(("version", "status", "unlabelled rows", "labels differ", "held documents' rows",
                                   "schema refuses unlabelled"), per_version),
-            "held_no_labels": Table(("source", "path"), held[:OFFENDERS_SHOWN]),
+            "held_documents": Table(("source", "path", "status", "reason"), held[:OFFENDERS_SHOWN]),
         },
     )
 
@@ -325,6 +337,12 @@ def retrieval_quality(
     for version in candidates:
         evaluation, cached = _evaluate_version(conn, version, config, golden_sha, options)
         reused += cached
+        overall = evaluation.metrics.get("overall", {})
+        if "recall@k" in overall and overall["recall@k"] == 0:
+            # Nothing found for any answerable question: a failure whatever the baseline says (a baseline
+            # taken on an empty index is 0 too, and "no fall from 0" must not pass).
+            problems.append(f"{version.label} recall@{config.k} is 0: no answerable golden question finds its "
+                            "pages")
         if reference is None and version.version_id == active.version_id:
             evaluations.set_baseline(conn, active.version_id, golden_sha)
             reference = evaluation

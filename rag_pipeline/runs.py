@@ -80,20 +80,26 @@ def run_ingest(
     labels: list[str] | None = None,
     instance: Any = None,
     log_level: str = "INFO",
+    confirm_deletions: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run the `ingest` job through Dagster against `instance` (the prepared one by default)."""
+    """Run the `ingest` job through Dagster against `instance` (the prepared one by default). `sources` are
+    NAME=PATH folders from the command line (with default `labels`), scanned instead of the configured ones."""
     import dagster as dg
 
+    from rag_pipeline.config import SourceConfig, parse_labels
     from rag_pipeline.defs.code_location import build_definitions
+    from rag_pipeline.defs.ingestion import command_line_sources
 
+    adhoc = [SourceConfig.from_cli(spec, parse_labels(labels)) for spec in sources or []]
     run_config = {
-        "ops": {"source_documents": {"config": {"sources": sources or [], "labels": labels or []}}},
+        "ops": {"source_documents": {"config": {"confirm_deletions": confirm_deletions or []}}},
         "loggers": {"console": {"config": {"log_level": log_level}}},
     }
     job = build_definitions(settings).resolve_job_def("ingest")
     if instance is None:
         instance = dg.DagsterInstance.get()
-    result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
+    with command_line_sources(adhoc):
+        result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
     summary = summarize_run(result)
     if not result.success:
         summary["errors"] = [

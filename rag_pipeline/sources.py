@@ -6,6 +6,11 @@ Sidecars:
 Keys: `acl_labels` (list or comma string), `title`, `password` (kept out of stored metadata), anything else.
 The most specific `acl_labels` replaces the inherited ones: an explicit `[]` means "nobody", and such a
 document is held back (default-deny), never indexed.
+
+Everything here fails closed. A sidecar that cannot be read or validated holds every file it would speak for
+(a folder's: the whole subtree) instead of letting them fall back to wider labels. A bad directory entry is
+reported and skipped on its own, never stopping the scan. Special files are never opened. Folders and files
+that cannot be read keep their documents as they were. A link inside the root speaks with its target's labels.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -21,15 +27,22 @@ from typing import Any
 
 from rag_pipeline import ids
 from rag_pipeline.config import SourceConfig, parse_labels
+from rag_pipeline.status import D, DocumentStatus
 
 FILE_SIDECAR_SUFFIX = ".meta.json"
 FOLDER_SIDECAR = "_meta.json"
 # Keys a sidecar may set that must never be stored or shown.
 SECRET_KEYS = frozenset({"password"})
+MAX_SIDECAR_BYTES = 64 * 1024
+MAX_SIDECAR_DEPTH = 16  # nesting of JSON values in a sidecar
 
 
 class UnsafePathError(ValueError):
     """A path from a source resolves outside the source's root."""
+
+
+class SidecarError(ValueError):
+    """A sidecar that cannot be read or validated: the files it applies to are held, never widened."""
 
 
 def confine(root: Path, candidate: Path) -> Path:
@@ -49,6 +62,19 @@ def safe_join(root: Path, rel_path: str) -> Path:
     return confine(root, root.joinpath(*pure.parts))
 
 
+def printable(text: str) -> str:
+    """A path as it can be shown and stored: bytes that are not UTF-8 (kept by Python as surrogates) escaped."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
+def _is_valid_name(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # not UTF-8: neither a document id nor a database row can hold it
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class DiscoveredFile:
     source: str
@@ -59,6 +85,8 @@ class DiscoveredFile:
     acl_labels: tuple[str, ...]
     title: str | None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Held back (default-deny): the status that says why, and the reason. Nothing of it is indexed.
+    held: tuple[DocumentStatus, str] | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -68,18 +96,83 @@ class DiscoveredFile:
 
 @dataclass
 class ScanProblem:
-    rel_path: str
+    rel_path: str  # printable
     problem: str
 
 
-def _read_sidecar(path: Path) -> dict[str, Any]:
+@dataclass
+class ScanReport:
+    """What one scan could not see. Paths under `unreadable` (walk or stat errors, which may be transient) keep
+    their documents as they were: a scan must not delete what it merely failed to read."""
+
+    problems: list[ScanProblem] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # relative paths; a folder covers everything below it
+
+    def problem(self, rel_path: str, problem: str, unreadable: bool = False) -> None:
+        self.problems.append(ScanProblem(printable(rel_path), problem))
+        if unreadable:
+            self.unreadable.append(rel_path)
+
+
+def read_sidecar(path: Path, root: Path) -> dict[str, Any]:
+    """A sidecar's JSON object. Refused (SidecarError) unless it resolves inside the root, is a regular file of
+    at most MAX_SIDECAR_BYTES, decodes as UTF-8 (a byte-order mark is fine) and holds an object whose strings
+    have no NUL and whose `acl_labels` is a list of non-empty strings or a comma-separated string."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"unreadable sidecar {path.name}: {exc}") from exc
+        resolved = confine(root, path)
+        info = resolved.stat()
+    except UnsafePathError as exc:
+        raise SidecarError(f"sidecar {path.name}: {exc}") from None
+    except (OSError, RuntimeError) as exc:  # a dangling or looping link, no permission
+        raise SidecarError(f"sidecar {path.name} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise SidecarError(f"sidecar {path.name} is not a regular file")  # never opened: a FIFO would hang
+    if info.st_size > MAX_SIDECAR_BYTES:
+        raise SidecarError(f"sidecar {path.name} is larger than {MAX_SIDECAR_BYTES} bytes")
+    try:
+        with open(resolved, "rb") as handle:
+            raw = handle.read(MAX_SIDECAR_BYTES + 1)
+    except OSError as exc:
+        raise SidecarError(f"sidecar {path.name} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_SIDECAR_BYTES:
+        raise SidecarError(f"sidecar {path.name} is larger than {MAX_SIDECAR_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise SidecarError(f"sidecar {path.name} is not UTF-8: {exc}") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise SidecarError(f"sidecar {path.name} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"sidecar {path.name} must hold a JSON object")
+        raise SidecarError(f"sidecar {path.name} must hold a JSON object")
+    _refuse_nul(data, path.name, 0)
+    if "acl_labels" in data:
+        data["acl_labels"] = _labels(data["acl_labels"], path.name)
     return data
+
+
+def _refuse_nul(value: Any, name: str, depth: int) -> None:
+    if depth > MAX_SIDECAR_DEPTH:
+        raise SidecarError(f"sidecar {name} nests deeper than {MAX_SIDECAR_DEPTH} levels")
+    if isinstance(value, str) and "\x00" in value:
+        raise SidecarError(f"sidecar {name} holds a NUL character")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_nul(key, name, depth + 1)
+            _refuse_nul(item, name, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_nul(item, name, depth + 1)
+
+
+def _labels(value: Any, name: str) -> tuple[str, ...]:
+    """Labels normalised as callers' labels are (parse_labels); anything but strings is refused."""
+    if isinstance(value, str):
+        return parse_labels(value)
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise SidecarError(f"sidecar {name}: acl_labels must be a list of strings, not {json.dumps(value)[:80]}")
+    if any(not item.strip() for item in value):
+        raise SidecarError(f"sidecar {name}: acl_labels holds an empty label")
+    return parse_labels(value)
 
 
 def _matches(rel_path: str, patterns: tuple[str, ...]) -> bool:
@@ -91,94 +184,154 @@ def is_sidecar(name: str) -> bool:
     return name == FOLDER_SIDECAR or name.endswith(FILE_SIDECAR_SUFFIX)
 
 
-def scan_source(source: SourceConfig, problems: list[ScanProblem] | None = None) -> Iterator[DiscoveredFile]:
-    """Yield every matching regular file under the source root, in a stable order.
+@dataclass
+class _Folder:
+    """What a folder's sidecars (its own and its parents') say for the files below it."""
 
-    Files that escape the root (symlinks), unreadable sidecars and non-regular files are reported
-    into `problems` and skipped; nothing here reads document bytes.
+    meta: dict[str, Any]
+    held: str | None = None  # a sidecar on the way cannot be read: every file below is held
+
+
+class _FolderMeta:
+    """Folder sidecars from the root down, read once per folder, for the walk and for link targets alike."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._folders: dict[Path, _Folder] = {}
+
+    def of(self, folder: Path) -> _Folder:
+        if folder in self._folders:
+            return self._folders[folder]
+        parent = self.of(folder.parent) if folder != self.root else _Folder({})
+        entry = _Folder(dict(parent.meta), parent.held)
+        sidecar = folder / FOLDER_SIDECAR
+        if entry.held is None and os.path.lexists(sidecar):
+            try:
+                entry.meta.update(read_sidecar(sidecar, self.root))
+            except SidecarError as exc:
+                entry.held = f"{printable(sidecar.relative_to(self.root).as_posix())}: {exc}"
+        self._folders[folder] = entry
+        return entry
+
+
+def scan_source(source: SourceConfig, report: ScanReport | None = None) -> Iterator[DiscoveredFile]:
+    """Yield every matching regular file under the source root, in a stable order; nothing here reads a
+    document's bytes.
+
+    Each entry is judged on its own and a bad one never stops the scan: names that are not UTF-8, files that
+    resolve outside the root, special files (never opened) are reported into `report` and skipped; folders and
+    files that cannot be read are reported as unreadable (their documents are kept as they were). Files a sidecar
+    cannot speak for are yielded held (`held_bad_sidecar`), as are files with several hard links
+    (`held_hard_link`) unless the source allows them. A link inside the root takes the labels of its target's
+    location (or is refused: `symlinks: refuse`).
     """
     root = source.root.resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"source {source.name!r}: root folder {root} does not exist")
-    problems = problems if problems is not None else []
-    folder_meta: dict[Path, dict[str, Any]] = {}
+    report = report if report is not None else ScanReport()
+    folders = _FolderMeta(root)
 
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    def walk_error(exc: OSError) -> None:
+        where = Path(exc.filename).relative_to(root).as_posix() if exc.filename else "."
+        report.problem(where, f"cannot be read: {exc.strerror or exc}; its documents are kept as they were",
+                       unreadable=True)
+
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=walk_error):
         current = Path(dirpath)
+        for name in [d for d in dirnames if not _is_valid_name(d)]:
+            dirnames.remove(name)
+            report.problem((current / name).relative_to(root).as_posix(), "folder name is not valid UTF-8; skipped")
         dirnames.sort()
-        # Folder metadata inherits from the parent folder; the nearer folder wins key by key.
-        inherited = dict(folder_meta.get(current.parent, {})) if current != root else {}
-        if FOLDER_SIDECAR in filenames:
-            try:
-                inherited.update(_read_sidecar(current / FOLDER_SIDECAR))
-            except ValueError as exc:
-                problems.append(ScanProblem(current.relative_to(root).as_posix() or ".", str(exc)))
-        folder_meta[current] = inherited
-
+        folder = folders.of(current)
         for name in sorted(filenames):
             if is_sidecar(name):
                 continue
             path = current / name
             rel_path = path.relative_to(root).as_posix()
+            if not _is_valid_name(name):
+                report.problem(rel_path, "file name is not valid UTF-8; skipped")
+                continue
             if not _matches(rel_path, source.include):
                 continue
-            try:
-                resolved = confine(root, path)
-            except UnsafePathError as exc:
-                problems.append(ScanProblem(rel_path, str(exc)))
-                continue
-            if not resolved.is_file():
-                problems.append(ScanProblem(rel_path, "not a regular file"))
-                continue
-            meta = dict(inherited)
-            sidecar = current / (name + FILE_SIDECAR_SUFFIX)
-            if sidecar.exists():
-                try:
-                    meta.update(_read_sidecar(sidecar))
-                except ValueError as exc:
-                    problems.append(ScanProblem(rel_path, str(exc)))
-                    continue
-            stat = resolved.stat()
-            labels = parse_labels(meta.pop("acl_labels")) if "acl_labels" in meta else source.acl_labels
-            title = meta.pop("title", None)
-            yield DiscoveredFile(
-                source=source.name,
-                rel_path=rel_path,
-                doc_id=ids.doc_id(source.name, rel_path),
-                size_bytes=stat.st_size,
-                mtime_ns=stat.st_mtime_ns,
-                acl_labels=labels,
-                title=str(title) if title is not None else None,
-                metadata={k: v for k, v in meta.items() if k not in SECRET_KEYS},
-            )
+            found = _discover_file(source, root, folders, folder, path, rel_path, report)
+            if found is not None:
+                yield found
+
+
+def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folder: _Folder, path: Path,
+                   rel_path: str, report: ScanReport) -> DiscoveredFile | None:
+    try:
+        resolved = confine(root, path)
+        info = resolved.stat()
+    except UnsafePathError as exc:
+        report.problem(rel_path, str(exc))
+        return None
+    except (OSError, RuntimeError) as exc:
+        report.problem(rel_path, f"cannot be read: {getattr(exc, 'strerror', None) or exc}; kept as it was",
+                       unreadable=True)
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        report.problem(rel_path, "not a regular file")
+        return None
+    named = path
+    if resolved != path.absolute():
+        if source.symlinks == "refuse":
+            report.problem(rel_path, "a symbolic link, and this source refuses links (symlinks: refuse)")
+            return None
+        # A link speaks with its target's labels: the folder sidecars above the target and the target's own.
+        folder, named = folders.of(resolved.parent), resolved
+    held: tuple[DocumentStatus, str] | None = (D.HELD_BAD_SIDECAR, folder.held) if folder.held else None
+    meta = dict(folder.meta)
+    sidecar = named.with_name(named.name + FILE_SIDECAR_SUFFIX)
+    if held is None and os.path.lexists(sidecar):
+        try:
+            meta.update(read_sidecar(sidecar, root))
+        except SidecarError as exc:
+            held = (D.HELD_BAD_SIDECAR, str(exc))
+    if held is None and info.st_nlink > 1 and not source.allow_hard_links:
+        held = (D.HELD_HARD_LINK, f"{info.st_nlink} hard links: its other names may carry other labels")
+    labels = tuple(meta.pop("acl_labels")) if "acl_labels" in meta else source.acl_labels
+    title = meta.pop("title", None)
+    return DiscoveredFile(
+        source=source.name,
+        rel_path=rel_path,
+        doc_id=ids.doc_id(source.name, rel_path),
+        size_bytes=info.st_size,
+        mtime_ns=info.st_mtime_ns,
+        acl_labels=() if held else labels,
+        title=str(title) if title is not None and not held else None,
+        metadata={} if held else {k: v for k, v in meta.items() if k not in SECRET_KEYS},
+        held=held,
+    )
 
 
 def source_digest(source: SourceConfig) -> str:
-    """A digest of everything a refresh would see in a source (paths, fingerprints, labels, titles, metadata),
-    without reading any document: it changes exactly when a refresh would have work to do."""
+    """A digest of everything a refresh would see in a source (paths, fingerprints, labels, titles, metadata,
+    holds), without reading any document: it changes exactly when a refresh would have work to do."""
     digest = hashlib.sha256()
     if not source.root.is_dir():
         return "root-missing"
-    problems: list[ScanProblem] = []
-    for found in scan_source(source, problems):
+    report = ScanReport()
+    for found in scan_source(source, report):
         digest.update(json.dumps(
-            [found.rel_path, found.fingerprint, found.acl_labels, found.title, found.metadata],
+            [found.rel_path, found.fingerprint, found.acl_labels, found.title, found.metadata, found.held],
             sort_keys=True, default=str,
         ).encode())
         digest.update(b"\n")
-    for problem in problems:
+    for problem in report.problems:
         digest.update(f"problem:{problem.rel_path}:{problem.problem}\n".encode())
     return digest.hexdigest()
 
 
 def document_password(source: SourceConfig, rel_path: str) -> str | None:
     """The password a file's sidecar supplies for an encrypted PDF, read only when parsing needs it."""
-    path = safe_join(source.root, rel_path)
+    root = source.root.resolve()
+    path = safe_join(root, rel_path)
     sidecar = path.with_name(path.name + FILE_SIDECAR_SUFFIX)
-    if not sidecar.exists():
+    if not os.path.lexists(sidecar):
         return None
     try:
-        password = _read_sidecar(sidecar).get("password")
-    except ValueError:
+        password = read_sidecar(sidecar, root).get("password")
+    except SidecarError:
         return None
     return str(password) if password is not None else None

@@ -13,7 +13,9 @@ A document's life:
                    dead_letter        indexed / pending_index --> pending_index (labels changed, group lost
                                                                   its row) or pending_chunk (title or
                                                                   chunker changed)
-    any state --> pending_parse (the file changed) or held_no_labels (no ACL labels: default-deny)
+    any state --> pending_parse (the file changed) or held_* (default-deny: held_no_labels without ACL labels,
+                  held_bad_sidecar when a sidecar that applies cannot be read or validated, held_hard_link for a
+                  file with other names that may carry other labels); a held document has nothing in the index
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class DocumentStatus(StrEnum):
     INDEXED = "indexed"
     DEAD_LETTER = "dead_letter"
     HELD_NO_LABELS = "held_no_labels"
+    HELD_BAD_SIDECAR = "held_bad_sidecar"
+    HELD_HARD_LINK = "held_hard_link"
 
 
 class VersionStatus(StrEnum):
@@ -39,13 +43,17 @@ class VersionStatus(StrEnum):
 
 D, V = DocumentStatus, VersionStatus
 
+# Held back from the index, each for its reason (see above).
+DOCUMENT_HELD = (D.HELD_NO_LABELS, D.HELD_BAD_SIDECAR, D.HELD_HARD_LINK)
+_HELD = frozenset(DOCUMENT_HELD)
+
 DOCUMENT_TRANSITIONS: dict[DocumentStatus, frozenset[DocumentStatus]] = {
-    D.PENDING_PARSE: frozenset({D.PENDING_CHUNK, D.INDEXED, D.DEAD_LETTER, D.HELD_NO_LABELS}),
-    D.PENDING_CHUNK: frozenset({D.PENDING_INDEX, D.PENDING_PARSE, D.HELD_NO_LABELS}),
-    D.PENDING_INDEX: frozenset({D.INDEXED, D.PENDING_CHUNK, D.PENDING_PARSE, D.HELD_NO_LABELS}),
-    D.INDEXED: frozenset({D.PENDING_INDEX, D.PENDING_CHUNK, D.PENDING_PARSE, D.HELD_NO_LABELS}),
-    D.DEAD_LETTER: frozenset({D.PENDING_PARSE, D.HELD_NO_LABELS}),
-    D.HELD_NO_LABELS: frozenset({D.PENDING_PARSE}),
+    D.PENDING_PARSE: frozenset({D.PENDING_CHUNK, D.INDEXED, D.DEAD_LETTER}) | _HELD,
+    D.PENDING_CHUNK: frozenset({D.PENDING_INDEX, D.PENDING_PARSE}) | _HELD,
+    D.PENDING_INDEX: frozenset({D.INDEXED, D.PENDING_CHUNK, D.PENDING_PARSE}) | _HELD,
+    D.INDEXED: frozenset({D.PENDING_INDEX, D.PENDING_CHUNK, D.PENDING_PARSE}) | _HELD,
+    D.DEAD_LETTER: frozenset({D.PENDING_PARSE}) | _HELD,
+    **{held: frozenset({D.PENDING_PARSE}) | (_HELD - {held}) for held in DOCUMENT_HELD},
 }
 
 VERSION_TRANSITIONS: dict[VersionStatus, frozenset[VersionStatus]] = {

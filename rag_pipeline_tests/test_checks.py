@@ -36,7 +36,8 @@ def test_every_check_passes_on_a_clean_ingest(clone):
     for name, outcome in outcomes.items():
         assert outcome.passed, (name, outcome.summary)
     # The held document is listed, and the dead letter counted, without failing anything.
-    assert outcomes["acl_coverage"].tables["held_no_labels"].rows == [("sample", "drafts/unreviewed-notes.md")]
+    assert outcomes["acl_coverage"].tables["held_documents"].rows == [
+        ("sample", "drafts/unreviewed-notes.md", "held_no_labels", "no ACL labels")]
     assert outcomes["parse_health"].tables["dead_letters_by_reason"].rows == [("truncated", 1)]
     assert outcomes["retrieval_quality"].numbers["questions"] == 48
 

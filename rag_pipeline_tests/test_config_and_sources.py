@@ -8,7 +8,7 @@ import pytest
 
 from rag_pipeline import ids
 from rag_pipeline.config import ConfigError, SourceConfig, load_settings, parse_duration, parse_labels
-from rag_pipeline.sources import UnsafePathError, safe_join, scan_source
+from rag_pipeline.sources import ScanReport, UnsafePathError, safe_join, scan_source
 
 
 def test_durations_and_labels():
@@ -104,10 +104,10 @@ def test_symlink_escape_is_refused(tmp_path):
     (root / "ok.md").write_text("fine")
     (root / "link.md").symlink_to(outside / "leak.md")
     (root / "dirlink").symlink_to(outside, target_is_directory=True)
-    problems = []
-    found = [f.rel_path for f in scan_source(SourceConfig(name="docs", root=root, acl_labels=("s",)), problems)]
+    report = ScanReport()
+    found = [f.rel_path for f in scan_source(SourceConfig(name="docs", root=root, acl_labels=("s",)), report)]
     assert found == ["ok.md"]
-    assert [p.rel_path for p in problems] == ["link.md"]
+    assert [p.rel_path for p in report.problems] == ["link.md"]
     with pytest.raises(UnsafePathError):
         safe_join(root, "../outside/leak.md")
     with pytest.raises(UnsafePathError):

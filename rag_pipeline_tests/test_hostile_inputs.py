@@ -1,5 +1,5 @@
 """Hostile inputs at the source: awkward file names, symlinks out of the source, malformed sidecars, a 0-byte
-and a 200 MB file. Each gets a clear outcome and none affects the other documents."""
+and a 200 MB file (more in test_fail_closed.py). Each gets a clear outcome and none affects the other documents."""
 
 import json
 import os
@@ -45,7 +45,10 @@ def test_hostile_inputs_each_get_a_clear_outcome(make_settings, corpus, tmp_path
 
     problems = {p["path"]: p["problem"] for p in summary["problems"]}
     assert "outside the source root" in problems["hostile/escape.md"]
-    assert "hostile/bad-sidecar.md" in problems and "json" in problems["hostile/bad-sidecar.md"].lower()
+    # A sidecar that cannot be read holds its file back (never indexed with the wider default labels).
+    status, reason = db.execute("SELECT status, held_reason FROM documents WHERE rel_path = 'hostile/bad-sidecar.md'"
+                                ).fetchone()
+    assert status == "held_bad_sidecar" and "json" in reason.lower()
     assert not any("outside-secret" in path or "vault" in path for path in problems)
     dead = {d["rel_path"]: d["reason"] for d in pages.dead_letter_summary(db)}
     assert dead["hostile/empty.pdf"] == "empty" and dead["hostile/huge.txt"] == "too_large"

@@ -82,7 +82,7 @@ def test_first_ingest_then_noop(ingest, db):
     first = ingest()
     assert first["documents_seen"] == 7
     assert first["new"] == 7
-    assert first["held_no_labels"] == 1  # drafts/unreviewed-notes.md: its sidecar gives it no labels
+    assert first["held"] == 1  # drafts/unreviewed-notes.md: its sidecar gives it no labels
     assert first["parsed"] == 5
     assert first["dead_lettered"] == 1 and first["dead_letter_reasons"] == {"truncated": 1}
     assert first["chunks_written"] > 5
@@ -168,7 +168,7 @@ def test_acl_changes_update_labels_without_reembedding(ingest, db, corpus):
 
     sidecar.write_text(json.dumps({"acl_labels": []}))  # nobody may read it now: held back, rows gone
     summary = ingest()
-    assert summary["held_no_labels"] == 1
+    assert summary["held"] == 1
     assert _index_rows(db, "handbook/travel-policy.md") == []
     assert _doc(db, "handbook/travel-policy.md")["status"] == "held_no_labels"
 

@@ -1,8 +1,11 @@
 """Ingestion assets: source_documents -> parsed_documents -> document_chunks -> search_index."""
 
+import contextlib
+from collections.abc import Iterator
+
 import dagster as dg
 
-from rag_pipeline.config import SourceConfig, parse_labels
+from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.stages.chunk import ChunkStats, chunk_pending
@@ -24,20 +27,40 @@ STAGE_STATS = {
 
 
 class DiscoverConfig(dg.Config):
-    """Leave empty to scan every configured and registered source."""
+    """Which configured sources to scan (all when empty), and which may delete beyond their guard."""
 
-    sources: list[str] = []  # NAME=PATH, as given to `rag-pipeline ingest --source`
-    labels: list[str] = []  # default ACL labels for the sources given above
+    sources: list[str] = []  # names of configured sources; a run cannot name a folder or labels of its own
+    confirm_deletions: list[str] = []  # sources whose held deletions (an emptied root, a mass deletion) are meant
+
+
+# Sources given on the command line (`rag-pipeline ingest --source NAME=PATH`), set only around the CLI's own
+# in-process run (rag_pipeline.runs). A run launched from the UI runs in another process and scans configured
+# sources only: the UI can neither point ingestion at a folder nor give it labels.
+_command_line_sources: list[SourceConfig] = []
+
+
+@contextlib.contextmanager
+def command_line_sources(sources: list[SourceConfig]) -> Iterator[None]:
+    _command_line_sources[:] = sources
+    try:
+        yield
+    finally:
+        _command_line_sources.clear()
 
 
 def sources_to_scan(rag: RagResource, config: DiscoverConfig) -> list[SourceConfig]:
-    if config.sources:
-        labels = parse_labels(config.labels)
-        return [SourceConfig.from_cli(spec, labels) for spec in config.sources]
+    if _command_line_sources:
+        return list(_command_line_sources)
     configured = {s.name: s for s in rag.settings().sources}
     with connect(rag.database_url()) as conn:
-        registered = {s.name: s for s in documents.registered_sources(conn)}
-    return list({**registered, **configured}.values())
+        # Sources an earlier command line registered keep being refreshed, with what it gave them.
+        registered = {s.name: s for s in documents.registered_sources(conn) if s.name not in configured}
+    known = {**registered, **configured}
+    unknown = sorted(set(config.sources) - known.keys())
+    if unknown:
+        raise dg.Failure(f"sources not configured: {', '.join(unknown)}; a run scans configured sources only "
+                         f"(known: {', '.join(sorted(known)) or 'none'})")
+    return [known[name] for name in config.sources] if config.sources else list(known.values())
 
 
 @dg.asset(group_name=GROUP, description="Every file in every source, reconciled with the documents table.")
@@ -47,7 +70,8 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
     if not sources:
         raise dg.Failure("no sources: add them to rag_pipeline.yaml or pass --source NAME=PATH")
     stats = discover(
-        db_url, sources, progress=context.log.info, lock_timeout_seconds=rag.settings().lock_timeout_seconds
+        db_url, sources, progress=context.log.info, lock_timeout_seconds=rag.settings().lock_timeout_seconds,
+        confirm_deletions=config.confirm_deletions,
     )
     return dg.MaterializeResult(
         metadata={
@@ -57,10 +81,11 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
             "unchanged": stats.unchanged,
             "deleted": stats.deleted,
             "relabelled_without_reembedding": stats.relabelled,
-            "held_no_acl_labels": stats.held_no_labels,
+            "newly_held": stats.held,
+            "deletions_held": stats.deletions_held,
             "seconds": round(stats.seconds, 3),
             "per_source": markdown_table(
-                ("source", "seen", "new", "changed", "deleted", "relabelled", "held"),
+                ("source", "seen", "new", "changed", "deleted", "relabelled", "held", "deletions held"),
                 [(name, *counts.values()) for name, counts in stats.per_source.items()],
             ),
             "problems": markdown_table(

@@ -3,12 +3,12 @@ deleted), one transaction per source, without reading any document's bytes."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.sources import ScanProblem, scan_source
+from rag_pipeline.sources import ScanReport, scan_source
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
 from rag_pipeline.store import documents
 from rag_pipeline.store.database import connect
@@ -23,26 +23,31 @@ class DiscoverStats(StageStats):
     unchanged: int = 0
     relabelled: int = 0
     deleted: int = 0
-    held_no_labels: int = 0
+    held: int = 0  # newly held back: no labels, a bad sidecar, hard links
+    deletions_held: int = 0  # deletions a guarded scan refused (see store.documents.DeletionGuard)
     problems: list[dict[str, str]] = field(default_factory=list)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
-    SUMMARY = ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held_no_labels",
+    SUMMARY = ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held", "deletions_held",
                "problems")
 
 
 def discover(
-    db_url: str, sources: Sequence[SourceConfig], progress: Progress = log_progress, lock_timeout_seconds: float = 3600
+    db_url: str, sources: Sequence[SourceConfig], progress: Progress = log_progress, lock_timeout_seconds: float = 3600,
+    confirm_deletions: Collection[str] = (),
 ) -> DiscoverStats:
+    """Scan and reconcile each source. A scan that would empty a source or delete more than its
+    max_deletion_share deletes nothing unless the source is named in `confirm_deletions`."""
     stats = DiscoverStats(sources=len(sources))
     with locked_stage(db_url, "discover", stats, timeout_seconds=lock_timeout_seconds, progress=progress):
         for source in sources:
-            _discover_source(db_url, source, stats, progress)
+            _discover_source(db_url, source, stats, progress, source.name in confirm_deletions)
     return stats
 
 
-def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, progress: Progress) -> None:
+def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, progress: Progress,
+                     confirmed: bool) -> None:
     scan_started = datetime.now(UTC)
-    problems: list[ScanProblem] = []
+    report = ScanReport()
     if not source.root.is_dir():
         # A missing (unmounted, mistyped) root must never read as "every document was deleted".
         stats.problems.append({"source": source.name, "path": str(source.root),
@@ -52,7 +57,8 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     with connect(db_url) as conn, conn.transaction():
         documents.upsert_source(conn, source)
         # One transaction per source: a scan interrupted half-way changes nothing.
-        counts = documents.reconcile_source(conn, source.name, scan_source(source, problems))
+        guard = documents.DeletionGuard(source.max_deletion_share, confirmed)
+        counts = documents.reconcile_source(conn, source.name, scan_source(source, report), report, guard)
         documents.record_scan(conn, source.name, scan_started, counts)
     stats.documents_seen += counts.seen
     stats.new += counts.new
@@ -60,15 +66,23 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     stats.unchanged += counts.unchanged
     stats.relabelled += counts.relabelled
     stats.deleted += counts.deleted
-    stats.held_no_labels += counts.held
-    stats.problems += [{"source": source.name, "path": p.rel_path, "problem": p.problem} for p in problems]
+    stats.held += counts.held
+    stats.deletions_held += counts.deletions_held
+    stats.problems += [{"source": source.name, "path": p.rel_path, "problem": p.problem} for p in report.problems]
+    if counts.deletions_held_reason:
+        stats.problems.append({"source": source.name, "path": ".", "problem": (
+            f"{counts.deletions_held} deletions held: {counts.deletions_held_reason}; nothing was deleted. If they "
+            f"are meant, run `rag-pipeline ingest --confirm-deletions {source.name}`")})
     stats.per_source[source.name] = {
         "seen": counts.seen, "new": counts.new, "changed": counts.changed, "deleted": counts.deleted,
-        "relabelled": counts.relabelled, "held": counts.held,
+        "relabelled": counts.relabelled, "held": counts.held, "deletions_held": counts.deletions_held,
     }
     progress(
         f"source {source.name}: {counts.seen} files, {counts.new} new, {counts.changed} changed, "
-        f"{counts.deleted} deleted, {counts.relabelled} relabelled, {counts.held} held (no ACL labels)"
+        f"{counts.deleted} deleted, {counts.relabelled} relabelled, {counts.held} newly held back"
+        + (f", {counts.deletions_held} deletions held ({counts.deletions_held_reason})" if counts.deletions_held
+           else "")
     )
-    for problem in problems:
-        progress(f"source {source.name}: skipped {problem.rel_path}: {problem.problem}")
+    for problem in report.problems:
+        progress(f"source {source.name}: {problem.rel_path}: {problem.problem}")
+

@@ -13,8 +13,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.sources import DiscoveredFile
-from rag_pipeline.status import DOCUMENT_LIVE_IN_INDEX, DocumentStatus
+from rag_pipeline.sources import DiscoveredFile, ScanReport
+from rag_pipeline.status import DOCUMENT_HELD, DOCUMENT_LIVE_IN_INDEX, DocumentStatus
 from rag_pipeline.store import groups, versions
 
 D = DocumentStatus
@@ -49,36 +49,64 @@ class ReconcileCounts:
     seen: int = 0
     new: int = 0
     changed: int = 0
-    released: int = 0  # held for missing labels before, labelled now
+    released: int = 0  # held before, admissible now
     retitled: int = 0
     relabelled: int = 0  # ACL-only change: labels updated in place, nothing re-embedded
-    held: int = 0  # newly held back because they have no ACL labels
+    held: int = 0  # newly held back (no labels, a bad sidecar, hard links)
     deleted: int = 0
+    deletions_held: int = 0  # what a guarded scan would have deleted, and did not
+    deletions_held_reason: str | None = None
 
     @property
     def unchanged(self) -> int:
         return self.seen - self.new - self.changed - self.released - self.retitled
 
 
+@dataclass(frozen=True)
+class DeletionGuard:
+    """When a scan may not delete on its own: a source found empty (an unmounted mount point reads as an empty
+    folder), or more than `max_share` of its documents gone. `confirmed` lets one scan through."""
+
+    max_share: float = 0.5
+    confirmed: bool = False
+
+
+# Documents of the source its scan did not find, except those under paths the scan could not read.
+_GONE = """d.source = %(source)s AND NOT EXISTS (SELECT 1 FROM scan_files s WHERE s.doc_id = d.doc_id)
+           AND NOT EXISTS (SELECT 1 FROM unnest(%(unreadable)s::text[]) u
+                           WHERE u = '.' OR d.rel_path = u OR starts_with(d.rel_path, u || '/'))"""
+
+
+def _hold_of(f: DiscoveredFile) -> tuple[str | None, str | None]:
+    if f.held:
+        return f.held[0].value, f.held[1]
+    if not f.acl_labels:
+        return D.HELD_NO_LABELS.value, "no ACL labels"
+    return None, None
+
+
 def reconcile_source(
-    conn: psycopg.Connection, source: str, files: Iterable[DiscoveredFile]
+    conn: psycopg.Connection, source: str, files: Iterable[DiscoveredFile], report: ScanReport | None = None,
+    guard: DeletionGuard = DeletionGuard(),
 ) -> ReconcileCounts:
     """Compare one scan of a source with the documents table, in SQL so it scales with the corpus.
 
     The scan is streamed into a temporary table with COPY; set operations then find new, changed,
-    relabelled and deleted documents. Deleted documents lose their row (cascading to pages, chunks and
-    every index version) and are written to the deletion log.
+    relabelled, held and deleted documents. Deleted documents lose their row (cascading to pages, chunks and
+    every index version) and are written to the deletion log; newly held ones lose everything derived from
+    them. Documents under paths the scan could not read (`report.unreadable`, complete once `files` is consumed)
+    are kept as they were; a scan the guard stops deletes nothing.
     """
     counts = ReconcileCounts()
     conn.execute(
         """CREATE TEMP TABLE scan_files (
                doc_id text PRIMARY KEY, rel_path text NOT NULL, fingerprint text NOT NULL,
                size_bytes bigint NOT NULL, modified_at timestamptz NOT NULL, acl_labels text[] NOT NULL,
-               title text, metadata jsonb NOT NULL) ON COMMIT DROP"""
+               title text, metadata jsonb NOT NULL, hold_status text, hold_reason text) ON COMMIT DROP"""
     )
     with conn.cursor().copy(
-        "COPY scan_files (doc_id, rel_path, fingerprint, size_bytes, modified_at, acl_labels, title, metadata)"
-        " FROM STDIN"
+        "COPY scan_files (doc_id, rel_path, fingerprint, size_bytes, modified_at, acl_labels, title, metadata,"
+        " hold_status, hold_reason) FROM STDIN"
     ) as copy:
         for f in files:
             counts.seen += 1
@@ -86,63 +114,78 @@ def reconcile_source(
                 (
                     f.doc_id, f.rel_path, f.fingerprint, f.size_bytes,
                     datetime.fromtimestamp(f.mtime_ns / 1e9, tz=UTC),
-                    list(f.acl_labels), f.title, Jsonb(f.metadata),
+                    list(f.acl_labels), f.title, Jsonb(f.metadata), *_hold_of(f),
                 )
             )
     conn.execute("ANALYZE scan_files")
-
-    # Groups that lose occurrences with the deleted documents must be repaired after the deletion.
-    touched_groups = [r[0] for r in conn.execute(
-        """SELECT DISTINCT c.group_id FROM chunks c JOIN documents d USING (doc_id)
-           WHERE d.source = %s AND c.group_id IS NOT NULL
-             AND NOT EXISTS (SELECT 1 FROM scan_files s WHERE s.doc_id = d.doc_id)""",
-        (source,),
-    ).fetchall()]
-    deleted = conn.execute(
-        """WITH gone AS (
-               DELETE FROM documents d WHERE d.source = %s
-                 AND NOT EXISTS (SELECT 1 FROM scan_files s WHERE s.doc_id = d.doc_id)
-               RETURNING d.doc_id, d.source, d.rel_path)
-           INSERT INTO deletion_log (doc_id, source, rel_path) SELECT doc_id, source, rel_path FROM gone
-           RETURNING doc_id""",
-        (source,),
-    ).fetchall()
-    counts.deleted = len(deleted)
-    repair_groups(conn, touched_groups)
+    unreadable = list(report.unreadable) if report else []  # read after the scan has run, not before
+    params = {"source": source, "unreadable": unreadable, "held": list(DOCUMENT_HELD), **_STATUS}
+    gone = sql.SQL(_GONE)
+    missing, total = conn.execute(
+        sql.SQL("SELECT count(*) FILTER (WHERE {gone}), count(*) FILTER (WHERE d.source = %(source)s)"
+                " FROM documents d").format(gone=gone),
+        params,
+    ).fetchone()
+    if missing and not guard.confirmed:
+        if counts.seen == 0:
+            counts.deletions_held_reason = (f"the root holds no files but {total} documents are indexed from it "
+                                            "(an unmounted or emptied folder?)")
+        elif missing > 1 and missing > guard.max_share * total:
+            counts.deletions_held_reason = (f"would delete {missing} of {total} documents, more than "
+                                            f"max_deletion_share {guard.max_share:g}")
+    if counts.deletions_held_reason:
+        counts.deletions_held = missing
+    elif missing:
+        # Groups that lose occurrences with the deleted documents must be repaired after the deletion.
+        touched_groups = [r[0] for r in conn.execute(
+            sql.SQL("""SELECT DISTINCT c.group_id FROM chunks c JOIN documents d USING (doc_id)
+                       WHERE {gone} AND c.group_id IS NOT NULL""").format(gone=gone), params,
+        ).fetchall()]
+        deleted = conn.execute(
+            sql.SQL("""WITH gone AS (
+                           DELETE FROM documents d WHERE {gone}
+                           RETURNING d.doc_id, d.source, d.rel_path)
+                       INSERT INTO deletion_log (doc_id, source, rel_path)
+                       SELECT doc_id, source, rel_path FROM gone
+                       RETURNING doc_id""").format(gone=gone),
+            params,
+        ).fetchall()
+        counts.deleted = len(deleted)
+        repair_groups(conn, touched_groups)
 
     inserted = conn.execute(
         """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
-                                  acl_labels, title, metadata, status)
+                                  acl_labels, title, metadata, status, held_reason)
            SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
-                  s.title, s.metadata,
-                  CASE WHEN cardinality(s.acl_labels) = 0 THEN %(held_no_labels)s ELSE %(pending_parse)s END
+                  s.title, s.metadata, coalesce(s.hold_status, %(pending_parse)s), s.hold_reason
            FROM scan_files s
            WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id)
            RETURNING status""",
-        {"source": source, **_STATUS},
+        params,
     ).fetchall()
     counts.new = len(inserted)
-    counts.held = sum(1 for (status,) in inserted if status == D.HELD_NO_LABELS)
+    counts.held = sum(1 for (status,) in inserted if status in DOCUMENT_HELD)
 
-    # Classify every existing document whose file or metadata differs from what is stored.
+    # Classify every existing document whose file, metadata or hold differs from what is stored.
     conn.execute(
         """CREATE TEMP TABLE scan_changes ON COMMIT DROP AS
            SELECT s.*, d.status AS old_status, d.acl_labels AS old_labels,
-                  CASE WHEN cardinality(s.acl_labels) = 0 THEN 'hold'
+                  CASE WHEN s.hold_status IS NOT NULL THEN 'hold'
                        WHEN d.fingerprint <> s.fingerprint THEN 'changed'
-                       WHEN d.status = %(held_no_labels)s THEN 'released'
+                       WHEN d.status = ANY(%(held)s) THEN 'released'
                        WHEN d.title IS DISTINCT FROM s.title THEN 'retitled'
                        WHEN d.acl_labels <> s.acl_labels THEN 'relabelled'
                        ELSE 'metadata' END AS change
            FROM scan_files s JOIN documents d USING (doc_id)
            WHERE d.fingerprint <> s.fingerprint OR d.acl_labels <> s.acl_labels
               OR d.title IS DISTINCT FROM s.title OR d.metadata <> s.metadata
-              OR (d.status = %(held_no_labels)s AND cardinality(s.acl_labels) > 0)""",
-        _STATUS,
+              OR s.hold_status IS DISTINCT FROM (CASE WHEN d.status = ANY(%(held)s) THEN d.status END)
+              OR d.held_reason IS DISTINCT FROM s.hold_reason""",
+        params,
     )
-    # A document that loses its last label is held back, and everything derived from it goes.
+    # A document that is held back now loses everything derived from it, in this transaction.
     holds = [r[0] for r in conn.execute(
-        "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND old_status <> %s", (D.HELD_NO_LABELS,)
+        "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND NOT old_status = ANY(%s)", (list(DOCUMENT_HELD),)
     ).fetchall()]
     counts.held += len(holds)
     if holds:
@@ -151,8 +194,9 @@ def reconcile_source(
         """UPDATE documents d SET
                fingerprint = c.fingerprint, size_bytes = c.size_bytes, modified_at = c.modified_at,
                acl_labels = c.acl_labels, title = c.title, metadata = c.metadata, last_seen = now(),
+               held_reason = c.hold_reason,
                status = CASE c.change
-                   WHEN 'hold' THEN %(held_no_labels)s
+                   WHEN 'hold' THEN c.hold_status
                    WHEN 'changed' THEN %(pending_parse)s
                    WHEN 'released' THEN %(pending_parse)s
                    WHEN 'retitled' THEN CASE WHEN d.status IN (%(indexed)s, %(pending_index)s)
@@ -161,7 +205,7 @@ def reconcile_source(
                changed_at = CASE WHEN c.change IN ('changed', 'released', 'retitled')
                                  THEN now() ELSE d.changed_at END
            FROM scan_changes c WHERE d.doc_id = c.doc_id""",
-        _STATUS,
+        params,
     )
     for change, number in conn.execute("SELECT change, count(*) FROM scan_changes GROUP BY change").fetchall():
         if change in ("changed", "released", "retitled", "relabelled"):
@@ -223,9 +267,11 @@ def relabel_index_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None
 
 def record_scan(conn: psycopg.Connection, source: str, started_at: datetime, counts: ReconcileCounts) -> None:
     conn.execute(
-        """INSERT INTO source_scans (source, started_at, finished_at, files_seen, new_docs, changed, deleted)
-           VALUES (%s, %s, now(), %s, %s, %s, %s)""",
-        (source, started_at, counts.seen, counts.new, counts.changed, counts.deleted),
+        """INSERT INTO source_scans (source, started_at, finished_at, files_seen, new_docs, changed, deleted,
+                                     deletions_held, held_reason)
+           VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s)""",
+        (source, started_at, counts.seen, counts.new, counts.changed, counts.deleted, counts.deletions_held,
+         counts.deletions_held_reason),
     )
     conn.execute(
         "UPDATE sources SET last_scan_started_at = %s, last_scan_completed_at = now() WHERE name = %s",
@@ -357,7 +403,10 @@ def status_counts(conn: psycopg.Connection) -> dict[str, int]:
     return dict(conn.execute("SELECT status, count(*) FROM documents GROUP BY status").fetchall())
 
 
-def held_documents(conn: psycopg.Connection) -> list[tuple[str, str]]:
+def held_documents(conn: psycopg.Connection) -> list[tuple[str, str, str, str | None]]:
+    """(source, path, status, reason) of every document held back from the index."""
     return conn.execute(
-        "SELECT source, rel_path FROM documents WHERE status = %s ORDER BY source, rel_path", (D.HELD_NO_LABELS,)
+        """SELECT source, rel_path, status, held_reason FROM documents WHERE status = ANY(%s)
+           ORDER BY source, rel_path""",
+        (list(DOCUMENT_HELD),),
     ).fetchall()

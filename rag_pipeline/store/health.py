@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from rag_pipeline.status import DOCUMENT_QUEUED, DocumentStatus
+from rag_pipeline.status import DOCUMENT_HELD, DOCUMENT_QUEUED, DocumentStatus
 from rag_pipeline.store.versions import ACTIVE_ALIAS, IndexVersion, index_versions
 
 D = DocumentStatus
@@ -31,17 +31,19 @@ def table_exists(conn: psycopg.Connection, table_name: str) -> bool:
 # --- staleness -------------------------------------------------------------------------------------
 
 
-def source_freshness(conn: psycopg.Connection, now: datetime) -> list[tuple[str, int, Any, Any, int]]:
+def source_freshness(conn: psycopg.Connection, now: datetime) -> list[tuple[str, int, Any, Any, int, int, Any]]:
     """Per registered source: SLA, seconds since the last completed scan, age of the oldest queued change,
-    and how many changes are queued."""
+    how many changes are queued, and the deletions its latest scan held back (with why)."""
     return conn.execute(
         """SELECT s.name, s.freshness_sla_seconds,
                   extract(epoch FROM %(now)s - s.last_scan_completed_at),
                   extract(epoch FROM %(now)s - min(d.changed_at)),
-                  count(d.doc_id)
+                  count(d.doc_id), coalesce(latest.deletions_held, 0), latest.held_reason
            FROM sources s
            LEFT JOIN documents d ON d.source = s.name AND d.status = ANY(%(queued)s)
-           GROUP BY s.name ORDER BY s.name""",
+           LEFT JOIN LATERAL (SELECT deletions_held, held_reason FROM source_scans
+                              WHERE source = s.name ORDER BY id DESC LIMIT 1) latest ON true
+           GROUP BY s.name, latest.deletions_held, latest.held_reason ORDER BY s.name""",
         {"now": now, "queued": list(DOCUMENT_QUEUED)},
     ).fetchall()
 
@@ -95,10 +97,10 @@ def label_counts(conn: psycopg.Connection, version: IndexVersion) -> LabelCounts
         sql.SQL(
             """SELECT count(*) FILTER (WHERE cardinality(t.acl_labels) = 0),
                       count(*) FILTER (WHERE d.acl_labels IS DISTINCT FROM t.acl_labels),
-                      count(*) FILTER (WHERE d.status = %s)
+                      count(*) FILTER (WHERE d.status = ANY(%s))
                FROM {} t LEFT JOIN documents d USING (doc_id)"""
         ).format(sql.Identifier(version.table_name)),
-        (D.HELD_NO_LABELS,),
+        (list(DOCUMENT_HELD),),
     ).fetchone()
     guarded = conn.execute(
         """SELECT count(*) > 0 FROM pg_constraint
@@ -111,7 +113,8 @@ def label_counts(conn: psycopg.Connection, version: IndexVersion) -> LabelCounts
 
 def unlabelled_documents_queued(conn: psycopg.Connection) -> int:
     return conn.execute(
-        "SELECT count(*) FROM documents WHERE cardinality(acl_labels) = 0 AND status <> %s", (D.HELD_NO_LABELS,)
+        "SELECT count(*) FROM documents WHERE cardinality(acl_labels) = 0 AND NOT status = ANY(%s)",
+        (list(DOCUMENT_HELD),)
     ).fetchone()[0]
 
 
@@ -198,7 +201,8 @@ def parse_counts(conn: psycopg.Connection, near_empty_chars: int) -> ParseCounts
     dead = conn.execute(
         "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY count(*) DESC, reason"
     ).fetchall()
-    live = conn.execute("SELECT count(*) FROM documents WHERE status <> %s", (D.HELD_NO_LABELS,)).fetchone()[0]
+    live = conn.execute("SELECT count(*) FROM documents WHERE NOT status = ANY(%s)", (list(DOCUMENT_HELD),)
+                        ).fetchone()[0]
     flagged = conn.execute(
         """SELECT d.source, d.rel_path, c.ordinal, array_to_string(c.flags, ', ')
            FROM chunks c JOIN documents d USING (doc_id) WHERE cardinality(c.flags) > 0

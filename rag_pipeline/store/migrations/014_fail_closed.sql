@@ -1,0 +1,28 @@
+-- Fail closed at the source (issue "fail closed"): two more reasons to hold a document back, and deletions a
+-- scan refused to carry out.
+--
+-- held_bad_sidecar: a sidecar that applies to the file (its own, or a folder's above it) cannot be read or
+-- validated; held_hard_link: the file has other names, which may carry other labels. Like held_no_labels, a held
+-- document has nothing in the index; documents.held_reason says why.
+ALTER TABLE documents DROP CONSTRAINT documents_status_check;
+ALTER TABLE documents ADD CONSTRAINT documents_status_check CHECK (status IN (
+    'pending_parse', 'pending_chunk', 'pending_index', 'indexed', 'dead_letter',
+    'held_no_labels', 'held_bad_sidecar', 'held_hard_link'));
+ALTER TABLE documents ADD COLUMN held_reason text;
+
+INSERT INTO document_status_transitions (from_status, to_status)
+SELECT f.status, t.status
+FROM (VALUES ('pending_parse'), ('pending_chunk'), ('pending_index'), ('indexed'), ('dead_letter'),
+             ('held_no_labels'), ('held_bad_sidecar'), ('held_hard_link')) AS f (status),
+     (VALUES ('held_no_labels'), ('held_bad_sidecar'), ('held_hard_link')) AS t (status)
+WHERE f.status <> t.status
+ON CONFLICT DO NOTHING;
+INSERT INTO document_status_transitions (from_status, to_status)
+VALUES ('held_bad_sidecar', 'pending_parse'), ('held_hard_link', 'pending_parse')
+ON CONFLICT DO NOTHING;
+
+-- A scan that would empty a source (an unmounted root) or delete more than its max_deletion_share deletes
+-- nothing: it records what it held back and why, and staleness fails for the source until the deletions are
+-- confirmed (rag-pipeline ingest --confirm-deletions SOURCE).
+ALTER TABLE source_scans ADD COLUMN deletions_held integer NOT NULL DEFAULT 0;
+ALTER TABLE source_scans ADD COLUMN held_reason text;

@@ -1,0 +1,223 @@
+"""Fail closed: no input, mistake or fault at a source may widen access, freeze discovery or erase a source by
+accident. Each case is what an attacker or a careless operator did to the release before (c3cb196), on the real
+database: there, a broken sidecar let the HR subtree fall back to the public labels, one bad entry stopped the
+scan, a link inside the root took the link's labels, and an empty root deleted every document of its source."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+
+from rag_pipeline import health
+from rag_pipeline.config import ChecksConfig, SourceConfig
+from rag_pipeline.retrieval import search
+from rag_pipeline.runs import run_ingest
+from rag_pipeline.stages.discover import discover
+from rag_pipeline.store import documents
+
+SALARY = "# Executive salaries\n\nThe executive salary of the chief financial officer is 410,000 euros a year.\n"
+PUBLIC = "# Canteen\n\nThe canteen serves lunch from noon; the executive floor has its own coffee machine.\n"
+
+
+def _corpus(root: Path) -> Path:
+    (root / "public").mkdir(parents=True)
+    (root / "hr").mkdir()
+    (root / "public" / "canteen.md").write_text(PUBLIC)
+    (root / "hr" / "salaries.md").write_text(SALARY)
+    (root / "hr" / "_meta.json").write_text(json.dumps({"acl_labels": ["hr"]}))
+    return root
+
+
+def _ingest(settings) -> dict:
+    with DagsterInstance.ephemeral() as instance:
+        summary = run_ingest(settings, instance=instance)
+    assert summary["success"], summary.get("errors")
+    return summary
+
+
+def _paths(db, query: str, labels: str) -> set[str]:
+    return {hit.path for hit in search(db, query, labels, k=10, mode="hybrid")}
+
+
+def _status(db, rel_path: str) -> tuple[str, str | None]:
+    return db.execute("SELECT status, held_reason FROM documents WHERE rel_path = %s", (rel_path,)).fetchone()
+
+
+BROKEN_SIDECARS = {
+    "trailing comma": lambda hr: (hr / "_meta.json").write_text('{"acl_labels": ["hr"],}'),
+    "labels not strings": lambda hr: (hr / "_meta.json").write_text('{"acl_labels": [1]}'),
+    "labels a number": lambda hr: (hr / "_meta.json").write_text('{"acl_labels": 5}'),
+    "NUL in a string": lambda hr: (hr / "_meta.json").write_text('{"acl_labels": ["hr"], "owner": "a\\u0000b"}'),
+    "dangling link": lambda hr: ((hr / "_meta.json").unlink(), (hr / "_meta.json").symlink_to(hr / "nowhere.json")),
+    "a FIFO": lambda hr: ((hr / "_meta.json").unlink(), os.mkfifo(hr / "_meta.json")),
+    "linked to /dev/zero": lambda hr: ((hr / "_meta.json").unlink(), (hr / "_meta.json").symlink_to("/dev/zero")),
+}
+
+
+def test_a_broken_folder_sidecar_holds_its_subtree_and_removes_what_was_indexed(make_settings, tmp_path, db):
+    root = _corpus(tmp_path / "docs")
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    _ingest(settings)
+    assert _paths(db, "executive salary", "hr") == {"hr/salaries.md"}
+    assert _paths(db, "executive salary", "staff") == {"public/canteen.md"}
+
+    for case, breaks in BROKEN_SIDECARS.items():
+        _corpus_reset(root)
+        breaks(root / "hr")
+        started = time.monotonic()
+        summary = _ingest(settings)
+        assert time.monotonic() - started < 120, case  # a FIFO or /dev/zero must not hang or fill memory
+        # Never widened: the staff caller still does not see it, and now nobody does: its rows are gone.
+        assert _paths(db, "executive salary", "staff") == {"public/canteen.md"}, case
+        assert _paths(db, "executive salary", "hr") == set(), case
+        status, reason = _status(db, "hr/salaries.md")
+        assert status == "held_bad_sidecar" and "_meta.json" in reason, (case, status, reason)
+        assert _status(db, "public/canteen.md")[0] == "indexed", case
+        coverage = health.acl_coverage(db)
+        assert coverage.passed and "held_bad_sidecar" in coverage.summary, case
+        assert ("docs", "hr/salaries.md", "held_bad_sidecar", reason) in coverage.tables["held_documents"].rows
+        assert summary["held"] == (1 if case == "trailing comma" else 0)  # newly held only the first time
+
+    _corpus_reset(root)  # repaired: released, and indexed with its own labels again
+    _ingest(settings)
+    assert _status(db, "hr/salaries.md") == ("indexed", None)
+    assert _paths(db, "executive salary", "hr") == {"hr/salaries.md"}
+
+
+def _corpus_reset(root: Path) -> None:
+    sidecar = root / "hr" / "_meta.json"
+    if sidecar.is_symlink() or sidecar.exists():
+        sidecar.unlink()
+    sidecar.write_text(json.dumps({"acl_labels": ["hr"]}))
+
+
+def test_a_sidecar_with_a_byte_order_mark_is_read(make_settings, tmp_path, db):
+    root = _corpus(tmp_path / "docs")
+    (root / "hr" / "_meta.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"acl_labels": ["hr"]}).encode())
+    _ingest(make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}]))
+    assert _paths(db, "executive salary", "staff") == {"public/canteen.md"}
+    assert _paths(db, "executive salary", "hr") == {"hr/salaries.md"}
+
+
+def test_a_broken_file_sidecar_holds_only_its_file(make_settings, tmp_path, db):
+    root = _corpus(tmp_path / "docs")
+    (root / "public" / "memo.md").write_text("# Memo\n\nThe executive salary review is in March.\n")
+    (root / "public" / "memo.md.meta.json").symlink_to(root / "missing.json")  # a dangling per-file sidecar
+    _ingest(make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}]))
+    assert _status(db, "public/memo.md")[0] == "held_bad_sidecar"
+    assert _status(db, "public/canteen.md")[0] == "indexed"
+    assert "public/memo.md" not in _paths(db, "executive salary review", "staff")
+
+
+def test_one_bad_entry_never_stops_discovery(db_url, tmp_path, db):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        root.mkdir()
+        for name in ("keep.md", "gone.md"):
+            (root / name).write_text(f"# {name}\n")
+    sources = [SourceConfig(name="first", root=first, acl_labels=("s",)),
+               SourceConfig(name="second", root=second, acl_labels=("s",))]
+    discover(db_url, sources)
+    for root in (first, second):
+        (root / "gone.md").unlink()
+    with open(os.fsencode(first) + b"/caf\xe9.md", "w") as handle:  # a name that is not UTF-8
+        handle.write("latin-1 name")
+    os.mkfifo(first / "pipe.md")
+    (first / "odd").mkdir()
+    (first / "odd" / "a.md").write_text("a")
+    (first / "odd" / "a.md.meta.json").write_text('{"acl_labels": ["x"], "note": "nul\\u0000"}')
+    started = time.monotonic()
+    stats = discover(db_url, sources)
+    assert time.monotonic() - started < 60
+    problems = {p["path"]: p["problem"] for p in stats.problems}
+    assert "caf\\xe9.md" in problems and "UTF-8" in problems["caf\\xe9.md"]
+    assert problems["pipe.md"] == "not a regular file"
+    rows = dict(db.execute("SELECT source || ':' || rel_path, status FROM documents").fetchall())
+    # Both sources were reconciled past the bad entries: deletions happened, the good files stay.
+    assert rows == {"first:keep.md": "pending_parse", "second:keep.md": "pending_parse",
+                    "first:odd/a.md": "held_bad_sidecar"}
+
+
+def test_links_inside_the_root_speak_with_their_targets_labels(make_settings, tmp_path, db):
+    root = _corpus(tmp_path / "docs")
+    (root / "public" / "x.md").symlink_to(Path("..") / "hr" / "salaries.md")
+    (root / "hr" / "bonus.md").write_text("# Bonus\n\nThe executive bonus pool is 2 million euros.\n")
+    os.link(root / "hr" / "bonus.md", root / "public" / "bonus.md")
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    _ingest(settings)
+    labels = dict(db.execute("SELECT rel_path, acl_labels FROM documents").fetchall())
+    assert labels["public/x.md"] == ["hr"]  # the target's location, not the link's
+    assert _status(db, "public/bonus.md")[0] == "held_hard_link"
+    assert _status(db, "hr/bonus.md")[0] == "held_hard_link"  # both names of the file are held
+    assert _paths(db, "executive salary bonus", "staff") == {"public/canteen.md"}
+    # The link and its target are near-duplicates with the same labels: one row answers for both.
+    assert _paths(db, "executive salary", "hr") & {"hr/salaries.md", "public/x.md"}
+    refusing = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"], "symlinks": "refuse",
+                               "allow_hard_links": True}])
+    summary = _ingest(refusing)
+    assert any(p["path"] == "public/x.md" and "refuses links" in p["problem"] for p in summary["problems"])
+    assert _status(db, "hr/bonus.md")[0] == "indexed" and _status(db, "public/bonus.md")[0] == "indexed"
+
+
+def test_an_empty_root_or_a_mass_deletion_deletes_nothing_until_confirmed(make_settings, tmp_path, db, db_url):
+    root = tmp_path / "docs"
+    root.mkdir()
+    for number in range(6):
+        (root / f"note{number}.md").write_text(f"# Note {number}\n\nzebra{number}\n")
+    source = SourceConfig(name="docs", root=root, acl_labels=("s",))
+    discover(db_url, [source])
+    mount = tmp_path / "mnt"
+    os.rename(root, mount)
+    root.mkdir()  # an unmounted mount point: the folder exists and is empty
+    stats = discover(db_url, [source])
+    assert stats.deleted == 0 and stats.deletions_held == 6
+    assert db.execute("SELECT count(*) FROM documents").fetchone()[0] == 6
+    staleness = health.staleness(db, [source])
+    assert not staleness.passed and "6 deletions held" in staleness.summary and "no files" in staleness.summary
+    root.rmdir()
+    os.rename(mount, root)
+    for number in range(4):  # four of six gone: more than the default max_deletion_share of 0.5
+        (root / f"note{number}.md").unlink()
+    stats = discover(db_url, [source])
+    assert stats.deleted == 0 and stats.deletions_held == 4
+    assert "--confirm-deletions docs" in stats.problems[-1]["problem"]
+    stats = discover(db_url, [source], confirm_deletions={"docs"})
+    assert stats.deleted == 4 and stats.deletions_held == 0
+    assert health.staleness(db, [source]).passed
+
+
+def test_a_folder_the_walk_cannot_read_keeps_its_documents(db_url, tmp_path, db, monkeypatch):
+    root = tmp_path / "docs"
+    (root / "locked").mkdir(parents=True)
+    (root / "open.md").write_text("o")
+    (root / "locked" / "inside.md").write_text("i")
+    source = SourceConfig(name="docs", root=root, acl_labels=("s",))
+    discover(db_url, [source])
+    real_scandir = os.scandir
+
+    def failing_scandir(path="."):
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", str(path))  # EACCES/EIO mid-walk
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", failing_scandir)
+    stats = discover(db_url, [source])
+    assert stats.deleted == 0
+    assert any(p["path"] == "locked" and "kept as they were" in p["problem"] for p in stats.problems)
+    assert {r[0] for r in db.execute("SELECT rel_path FROM documents")} == {"open.md", "locked/inside.md"}
+
+
+def test_retrieval_quality_fails_at_recall_zero_whatever_the_baseline(clone, tmp_path):
+    conn, settings = clone
+    golden = tmp_path / "golden.jsonl"
+    golden.write_text(json.dumps({"id": "q1", "question": "What is the airspeed of an unladen swallow?",
+                                  "answerable": True, "slice": "prose",
+                                  "gold": [{"doc": "no/such/document.md", "pages": [1]}]}) + "\n")
+    config = ChecksConfig(golden_set=str(golden), golden_labels=["staff"])
+    outcome = health.retrieval_quality(conn, config)  # the first evaluation is its own baseline: recall 0
+    assert not outcome.passed and "recall@" in outcome.summary and "is 0" in outcome.summary
+    assert documents.held_documents(conn) == [("sample", "drafts/unreviewed-notes.md", "held_no_labels",
+                                               "no ACL labels")]
