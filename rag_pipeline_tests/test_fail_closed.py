@@ -8,7 +8,6 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 from dagster import DagsterInstance
 
 from rag_pipeline import health
