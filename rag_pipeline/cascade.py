@@ -89,13 +89,22 @@ class VlmBudget:
             return True
 
 
-def render_page(path: Path, page_number: int, dpi: int, password: str | None) -> Any:
-    """One PDF page as a PIL image (pdfium renders it; nothing else of the file is kept)."""
+DEFAULT_MAX_RENDER_PIXELS = 40_000_000
+
+
+def render_page(path: Path, page_number: int, dpi: int, password: str | None,
+                max_pixels: int = DEFAULT_MAX_RENDER_PIXELS) -> Any:
+    """One PDF page as a PIL image (pdfium renders it; nothing else of the file is kept). The page's size comes
+    from the file: a page larger than `max_pixels` at `dpi` is rendered at the resolution that fits."""
     import pypdfium2 as pdfium
 
     document = pdfium.PdfDocument(str(path), password=password or None)
     try:
-        return document[page_number - 1].render(scale=dpi / 72).to_pil()
+        page = document[page_number - 1]
+        width, height = page.get_size()
+        # pdfium rounds each side up: keep a pixel of room on each.
+        scale = min(dpi / 72, (max_pixels ** 0.5 - 1) / max(1.0, width * height) ** 0.5)
+        return page.render(scale=scale).to_pil()
     finally:
         document.close()
 
@@ -142,7 +151,7 @@ def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str 
     in order. Upright pages cost one pass; turned ones two or three (each candidate turn is read)."""
     if config.ocr_engine == "none":
         raise TierUnavailable("OCR is switched off (parsing.ocr_engine: none)")
-    image = render_page(path, page_number, config.ocr_dpi, password)
+    image = render_page(path, page_number, config.ocr_dpi, password, config.max_render_pixels)
     first = _read(image)
     if first.upright and first.score >= UPRIGHT_SCORE or not first.lines:
         return "\n".join(first.lines)
@@ -167,12 +176,12 @@ def layout_page(path: Path, page_number: int, config: ParsingConfig, password: s
         raise TierUnavailable(reason)
     import pdfplumber
 
-    scale = config.layout_dpi / 72
-    image = render_page(path, page_number, config.layout_dpi, password)
+    image = render_page(path, page_number, config.layout_dpi, password, config.max_render_pixels)
     with pdfplumber.open(path, password=password or "") as pdf:
         page = render_aware(pdf.pages[page_number - 1])
         if page.rotation:
             raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
+        scale = image.width / max(1.0, float(page.width))  # pixels per point, as rendered
         page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
         words = page.extract_words() or _ocr_words(image, scale)
         return rtl.logical_text(layout.page_markdown(page, image, scale, words))
@@ -225,10 +234,11 @@ def docling_page(path: Path, page_number: int, config: ParsingConfig) -> str:
 
 
 class VlmPageParser:
-    def __init__(self, config: VlmConfig):
+    def __init__(self, config: VlmConfig, max_pixels: int = DEFAULT_MAX_RENDER_PIXELS):
         if not config.enabled:
             raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
         self.config = config
+        self.max_pixels = max_pixels
         self._client = ChatClient(
             config.endpoint or "", config.model or "", api_key_env=config.api_key_env,
             timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
@@ -238,7 +248,7 @@ class VlmPageParser:
         self._client.close()
 
     def page(self, path: Path, page_number: int, password: str | None) -> str:
-        image = render_page(path, page_number, self.config.dpi, password)
+        image = render_page(path, page_number, self.config.dpi, password, self.max_pixels)
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
@@ -255,7 +265,7 @@ class Cascade:
     def __init__(self, config: ParsingConfig):
         self.config = config
         self.budget = VlmBudget(config.vlm.page_budget)
-        self._vlm: VlmPageParser | None = VlmPageParser(config.vlm) if config.vlm.enabled else None
+        self._vlm: VlmPageParser | None = VlmPageParser(config.vlm, config.max_render_pixels) if config.vlm.enabled else None
         self.unavailable: dict[str, str] = {}  # tier -> why it could not run (reported once per run)
 
     def close(self) -> None:
@@ -328,9 +338,11 @@ class Cascade:
 
 def parse_document(path: Path, password: str | None, cascade: Cascade | None) -> list[ParsedPage]:
     """Parse a file with tier 1, then escalate its failing PDF pages through the cascade."""
-    from rag_pipeline.parsing import PDF_SUFFIXES, parse_file
+    from rag_pipeline.parsing import PDF_SUFFIXES, ParseLimits, parse_file
 
-    pages = list(parse_file(path, password))
+    config = cascade.config if cascade is not None else ParsingConfig()
+    limits = ParseLimits(config.max_pages, config.max_page_content_bytes, config.max_unpacked_bytes)
+    pages = list(parse_file(path, password, limits))
     if cascade is not None and path.suffix.lower() in PDF_SUFFIXES:
         pages = cascade.run(path, pages, password)
     return pages

@@ -256,6 +256,13 @@ class ParsingConfig(_Section):
     max_invisible_text_ratio: Fraction = 0.5
     docling_artifacts_path: str | None = Field(None, description="Docling's layout-model folder; its tier needs it")
     max_file_bytes: int = Field(128 * 1024 * 1024, ge=1, description="larger files are dead-lettered, never read")
+    # What a small file may unpack to: each is dead-lettered as too_large beyond its cap.
+    max_pages: int = Field(5000, ge=1, description="pages of one PDF")
+    max_page_content_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="a PDF page's decompressed "
+                                        "content streams (a stream bomb unpacks megabytes into gigabytes)")
+    max_unpacked_bytes: int = Field(512 * 1024 * 1024, ge=1024, description="an Office file's unzipped contents")
+    max_render_pixels: int = Field(40_000_000, ge=100_000, description="pixels of a page rendered for OCR or the "
+                                   "layout tier; a larger page is rendered at a lower resolution")
     ocr_engine: Literal["rapidocr", "none"] = "rapidocr"
     ocr_dpi: int = Field(200, ge=72, le=600)
     vlm: VlmConfig = Field(default_factory=VlmConfig)

@@ -28,6 +28,9 @@ CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
 UNMAPPED_RUN_RE = re.compile(r"(?:\(cid:\d+\)|\ufffd)+")  # glyphs in a row: a word the font could not map
 TABLE_SEPARATOR_RE = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+\s*$", re.MULTILINE)
 
+ZIPPED_SUFFIXES = {".docx", ".pptx", ".xlsx"}
+MAX_ZIP_ENTRIES = 50_000
+
 DEAD_LETTER_REASONS = ("empty", "truncated", "corrupt", "encrypted", "unsupported", "too_large", "parser_error")
 
 
@@ -58,7 +61,17 @@ def parser_version() -> str:
     return f"rp3;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"
 
 
-def parse_file(path: Path, password: str | None = None) -> Iterator[ParsedPage]:
+@dataclass(frozen=True)
+class ParseLimits:
+    """What a file may unpack to (parsing.max_pages, max_page_content_bytes, max_unpacked_bytes): a small file
+    can expand without bound, so each is checked before the parser spends memory on it."""
+
+    max_pages: int = 5000
+    max_page_content_bytes: int = 64 * 1024 * 1024
+    max_unpacked_bytes: int = 512 * 1024 * 1024
+
+
+def parse_file(path: Path, password: str | None = None, limits: ParseLimits = ParseLimits()) -> Iterator[ParsedPage]:
     """Yield the pages of one file. Raises DeadLetter for files that cannot be parsed."""
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
@@ -66,8 +79,10 @@ def parse_file(path: Path, password: str | None = None) -> Iterator[ParsedPage]:
     if path.stat().st_size == 0:
         raise DeadLetter("empty", "zero-byte file")
     if suffix in PDF_SUFFIXES:
-        yield from _parse_pdf(path, password)
+        yield from _parse_pdf(path, password, limits)
     elif suffix in DOCLING_SUFFIXES:
+        if suffix in ZIPPED_SUFFIXES:
+            check_unpacked_size(path, limits.max_unpacked_bytes)
         yield from _parse_with_docling(path)
     else:
         started = time.perf_counter()
@@ -505,7 +520,54 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     return markdown, len(table_blocks), signals
 
 
-def _parse_pdf(path: Path, password: str | None) -> Iterator[ParsedPage]:
+def check_unpacked_size(path: Path, limit: int) -> None:
+    """An Office file is a zip: refuse one whose entries unpack to more than `limit` bytes (a zip bomb) or
+    that holds more entries than any document needs. Declared sizes are checked, and Docling's unzipping
+    stops at them."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise DeadLetter("corrupt", f"not a readable Office (zip) file: {exc}") from None
+    if len(entries) > MAX_ZIP_ENTRIES:
+        raise DeadLetter("too_large", f"{len(entries):,} zip entries (at most {MAX_ZIP_ENTRIES:,})")
+    unpacked = sum(entry.file_size for entry in entries)
+    if unpacked > limit:
+        raise DeadLetter("too_large", f"unpacks to {unpacked:,} bytes; parsing.max_unpacked_bytes is {limit:,}")
+
+
+def check_page_content_size(page_obj: Any, limit: int) -> None:
+    """Decompress a page's Flate content streams with a cap before pdfminer decodes them whole: a stream bomb
+    (kilobytes that inflate to gigabytes) is dead-lettered instead of exhausting memory. Streams with other
+    filters are left to pdfminer."""
+    import zlib
+
+    from pdfminer.pdftypes import PDFStream, resolve1
+
+    streams = resolve1(getattr(page_obj, "contents", None)) or []
+    total = 0
+    for stream in streams if isinstance(streams, list) else [streams]:
+        stream = resolve1(stream)
+        if not isinstance(stream, PDFStream) or stream.rawdata is None:
+            continue
+        if [str(getattr(name, "name", name)) for name, _ in stream.get_filters()] not in (["FlateDecode"], ["Fl"]):
+            continue
+        inflater = zlib.decompressobj()
+        data = stream.rawdata
+        try:
+            while data and total <= limit:
+                total += len(inflater.decompress(data, limit + 1 - total))
+                data = inflater.unconsumed_tail
+        except zlib.error:
+            continue  # pdfminer has its own way with broken streams
+        if total > limit:
+            raise DeadLetter("too_large", f"a page's content streams unpack to more than {limit:,} bytes "
+                                          "(parsing.max_page_content_bytes)")
+
+
+def _parse_pdf(path: Path, password: str | None, limits: ParseLimits = ParseLimits()) -> Iterator[ParsedPage]:
     import pdfplumber
     from pdfplumber.utils.exceptions import PdfminerException
 
@@ -520,8 +582,11 @@ def _parse_pdf(path: Path, password: str | None) -> Iterator[ParsedPage]:
             page_count = len(pdf.pages)
         except Exception as exc:
             raise _pdf_failure(path, exc) from exc
+        if page_count > limits.max_pages:
+            raise DeadLetter("too_large", f"{page_count:,} pages; parsing.max_pages is {limits.max_pages:,}")
         for number in range(page_count):
             started = time.perf_counter()
+            check_page_content_size(pdf.pages[number].page_obj, limits.max_page_content_bytes)
             try:
                 page = render_aware(pdf.pages[number])
                 markdown, tables, signals = _pdf_page(page)

@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from dagster import DagsterInstance
 
 from rag_pipeline import health
@@ -220,3 +221,58 @@ def test_retrieval_quality_fails_at_recall_zero_whatever_the_baseline(clone, tmp
     assert not outcome.passed and "recall@" in outcome.summary and "is 0" in outcome.summary
     assert documents.held_documents(conn) == [("sample", "drafts/unreviewed-notes.md", "held_no_labels",
                                                "no ACL labels")]
+
+
+def _pdf_with_content(path: Path, content: bytes, pages: int = 1, size: int = 612) -> Path:
+    """A minimal PDF whose pages share one Flate-compressed content stream."""
+    import zlib
+
+    stream = zlib.compress(content, 9)
+    kids = " ".join(f"{3 + i} 0 R" for i in range(pages)).encode()
+    objects = {1: b"<< /Type /Catalog /Pages 2 0 R >>",
+               2: b"<< /Type /Pages /Kids [" + kids + b"] /Count %d >>" % pages,
+               3 + pages: b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream"}
+    for i in range(pages):
+        objects[3 + i] = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 %d %d] /Contents %d 0 R >>" % (
+            size, size, 3 + pages)
+    out, offsets = bytearray(b"%PDF-1.4\n"), {}
+    for number in sorted(objects):
+        offsets[number] = len(out)
+        out += b"%d 0 obj\n" % number + objects[number] + b"\nendobj\n"
+    start = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offsets[n] for n in sorted(objects))
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, start)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def test_what_a_small_file_unpacks_to_is_bounded(tmp_path):
+    import zipfile
+
+    from rag_pipeline.cascade import render_page
+    from rag_pipeline.parsing import DeadLetter, ParseLimits, parse_file
+
+    text = b"BT /F1 12 Tf 72 700 Td (Hello) Tj ET\n"
+    three_pages = _pdf_with_content(tmp_path / "three.pdf", text, pages=3)
+    assert len(list(parse_file(three_pages))) == 3
+    with pytest.raises(DeadLetter, match="3 pages; parsing.max_pages is 2") as caught:
+        list(parse_file(three_pages, limits=ParseLimits(max_pages=2)))
+    assert caught.value.reason == "too_large"
+    # 100 MB of content-stream operators in a 100 KB file: refused before pdfminer inflates it.
+    bomb = _pdf_with_content(tmp_path / "bomb.pdf", b"q Q\n" * (25 * 1024 * 1024))
+    assert bomb.stat().st_size < 1024 * 1024
+    with pytest.raises(DeadLetter, match="max_page_content_bytes") as caught:
+        list(parse_file(bomb))
+    assert caught.value.reason == "too_large"
+    # An Office file whose zip entries unpack past the cap.
+    docx = tmp_path / "bomb.docx"
+    with zipfile.ZipFile(docx, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("word/document.xml", b"\0" * (4 * 1024 * 1024))
+    with pytest.raises(DeadLetter, match="max_unpacked_bytes") as caught:
+        list(parse_file(docx, limits=ParseLimits(max_unpacked_bytes=1024 * 1024)))
+    assert caught.value.reason == "too_large"
+    # A page 200 inches square rendered for OCR: the resolution drops to stay within the pixel cap.
+    huge = _pdf_with_content(tmp_path / "huge.pdf", text, size=14_400)
+    image = render_page(huge, 1, 200, None, max_pixels=2_000_000)
+    assert image.width * image.height <= 2_000_000 and image.width > 1000
