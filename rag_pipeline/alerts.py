@@ -8,10 +8,12 @@ message, not one an hour.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
 import smtplib
+import ssl
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -22,6 +24,7 @@ from typing import Any
 import httpx
 
 from rag_pipeline.config import AlertsConfig, SmtpConfig
+from rag_pipeline.redaction import keep_out_of_logs, redact
 
 log = logging.getLogger("rag_pipeline.alerts")
 
@@ -73,7 +76,7 @@ class DeliveryError(RuntimeError):
     """A sink did not accept an alert after every attempt."""
 
 
-def _with_retries(attempts: int, send: Any) -> None:
+def _with_retries(attempts: int, send: Any, secret_url: str | None = None) -> None:
     for attempt in range(1, attempts + 1):
         try:
             send()
@@ -82,7 +85,8 @@ def _with_retries(attempts: int, send: Any) -> None:
             raise  # refused for good: retrying cannot help
         except (httpx.HTTPError, OSError, smtplib.SMTPException) as exc:
             if attempt == attempts:
-                raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+                # httpx names the URL it failed on; a webhook URL is a credential.
+                raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secret_url)) from None
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
@@ -92,6 +96,7 @@ class AlertSender:
     def __init__(self, config: AlertsConfig, logger: logging.Logger = log) -> None:
         self.config = config
         self.logger = logger
+        keep_out_of_logs(config.webhook_url)  # a webhook URL is a credential
 
     def send(self, alert: Alert) -> dict[str, str]:
         """Deliver one alert; returns sink -> "sent" | "off" | "failed: why"."""
@@ -108,7 +113,8 @@ class AlertSender:
             if not configured:
                 continue
             try:
-                _with_retries(self.config.max_attempts, lambda deliver=deliver: deliver(payload, alert))
+                _with_retries(self.config.max_attempts, lambda deliver=deliver: deliver(payload, alert),
+                              self.config.webhook_url)
                 outcome[sink] = "sent"
             except DeliveryError as exc:
                 outcome[sink] = f"failed: {exc}"
@@ -131,12 +137,28 @@ class AlertSender:
         message["From"] = smtp.sender
         message["To"] = ", ".join(smtp.recipients)
         message.set_content(f"{alert.summary}\n\n{json.dumps(payload, indent=2, default=str, sort_keys=True)}\n")
-        with smtplib.SMTP(smtp.host, smtp.port, timeout=smtp.timeout_seconds) as client:
-            if smtp.starttls:
-                client.starttls()
+        # TLS verifies the server's certificate and name (the system's CAs, or alerts.smtp.ca_file); port 465
+        # speaks TLS from the first byte (implicit TLS), other ports upgrade with STARTTLS when configured.
+        implicit = smtp.implicit_tls if smtp.implicit_tls is not None else smtp.port == 465
+        if smtp.username and not (implicit or smtp.starttls) and not _is_loopback(smtp.host):
+            raise DeliveryError("refusing to send the SMTP password unencrypted: set alerts.smtp.starttls "
+                                "or use port 465")
+        context = ssl.create_default_context(cafile=smtp.ca_file)
+        client = (smtplib.SMTP_SSL(smtp.host, smtp.port, timeout=smtp.timeout_seconds, context=context) if implicit
+                  else smtplib.SMTP(smtp.host, smtp.port, timeout=smtp.timeout_seconds))
+        with client:
+            if smtp.starttls and not implicit:
+                client.starttls(context=context)
             if smtp.username:
                 password = os.environ.get(smtp.password_env or "", "")
                 if not password:
                     raise DeliveryError(f"alerts.smtp.password_env {smtp.password_env!r} is not set")
                 client.login(smtp.username, password)
             client.send_message(message)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -256,8 +256,9 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
                 for failure in gates.failures:
                     print(f"gate failed: {failure}", file=sys.stderr)
                 if args.force and gates.failures:
-                    print("--force: promoting despite failed gates (recorded)", file=sys.stderr)
-                versions.promote(conn, candidate.version_id, gates, force=args.force)
+                    print(f"--force: promoting despite failed gates, because: {args.force} (recorded)",
+                          file=sys.stderr)
+                versions.promote(conn, candidate.version_id, gates, force=bool(args.force), reason=args.force)
                 print(f"{candidate.label} is active")
             elif args.index_command == "rollback":
                 print(f"rolled back: {versions.rollback(conn).label} is active")
@@ -425,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     index_promote.add_argument("-k", type=int, help="cut-off (default: checks.k)")
     index_promote.add_argument("--tolerance", type=float,
                                help="allowed drop in recall@k / nDCG@k (default: checks.quality_tolerance)")
-    index_promote.add_argument("--force", action="store_true", help="promote even if a gate fails (recorded)")
+    index_promote.add_argument("--force", metavar="REASON",
+                               help="promote even if a gate fails; the reason is recorded with the promotion")
     index_promote.set_defaults(func=cmd_index)
     index_sub.add_parser("rollback", help="re-activate the previous version").set_defaults(func=cmd_index)
     index_retire = index_sub.add_parser("retire", help="drop a version that is not active")

@@ -298,6 +298,9 @@ class SmtpConfig(_Section):
     username: str | None = None
     password_env: str | None = Field(None, description="name of the environment variable holding the password")
     starttls: bool = False
+    implicit_tls: bool | None = Field(None, description="TLS from the first byte; default: on for port 465")
+    ca_file: str | None = Field(None, description="CA bundle that signs the server's certificate (default: the "
+                                "system's); certificates are always verified")
     timeout_seconds: float = Field(10.0, gt=0, le=600)
 
 

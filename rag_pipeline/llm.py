@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from rag_pipeline.redaction import keep_out_of_logs, redact, redact_url
+
 RETRYABLE_STATUS = {408, 409, 425, 429}
 
 
@@ -29,6 +31,7 @@ class ChatClient:
     ):
         self.endpoint = endpoint.rstrip("/")
         self.model = model
+        keep_out_of_logs(self.endpoint)  # its path or query may carry a key
         self.max_retries = max_retries
         headers = {"Content-Type": "application/json"}
         api_key = os.environ.get(api_key_env) if api_key_env else None
@@ -63,4 +66,5 @@ class ChatClient:
             if attempt < self.max_retries:
                 time.sleep(delay)
                 delay *= 2
-        raise EndpointError(f"{self.endpoint} failed: {last_error}")
+        # The endpoint's path or query may hold a key: errors (which reach logs and metadata) name its host only.
+        raise EndpointError(f"{redact_url(self.endpoint)} failed: {redact(last_error, self.endpoint)}")

@@ -172,8 +172,12 @@ def check_gates(
     return report
 
 
-def promote(conn: psycopg.Connection, version_id: int, gates: GateReport | None, force: bool = False) -> None:
-    """Make a version the one readers use, atomically; the previous one is kept for rollback."""
+def promote(conn: psycopg.Connection, version_id: int, gates: GateReport | None, force: bool = False,
+            reason: str | None = None) -> None:
+    """Make a version the one readers use, atomically; the previous one is kept for rollback. A forced
+    promotion (past failed gates) needs a reason, which is recorded with it."""
+    if force and not (reason or "").strip():
+        raise VersionError("a forced promotion needs a reason (it is recorded with the promotion)")
     candidate = _require(conn, version_id)
     if candidate.status not in (V.BUILDING, V.READY):
         raise VersionError(
@@ -183,7 +187,8 @@ def promote(conn: psycopg.Connection, version_id: int, gates: GateReport | None,
         raise VersionError("promotion refused: " + "; ".join(gates.failures if gates else ["gates not checked"]))
     check_version_transition(candidate.status, V.ACTIVE)
     versions.activate(conn, version_id)
-    _record(conn, version_id, "promote", forced=force, gates=asdict(gates) if gates else None)
+    _record(conn, version_id, "promote", forced=force, gates=asdict(gates) if gates else None,
+            reason=(reason or "").strip() or None)
 
 
 def rollback(conn: psycopg.Connection) -> IndexVersion:

@@ -16,7 +16,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from psycopg import sql
 
-from rag_pipeline.alerts import AlertSender, Observation, transitions
+from rag_pipeline.alerts import Alert, AlertSender, Observation, transitions
 from rag_pipeline.config import AlertsConfig, ConfigError, SmtpConfig
 from rag_pipeline.defs.code_location import build_definitions
 from rag_pipeline.defs.resources import RagResource
@@ -302,3 +302,78 @@ def test_a_refresh_waits_for_the_one_writing_and_gives_up_clearly(make_settings,
     finished = time.monotonic()
     holder.join()
     assert stats.documents_seen == 7 and finished >= released[0]
+
+
+# --- secrets stay secret ---------------------------------------------------------------------------------
+
+
+def test_a_webhook_url_never_reaches_errors_or_logs(webhook, caplog):
+    secret_url = webhook.url.replace("/hooks/rag", "/services/T0001/B0002/s3cr3tT0k3n")
+    webhook.fail_next = 10  # the receiver answers 500 to every attempt
+    sender = AlertSender(AlertsConfig(webhook_url=secret_url, max_attempts=2))
+    with caplog.at_level("INFO"):
+        outcome = sender.send(Alert("job:ingest", "failing", "boom", {}, "now"))
+    assert outcome["webhook"].startswith("failed: ") and "500" in outcome["webhook"]
+    assert "s3cr3tT0k3n" not in outcome["webhook"] and "s3cr3tT0k3n" not in caplog.text
+    assert "http://127.0.0.1:" in outcome["webhook"]  # which host failed is still said
+
+
+def test_redaction_of_urls():
+    from rag_pipeline.redaction import redact, redact_url
+
+    assert redact_url("https://user:pw@llm.example.org:8443/v1?key=abc") == "https://llm.example.org:8443/…"
+    assert redact_url("not a url") == "<url>"
+    assert redact("POST https://hooks.slack.com/services/T/B/xyz failed", "https://hooks.slack.com/services/T/B/xyz") \
+        == "POST https://hooks.slack.com/… failed"
+    assert redact("dial http://bob:hunter2@10.0.0.5/x") == "dial http://10.0.0.5/x"
+
+
+@pytest.fixture
+def certificate(tmp_path):
+    """A self-signed certificate for 127.0.0.1, made with openssl."""
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
+                    str(cert)], check=True, capture_output=True)
+    return key, cert
+
+
+def _tls_mail_server(key, cert, implicit: bool):
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    sink = MailSink()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        sink.port = probe.getsockname()[1]
+    tls = {"ssl_context": context} if implicit else {"tls_context": context, "require_starttls": True}
+    return sink, Controller(sink, hostname="127.0.0.1", port=sink.port, **tls)
+
+
+@pytest.mark.parametrize("implicit", [False, True], ids=["starttls", "implicit-tls"])
+def test_smtp_verifies_the_servers_certificate(certificate, implicit, monkeypatch):
+    key, cert = certificate
+    sink, controller = _tls_mail_server(key, cert, implicit)
+    monkeypatch.setenv("RAG_SMTP_PASSWORD", "pw")
+    base = {"host": "127.0.0.1", "port": sink.port, "recipients": ("oncall@example.org",),
+            "starttls": not implicit, "implicit_tls": implicit}
+    alert = Alert("job:ingest", "failing", "boom", {}, "now")
+    controller.start()
+    try:
+        untrusted = AlertSender(AlertsConfig(smtp=SmtpConfig(**base), max_attempts=1)).send(alert)
+        assert untrusted["smtp"].startswith("failed") and "CERTIFICATE_VERIFY_FAILED" in untrusted["smtp"]
+        assert sink.messages == []
+        trusted = AlertSender(AlertsConfig(smtp=SmtpConfig(**base, ca_file=str(cert)), max_attempts=1)).send(alert)
+        assert trusted["smtp"] == "sent" and len(sink.messages) == 1
+    finally:
+        controller.stop()
+
+
+def test_smtp_never_sends_a_password_in_clear_to_another_host():
+    smtp = SmtpConfig(host="mail.example.org", port=25, recipients=("a@example.org",), username="rag",
+                      password_env="RAG_SMTP_PASSWORD")
+    outcome = AlertSender(AlertsConfig(smtp=smtp, max_attempts=1)).send(Alert("k", "failing", "s", {}, "now"))
+    assert "refusing to send the SMTP password unencrypted" in outcome["smtp"]

@@ -276,3 +276,43 @@ def test_what_a_small_file_unpacks_to_is_bounded(tmp_path):
     huge = _pdf_with_content(tmp_path / "huge.pdf", text, size=14_400)
     image = render_page(huge, 1, 200, None, max_pixels=2_000_000)
     assert image.width * image.height <= 2_000_000 and image.width > 1000
+
+
+def test_a_forced_promotion_needs_a_reason_and_records_it(clone):
+    from rag_pipeline import versions
+    from rag_pipeline.store import versions as version_store
+
+    conn, _ = clone
+    active = version_store.active_version(conn)
+    candidate = version_store.create_version(conn, active.embedding_model, active.model_revision,
+                                             active.dimensions, active.chunker_version, active.parser_version)
+    with pytest.raises(versions.VersionError, match="needs a reason"):
+        versions.promote(conn, candidate.version_id, None, force=True)
+    versions.promote(conn, candidate.version_id, None, force=True, reason="rollback drill, ticket OPS-12")
+    (forced, detail) = conn.execute("SELECT forced, detail FROM index_version_events WHERE version_id = %s "
+                                    "AND event = 'promote'", (candidate.version_id,)).fetchone()
+    assert forced and detail["reason"] == "rollback drill, ticket OPS-12"
+
+
+def test_a_run_launched_like_the_ui_does_scans_configured_sources_only(make_settings, tmp_path, db):
+    import dagster as dg
+
+    from rag_pipeline.defs.code_location import build_definitions
+
+    root = _corpus(tmp_path / "docs")
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    job = build_definitions(settings).resolve_job_def("ingest")
+    with DagsterInstance.ephemeral() as instance:
+        # A folder of its own choosing: refused by name, nothing scanned.
+        result = job.execute_in_process(run_config={"ops": {"source_documents": {"config": {"sources": ["/etc"]}}}},
+                                        instance=instance, raise_on_error=False)
+        assert not result.success
+        assert db.execute("SELECT count(*) FROM documents").fetchone()[0] == 0
+        # Labels of its own choosing: not even a field of the run's configuration.
+        with pytest.raises(dg.DagsterInvalidConfigError, match="labels"):
+            job.execute_in_process(run_config={"ops": {"source_documents": {"config": {"labels": ["admin"]}}}},
+                                   instance=instance)
+        result = job.execute_in_process(run_config={"ops": {"source_documents": {"config": {"sources": ["docs"]}}}},
+                                        instance=instance, raise_on_error=False)
+        assert result.success
+    assert db.execute("SELECT count(*) FROM documents").fetchone()[0] == 2

@@ -79,7 +79,8 @@ def start_index_build():
 
 class PromoteConfig(dg.Config):
     version_id: int
-    force: bool = False  # promote even when a gate fails (recorded as forced)
+    force: bool = False  # promote even when a gate fails: needs force_reason, recorded with the promotion
+    force_reason: str = ""
 
 
 @dg.op(description="Check the gates (complete, deletions replayed, golden-set quality) and make the version active.")
@@ -97,7 +98,10 @@ def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: 
                                      "forced": config.force, "quality": dg.MetadataValue.json(gates.quality)})
         if gates.failures and not config.force:
             raise dg.Failure(f"v{config.version_id} not promoted: " + "; ".join(gates.failures))
-        versions.promote(conn, candidate.version_id, gates, force=config.force)
+        try:
+            versions.promote(conn, candidate.version_id, gates, force=config.force, reason=config.force_reason)
+        except versions.VersionError as exc:
+            raise dg.Failure(str(exc)) from None
     context.log.info(f"v{config.version_id} is active")
 
 

@@ -1,0 +1,67 @@
+"""Keeping endpoint secrets out of logs, errors and Dagster metadata.
+
+A webhook URL is a credential (Slack and Teams put the secret in its path); an endpoint URL may carry a user and
+password or a key in its query. Whatever is shown says which host was involved, never the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from urllib.parse import urlsplit
+
+_CREDENTIALS_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s@:]+(?::[^/\s@]*)?@", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """scheme://host[:port], with '/…' when a path or query was dropped; no user, password, path or query."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<url>"
+    if not parts.scheme or not host:
+        return "<url>"
+    rest = "/…" if parts.path.strip("/") or parts.query else ""
+    return f"{parts.scheme}://{host}{port}{rest}"
+
+
+def redact(text: str, *urls: str | None) -> str:
+    """`text` with every given URL (and its variant without a trailing slash) shown redacted, and any other
+    user:password@ credentials in URLs removed."""
+    for url in urls:
+        if url:
+            for form in {url, url.rstrip("/")}:
+                if form:
+                    text = text.replace(form, redact_url(url))
+    return _CREDENTIALS_RE.sub(r"\g<scheme>", text)
+
+
+class _RedactingFilter(logging.Filter):
+    """Rewrites records that name a secret URL (httpx logs every request's full URL at INFO)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.urls:
+            message = record.getMessage()
+            redacted = redact(message, *self.urls)
+            if redacted != message:
+                record.msg, record.args = redacted, ()
+        return True
+
+
+_filter = _RedactingFilter()
+
+
+def keep_out_of_logs(url: str | None, logger_name: str = "httpx") -> None:
+    """From now on, records of `logger_name` show `url` redacted."""
+    if not url:
+        return
+    _filter.urls.add(url)
+    target = logging.getLogger(logger_name)
+    if _filter not in target.filters:
+        target.addFilter(_filter)
