@@ -100,6 +100,25 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if summary["success"] else 1
 
 
+def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.erasure import erase
+
+    if args.doc:
+        source, sep, rel_path = args.doc.partition(":")
+        if not sep or not source or not rel_path:
+            raise ConfigError(f"--doc expects SOURCE:PATH, got {args.doc!r}")
+        report = erase(_index_url(settings), source, rel_path, settings.lock_timeout_seconds)
+    else:
+        report = erase(_index_url(settings), args.source, None, settings.lock_timeout_seconds)
+    if args.json:
+        _print_json({"documents": report.documents, "removed": report.removed})
+    else:
+        print(f"erased {report.documents} document(s); rows removed: "
+              + ", ".join(f"{table} {n}" for table, n in sorted(report.removed.items()) if n))
+        print("  an audit record (no text, no path) is in `erasures`; deletion_replay checks it")
+    return 0
+
+
 def _print_attention_list(settings: Settings, limit: int = 20) -> None:
     """Documents a person should look at: held back (and why), or dead-lettered."""
     from rag_pipeline.store import documents, pages
@@ -373,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--source", action="append", metavar="NAME=PATH",
                         help="scan this folder as source NAME (repeatable); default: the configured sources")
     ingest.add_argument("--labels", help="default ACL labels for --source folders, comma-separated")
+    erase = sub.add_parser("erase", help="erase a document or a source from everything the pipeline keeps")
+    target = erase.add_mutually_exclusive_group(required=True)
+    target.add_argument("--doc", metavar="SOURCE:PATH", help="one document, by source and path")
+    target.add_argument("--source", metavar="NAME", help="every document of a source")
+    erase.add_argument("--json", action="store_true", help="print one JSON object")
+    erase.set_defaults(func=cmd_erase)
     ingest.add_argument("--confirm-deletions", action="append", metavar="SOURCE",
                         help="carry out the deletions a scan of SOURCE held back (its root was empty, or more than "
                              "its max_deletion_share of documents were gone); repeatable")
@@ -461,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:
         from rag_pipeline.embedding import ModelUnavailableError
+        from rag_pipeline.erasure import ErasureError
         from rag_pipeline.evaluation import GoldenSetError
         from rag_pipeline.retrieval import SearchError
         from rag_pipeline.stages.chunk import ModelMismatchError
@@ -468,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         from rag_pipeline.versions import VersionError
 
         if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError | GoldenSetError | VersionError
-                      | ModelMismatchError):
+                      | ModelMismatchError | ErasureError):
             print(f"error: {exc}", file=sys.stderr)
             return 2
         raise

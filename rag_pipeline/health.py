@@ -27,6 +27,7 @@ from rag_pipeline.evaluation import (
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.status import DOCUMENT_HELD, VersionStatus
 from rag_pipeline.store import documents, evaluations, versions
+from rag_pipeline.store import erasure as erasure_queries
 from rag_pipeline.store import health as queries
 from rag_pipeline.store.versions import IndexVersion
 
@@ -115,16 +116,38 @@ def deletion_replay(conn: psycopg.Connection) -> CheckOutcome:
                         + ", ".join(d[:12] for d in documents[:5]))
     if empty_groups:
         problems.append(f"{empty_groups} near-duplicate groups have no occurrence left")
+    erased, survivors, note = _erasures_replayed(conn)
+    if survivors:
+        problems.append(f"{len(survivors)} erased documents have rows again (still at their source?): "
+                        + ", ".join(s[:12] for s in survivors[:5]))
+    summary = "; ".join(problems) or f"none of the {deleted_total} deleted documents has a row left anywhere"
     return CheckOutcome(
         passed=not problems,
-        summary="; ".join(problems) or f"none of the {deleted_total} deleted documents has a row left anywhere",
+        summary=summary + note,
         numbers={"deleted_documents": deleted_total, "offending_documents": len(documents),
-                 "offending_rows": rows, "empty_groups": empty_groups},
+                 "offending_rows": rows, "empty_groups": empty_groups, "erased_documents": erased,
+                 "erased_with_rows": len(survivors)},
         tables={"offenders": Table(
             ("doc_id", "source", "path", "deleted at", "where", "rows"),
             [(r[0], r[1], r[2], r[3].isoformat(timespec="seconds"), r[4], r[5]) for r in offenders[:OFFENDERS_SHOWN]],
         )},
     )
+
+
+def _erasures_replayed(conn: psycopg.Connection) -> tuple[int, list[str], str]:
+    """(erasures recorded, subjects of erased documents with a row anywhere, a note). Erasure records name
+    documents by an HMAC under RAG_PIPELINE_ERASURE_KEY: without the key they cannot be checked (said)."""
+    from rag_pipeline.erasure import ErasureError, erasure_key, surviving_erased
+
+    subjects = erasure_queries.erased_subjects(conn)
+    if not subjects:
+        return 0, [], ""
+    try:
+        key = erasure_key()
+    except ErasureError:
+        return len(subjects), [], (f"; {len(subjects)} erasures not checked: set RAG_PIPELINE_ERASURE_KEY where "
+                                   "checks run")
+    return len(subjects), surviving_erased(erasure_queries.ids_anywhere(conn), subjects, key), ""
 
 
 # --- ACL coverage ------------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_boilerplate_is_stored_once_per_label_set_and_survives_partial_deletion(
 
         for i in (0, 1, 2, 3):  # delete four of the five: the group lives on, owned by the survivor
             (boilerplate_corpus / f"policy-{i}.md").unlink()
-        summary = run_ingest(settings, instance=instance)
+        summary = run_ingest(settings, instance=instance, confirm_deletions=["policies"])  # 4 of 6: confirmed
         assert summary["deleted"] == 4 and summary["vectors_embedded"] == 0
         rows = _boilerplate_rows(db)
         assert len(rows) == 2

@@ -316,3 +316,46 @@ def test_a_run_launched_like_the_ui_does_scans_configured_sources_only(make_sett
                                         instance=instance, raise_on_error=False)
         assert result.success
     assert db.execute("SELECT count(*) FROM documents").fetchone()[0] == 2
+
+
+def test_erase_removes_a_document_everywhere_and_records_it_without_its_path(clone, monkeypatch, tmp_path):
+    import subprocess
+    import sys
+
+    from rag_pipeline.erasure import ErasureError, erase, subject
+
+    conn, settings = clone
+    path = "finance/q3-report.pdf"
+    (doc_id,) = conn.execute("SELECT doc_id FROM documents WHERE rel_path = %s", (path,)).fetchone()
+    shas = {r[0] for r in conn.execute("SELECT embedding_input_sha FROM index_v1 WHERE doc_id = %s", (doc_id,))}
+    assert shas and conn.execute("SELECT count(*) FROM embedding_cache WHERE input_sha = ANY(%s)",
+                                 (list(shas),)).fetchone()[0] == len(shas)
+    url = settings.database_url
+    monkeypatch.delenv("RAG_PIPELINE_ERASURE_KEY", raising=False)
+    with pytest.raises(ErasureError, match="RAG_PIPELINE_ERASURE_KEY"):
+        erase(url, "sample", path)  # no key, no erasure: a plain hash would be guessable
+    key = "k" * 32
+    monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", key)
+    report = erase(url, "sample", path)
+    assert report.documents == 1 and report.removed["documents"] == 1 and report.removed["index_v1"] >= 1
+    for table in ("documents", "chunks", "document_pages", "prefix_cache", "dead_letters", "deletion_log", "index_v1"):
+        assert conn.execute(f"SELECT count(*) FROM {table} WHERE doc_id = %s", (doc_id,)).fetchone()[0] == 0, table
+    assert conn.execute("SELECT count(*) FROM embedding_cache WHERE input_sha = ANY(%s)", (list(shas),)
+                        ).fetchone()[0] == 0
+    audit = conn.execute("SELECT subject, scope, removed::text FROM erasures").fetchall()
+    assert [(s, scope) for s, scope, _ in audit] == [(subject(key.encode(), doc_id), "document")]
+    assert path not in str(audit) and doc_id not in str(audit) and "q3" not in str(audit)
+    replay = health.deletion_replay(conn)
+    assert replay.passed and replay.numbers["erased_documents"] == 1
+    # The file is still at its source: the next scan brings it back, and deletion_replay says so.
+    discover(url, settings.sources)
+    replay = health.deletion_replay(conn)
+    assert not replay.passed and "erased documents have rows again" in replay.summary
+    # From the command line: a whole source, JSON out.
+    out = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(settings.config_file), "erase",
+                          "--source", "sample", "--json"], capture_output=True, text=True,
+                         env={**os.environ, "RAG_PIPELINE_ERASURE_KEY": key})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["documents"] >= 5
+    assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM index_v1").fetchone()[0] == 0

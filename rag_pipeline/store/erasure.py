@@ -1,0 +1,91 @@
+"""SQL of erasure on request: every row of some documents, in every table and index version, and the embedding
+cache entries nothing uses any more."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from rag_pipeline.store import documents, versions
+from rag_pipeline.store.health import table_exists
+
+# Tables keyed by doc_id that outlive or sit beside the documents row (chunks and pages go with it).
+_BY_DOC_ID = ("dead_letters", "prefix_cache", "chunks", "document_pages", "deletion_log")
+
+
+def documents_of(conn: psycopg.Connection, source: str, rel_path: str | None) -> list[str]:
+    """Ids of the document at source:rel_path (or of every document of the source), live or deleted."""
+    if rel_path is None:
+        query = """SELECT doc_id FROM documents WHERE source = %(source)s
+                   UNION SELECT doc_id FROM deletion_log WHERE source = %(source)s"""
+    else:
+        query = """SELECT doc_id FROM documents WHERE source = %(source)s AND rel_path = %(path)s
+                   UNION SELECT doc_id FROM deletion_log WHERE source = %(source)s AND rel_path = %(path)s"""
+    return [r[0] for r in conn.execute(query, {"source": source, "path": rel_path}).fetchall()]
+
+
+def erase_documents(conn: psycopg.Connection, doc_ids: Sequence[str]) -> tuple[dict[str, int], list[str]]:
+    """Remove every row of these documents; returns rows removed per table and the embedding inputs their
+    index rows used (candidates for the cache collection). Run it inside a transaction, under the index
+    write lock."""
+    ids = list(doc_ids)
+    removed: dict[str, int] = {}
+    input_shas: set[str] = set()
+    touched_groups = [r[0] for r in conn.execute(
+        "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (ids,)).fetchall()]
+    for version in versions.index_versions(conn):
+        if not table_exists(conn, version.table_name):
+            continue
+        table = sql.Identifier(version.table_name)
+        shas = conn.execute(sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s) RETURNING embedding_input_sha").format(
+            table), (ids,)).fetchall()
+        removed[version.table_name] = len(shas)
+        input_shas.update(r[0] for r in shas)
+    for table_name in _BY_DOC_ID:
+        removed[table_name] = conn.execute(
+            sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(sql.Identifier(table_name)), (ids,)).rowcount
+    removed["documents"] = conn.execute("DELETE FROM documents WHERE doc_id = ANY(%s)", (ids,)).rowcount
+    # Near-duplicates of an erased document that it answered for get rows of their own (from the cache).
+    documents.repair_groups(conn, touched_groups)
+    return removed, sorted(input_shas)
+
+
+def collect_embedding_cache(conn: psycopg.Connection, input_shas: Sequence[str] | None = None,
+                            older_than_seconds: float = 0) -> int:
+    """Delete cache entries no row of any index version uses (retired versions kept for rollback included):
+    the given ones at once, or every such entry older than the grace period."""
+    tables = [v.table_name for v in versions.index_versions(conn) if table_exists(conn, v.table_name)]
+    used = sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT embedding_input_sha FROM {}").format(sql.Identifier(t)) for t in tables
+    ) if tables else sql.SQL("SELECT NULL::text WHERE false")
+    condition = (sql.SQL("c.input_sha = ANY(%(shas)s)") if input_shas is not None
+                 else sql.SQL("c.created_at < now() - make_interval(secs => %(grace)s)"))
+    return conn.execute(
+        sql.SQL("""DELETE FROM embedding_cache c WHERE {condition}
+                   AND NOT EXISTS (SELECT 1 FROM ({used}) u WHERE u.embedding_input_sha = c.input_sha)""").format(
+            condition=condition, used=used),
+        {"shas": list(input_shas or []), "grace": older_than_seconds},
+    ).rowcount
+
+
+def record_erasures(conn: psycopg.Connection, subjects: Sequence[str], scope: str, removed: dict[str, Any]) -> None:
+    with conn.cursor() as cursor:
+        cursor.executemany("INSERT INTO erasures (subject, scope, removed) VALUES (%s, %s, %s)",
+                           [(subject, scope, Jsonb(removed)) for subject in subjects])
+
+
+def erased_subjects(conn: psycopg.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT DISTINCT subject FROM erasures").fetchall()}
+
+
+def ids_anywhere(conn: psycopg.Connection) -> set[str]:
+    """Every doc_id that has a row in any document table or index version."""
+    parts = [sql.SQL("SELECT doc_id FROM {}").format(sql.Identifier(t))
+             for t in ("documents", *_BY_DOC_ID)]
+    parts += [sql.SQL("SELECT doc_id FROM {}").format(sql.Identifier(v.table_name))
+              for v in versions.index_versions(conn) if table_exists(conn, v.table_name)]
+    return {r[0] for r in conn.execute(sql.SQL(" UNION ").join(parts)).fetchall()}
