@@ -15,7 +15,8 @@ A document's life:
                                                                   chunker changed)
     any state --> pending_parse (the file changed) or held_* (default-deny: held_no_labels without ACL labels,
                   held_bad_sidecar when a sidecar that applies cannot be read or validated, held_hard_link for a
-                  file with other names that may carry other labels); a held document has nothing in the index
+                  file with other names that may carry other labels, held_source_removed when its source left
+                  the configuration); a held document has nothing in the index
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class DocumentStatus(StrEnum):
     HELD_NO_LABELS = "held_no_labels"
     HELD_BAD_SIDECAR = "held_bad_sidecar"
     HELD_HARD_LINK = "held_hard_link"
+    HELD_SOURCE_REMOVED = "held_source_removed"
 
 
 class VersionStatus(StrEnum):
@@ -44,7 +46,7 @@ class VersionStatus(StrEnum):
 D, V = DocumentStatus, VersionStatus
 
 # Held back from the index, each for its reason (see above).
-DOCUMENT_HELD = (D.HELD_NO_LABELS, D.HELD_BAD_SIDECAR, D.HELD_HARD_LINK)
+DOCUMENT_HELD = (D.HELD_NO_LABELS, D.HELD_BAD_SIDECAR, D.HELD_HARD_LINK, D.HELD_SOURCE_REMOVED)
 _HELD = frozenset(DOCUMENT_HELD)
 
 DOCUMENT_TRANSITIONS: dict[DocumentStatus, frozenset[DocumentStatus]] = {

@@ -359,3 +359,22 @@ def test_erase_removes_a_document_everywhere_and_records_it_without_its_path(clo
     assert json.loads(out.stdout)["documents"] >= 5
     assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM index_v1").fetchone()[0] == 0
+
+
+def test_a_source_removed_from_the_configuration_is_not_served_until_it_comes_back(make_settings, tmp_path, db):
+    root = _corpus(tmp_path / "docs")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "note.md").write_text("# Note\n\nThe executive lounge opens at eight.\n")
+    both = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]},
+                          {"name": "other", "root": str(other), "acl_labels": ["staff"]}])
+    _ingest(both)
+    assert "public/canteen.md" in _paths(db, "executive", "staff")
+    summary = _ingest(make_settings([{"name": "other", "root": str(other), "acl_labels": ["staff"]}]))
+    assert any(p["source"] == "docs" and "removed from the configuration" in p["problem"]
+               for p in summary["problems"])
+    assert _paths(db, "executive", "staff") == {"note.md"}  # at once: nothing of the removed source is served
+    assert _status(db, "public/canteen.md")[0] == "held_source_removed"
+    _ingest(both)  # back in the configuration: served again (vectors from the embedding cache)
+    assert "public/canteen.md" in _paths(db, "executive", "staff")
+    assert _status(db, "public/canteen.md") == ("indexed", None)

@@ -39,7 +39,7 @@ def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
         "sidecar metadata changes). The cursor holds each source's digest and the number of launches.",
     )
     def source_changes(context: dg.SensorEvaluationContext, rag: RagResource):
-        digests = {source.name: source_digest(source) for source in sources_to_scan(rag, DiscoverConfig())}
+        digests = {source.name: source_digest(source) for source in sources_to_scan(rag, DiscoverConfig()).sources}
         cursor = json.loads(context.cursor) if context.cursor else {"launches": 0, "digests": {}}
         changed = sorted(name for name, digest in digests.items() if cursor["digests"].get(name) != digest)
         if not changed:

@@ -1,6 +1,7 @@
 """Ingestion assets: source_documents -> parsed_documents -> document_chunks -> search_index."""
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import dagster as dg
@@ -48,30 +49,39 @@ def command_line_sources(sources: list[SourceConfig]) -> Iterator[None]:
         _command_line_sources.clear()
 
 
-def sources_to_scan(rag: RagResource, config: DiscoverConfig) -> list[SourceConfig]:
+@dataclasses.dataclass
+class ScanPlan:
+    sources: list[SourceConfig]
+    origin: str  # how these sources are registered: "config" or "command_line"
+    removed: list[str]  # configured sources no longer in the configuration: their documents are held
+
+
+def sources_to_scan(rag: RagResource, config: DiscoverConfig) -> ScanPlan:
     if _command_line_sources:
-        return list(_command_line_sources)
+        return ScanPlan(list(_command_line_sources), "command_line", [])
     configured = {s.name: s for s in rag.settings().sources}
     with connect(rag.database_url()) as conn:
         # Sources an earlier command line registered keep being refreshed, with what it gave them.
-        registered = {s.name: s for s in documents.registered_sources(conn) if s.name not in configured}
+        registered = {s.name: s for s in documents.registered_sources(conn, "command_line") if s.name not in configured}
+        removed = documents.configured_sources_removed(conn, list(configured))
     known = {**registered, **configured}
     unknown = sorted(set(config.sources) - known.keys())
     if unknown:
         raise dg.Failure(f"sources not configured: {', '.join(unknown)}; a run scans configured sources only "
                          f"(known: {', '.join(sorted(known)) or 'none'})")
-    return [known[name] for name in config.sources] if config.sources else list(known.values())
+    chosen = [known[name] for name in config.sources] if config.sources else list(known.values())
+    return ScanPlan(chosen, "config", removed)
 
 
 @dg.asset(group_name=GROUP, description="Every file in every source, reconciled with the documents table.")
 def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: RagResource):
     db_url = rag.database_url()
-    sources = sources_to_scan(rag, config)
-    if not sources:
+    plan = sources_to_scan(rag, config)
+    if not plan.sources and not plan.removed:
         raise dg.Failure("no sources: add them to rag_pipeline.yaml or pass --source NAME=PATH")
     stats = discover(
-        db_url, sources, progress=context.log.info, lock_timeout_seconds=rag.settings().lock_timeout_seconds,
-        confirm_deletions=config.confirm_deletions,
+        db_url, plan.sources, progress=context.log.info, lock_timeout_seconds=rag.settings().lock_timeout_seconds,
+        confirm_deletions=config.confirm_deletions, origin=plan.origin, removed=plan.removed,
     )
     return dg.MaterializeResult(
         metadata={

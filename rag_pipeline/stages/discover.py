@@ -33,19 +33,29 @@ class DiscoverStats(StageStats):
 
 def discover(
     db_url: str, sources: Sequence[SourceConfig], progress: Progress = log_progress, lock_timeout_seconds: float = 3600,
-    confirm_deletions: Collection[str] = (),
+    confirm_deletions: Collection[str] = (), origin: str = "config", removed: Sequence[str] = (),
 ) -> DiscoverStats:
-    """Scan and reconcile each source. A scan that would empty a source or delete more than its
-    max_deletion_share deletes nothing unless the source is named in `confirm_deletions`."""
+    """Scan and reconcile each source (registered as coming from `origin`). A scan that would empty a source or
+    delete more than its max_deletion_share deletes nothing unless the source is named in `confirm_deletions`.
+    The documents of `removed` sources (configured once, no longer) are held: not served, kept for their return."""
     stats = DiscoverStats(sources=len(sources))
     with locked_stage(db_url, "discover", stats, timeout_seconds=lock_timeout_seconds, progress=progress):
         for source in sources:
-            _discover_source(db_url, source, stats, progress, source.name in confirm_deletions)
+            _discover_source(db_url, source, stats, progress, source.name in confirm_deletions, origin)
+        for name in removed:
+            with connect(db_url) as conn, conn.transaction():
+                held = documents.hold_source(conn, name)
+            stats.held += held
+            if held:
+                stats.problems.append({"source": name, "path": ".", "problem": (
+                    f"removed from the configuration: not scanned, {held} documents held (no longer served); "
+                    f"`rag-pipeline erase --source {name}` erases them, adding the source back serves them again")})
+                progress(f"source {name}: removed from the configuration; {held} documents held, no longer served")
     return stats
 
 
 def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, progress: Progress,
-                     confirmed: bool) -> None:
+                     confirmed: bool, origin: str) -> None:
     scan_started = datetime.now(UTC)
     report = ScanReport()
     if not source.root.is_dir():
@@ -55,7 +65,7 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         progress(f"source {source.name}: root folder {source.root} is missing; skipped, nothing deleted")
         return
     with connect(db_url) as conn, conn.transaction():
-        documents.upsert_source(conn, source)
+        documents.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = documents.DeletionGuard(source.max_deletion_share, confirmed)
         counts = documents.reconcile_source(conn, source.name, scan_source(source, report), report, guard)

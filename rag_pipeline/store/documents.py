@@ -22,21 +22,45 @@ D = DocumentStatus
 _STATUS = {status.name.lower(): status.value for status in DocumentStatus}
 
 
-def upsert_source(conn: psycopg.Connection, source: SourceConfig) -> None:
+def upsert_source(conn: psycopg.Connection, source: SourceConfig, origin: str = "config") -> None:
     conn.execute(
-        """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds)
-           VALUES (%s, %s, %s, %s, %s)
+        """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds, origin)
+           VALUES (%s, %s, %s, %s, %s, %s)
            ON CONFLICT (name) DO UPDATE SET root = EXCLUDED.root,
                include_patterns = EXCLUDED.include_patterns,
                default_acl_labels = EXCLUDED.default_acl_labels,
-               freshness_sla_seconds = EXCLUDED.freshness_sla_seconds""",
-        (source.name, str(source.root), list(source.include), list(source.acl_labels), source.freshness_sla_seconds),
+               freshness_sla_seconds = EXCLUDED.freshness_sla_seconds,
+               origin = EXCLUDED.origin""",
+        (source.name, str(source.root), list(source.include), list(source.acl_labels), source.freshness_sla_seconds,
+         origin),
     )
 
 
-def registered_sources(conn: psycopg.Connection) -> list[SourceConfig]:
+def configured_sources_removed(conn: psycopg.Connection, configured: Sequence[str]) -> list[str]:
+    """Sources registered from the configuration file that are no longer in it."""
+    return [r[0] for r in conn.execute(
+        "SELECT name FROM sources WHERE origin = 'config' AND NOT name = ANY(%s) ORDER BY name", (list(configured),)
+    ).fetchall()]
+
+
+def hold_source(conn: psycopg.Connection, source: str) -> int:
+    """Hold every document of a source that left the configuration: nothing of it is served any more, and it
+    comes back (from the embedding cache) if the source does. Returns how many were newly held."""
+    held = [r[0] for r in conn.execute(
+        """UPDATE documents SET status = %s, held_reason = 'its source was removed from the configuration'
+           WHERE source = %s AND status <> %s RETURNING doc_id""",
+        (D.HELD_SOURCE_REMOVED, source, D.HELD_SOURCE_REMOVED),
+    ).fetchall()]
+    if held:
+        delete_derived_rows(conn, held)
+    return len(held)
+
+
+def registered_sources(conn: psycopg.Connection, origin: str | None = None) -> list[SourceConfig]:
+    """Sources the database knows, of one origin ('config', 'command_line') or all."""
     rows = conn.execute(
-        "SELECT name, root, include_patterns, default_acl_labels, freshness_sla_seconds FROM sources ORDER BY name"
+        """SELECT name, root, include_patterns, default_acl_labels, freshness_sla_seconds FROM sources
+           WHERE %(origin)s::text IS NULL OR origin = %(origin)s ORDER BY name""", {"origin": origin}
     ).fetchall()
     return [
         SourceConfig(name=name, root=Path(root), include=tuple(inc), acl_labels=tuple(acl), freshness_sla=sla)
