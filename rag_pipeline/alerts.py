@@ -127,7 +127,8 @@ class AlertSender:
         response = httpx.post(self.config.webhook_url, json=payload, timeout=self.config.webhook_timeout_seconds)
         if 400 <= response.status_code < 500 and response.status_code != 429:
             # The receiver refuses this payload: sending it again will not help.
-            raise DeliveryError(f"webhook answered {response.status_code}: {response.text[:200]}")
+            raise DeliveryError(f"webhook answered {response.status_code}: "
+                                f"{redact(response.text[:200], self.config.webhook_url)}")
         response.raise_for_status()
 
     def _mail(self, payload: dict[str, Any], alert: Alert) -> None:

@@ -64,6 +64,8 @@ def erase(db_url: str, source: str, rel_path: str | None = None, lock_timeout_se
         removed, input_shas = erasure.erase_documents(conn, doc_ids)
         cache = erasure.collect_embedding_cache(conn, input_shas)
         removed["embedding_cache"] = cache
+        if rel_path is None:
+            removed["sources"] = erasure.unregister_source(conn, source)
         erasure.record_erasures(conn, [subject(key, doc_id) for doc_id in doc_ids],
                                 "document" if rel_path is not None else "source", removed)
     return ErasureReport(len(doc_ids), removed, cache)

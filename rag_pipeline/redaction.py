@@ -10,6 +10,7 @@ import logging
 import re
 from urllib.parse import urlsplit
 
+_URL_RE = re.compile(r"[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
 _CREDENTIALS_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s@:]+(?::[^/\s@]*)?@", re.IGNORECASE)
 
 
@@ -28,14 +29,24 @@ def redact_url(url: str) -> str:
 
 
 def redact(text: str, *urls: str | None) -> str:
-    """`text` with every given URL (and its variant without a trailing slash) shown redacted, and any other
-    user:password@ credentials in URLs removed."""
-    for url in urls:
-        if url:
-            for form in {url, url.rstrip("/")}:
-                if form:
-                    text = text.replace(form, redact_url(url))
-    return _CREDENTIALS_RE.sub(r"\g<scheme>", text)
+    """`text` with every URL to the host of a given URL shown redacted, however it is spelled (httpx prints
+    URLs normalised: another case, an explicit port, percent-encoding), and user:password@ removed from any
+    other URL."""
+    hosts = {_host(url) for url in urls if url} - {None}
+
+    def replace(match: re.Match[str]) -> str:
+        found = match.group()
+        return redact_url(found) if _host(found) in hosts else _CREDENTIALS_RE.sub(r"\g<scheme>", found)
+
+    return _URL_RE.sub(replace, text)
+
+
+def _host(url: str) -> str | None:
+    try:
+        host = urlsplit(url.strip()).hostname
+    except ValueError:
+        return None
+    return host.lower() if host else None
 
 
 class _RedactingFilter(logging.Filter):

@@ -86,11 +86,14 @@ def run_ingest(
     NAME=PATH folders from the command line (with default `labels`), scanned instead of the configured ones."""
     import dagster as dg
 
-    from rag_pipeline.config import SourceConfig, parse_labels
+    from rag_pipeline.config import ConfigError, SourceConfig, parse_labels
     from rag_pipeline.defs.code_location import build_definitions
     from rag_pipeline.defs.ingestion import command_line_sources
 
     adhoc = [SourceConfig.from_cli(spec, parse_labels(labels)) for spec in sources or []]
+    clashes = sorted({s.name for s in adhoc} & {s.name for s in settings.sources})
+    if clashes:  # a command line must not redefine a configured source's folder or labels
+        raise ConfigError(f"--source {', '.join(clashes)}: a configured source has that name; pick another name")
     run_config = {
         "ops": {"source_documents": {"config": {"confirm_deletions": confirm_deletions or []}}},
         "loggers": {"console": {"config": {"log_level": log_level}}},

@@ -19,6 +19,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -118,50 +119,67 @@ def read_sidecar(path: Path, root: Path) -> dict[str, Any]:
     """A sidecar's JSON object. Refused (SidecarError) unless it resolves inside the root, is a regular file of
     at most MAX_SIDECAR_BYTES, decodes as UTF-8 (a byte-order mark is fine) and holds an object whose strings
     have no NUL and whose `acl_labels` is a list of non-empty strings or a comma-separated string."""
+    name = printable(path.name)
     try:
         resolved = confine(root, path)
         info = resolved.stat()
-    except UnsafePathError as exc:
-        raise SidecarError(f"sidecar {path.name}: {exc}") from None
+    except UnsafePathError:
+        raise SidecarError(f"sidecar {name} resolves outside the source root") from None
     except (OSError, RuntimeError) as exc:  # a dangling or looping link, no permission
-        raise SidecarError(f"sidecar {path.name} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+        raise SidecarError(f"sidecar {name} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
     if not stat.S_ISREG(info.st_mode):
-        raise SidecarError(f"sidecar {path.name} is not a regular file")  # never opened: a FIFO would hang
+        raise SidecarError(f"sidecar {name} is not a regular file")  # never opened: a FIFO would hang
     if info.st_size > MAX_SIDECAR_BYTES:
-        raise SidecarError(f"sidecar {path.name} is larger than {MAX_SIDECAR_BYTES} bytes")
+        raise SidecarError(f"sidecar {name} is larger than {MAX_SIDECAR_BYTES} bytes")
     try:
         with open(resolved, "rb") as handle:
             raw = handle.read(MAX_SIDECAR_BYTES + 1)
     except OSError as exc:
-        raise SidecarError(f"sidecar {path.name} cannot be read: {exc.strerror or exc}") from None
+        raise SidecarError(f"sidecar {name} cannot be read: {exc.strerror or exc}") from None
     if len(raw) > MAX_SIDECAR_BYTES:
-        raise SidecarError(f"sidecar {path.name} is larger than {MAX_SIDECAR_BYTES} bytes")
+        raise SidecarError(f"sidecar {name} is larger than {MAX_SIDECAR_BYTES} bytes")
     try:
         data = json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
-        raise SidecarError(f"sidecar {path.name} is not UTF-8: {exc}") from None
+        raise SidecarError(f"sidecar {name} is not UTF-8: {exc}") from None
     except (json.JSONDecodeError, RecursionError) as exc:
-        raise SidecarError(f"sidecar {path.name} is not valid JSON: {exc}") from None
+        raise SidecarError(f"sidecar {name} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise SidecarError(f"sidecar {path.name} must hold a JSON object")
-    _refuse_nul(data, path.name, 0)
+        raise SidecarError(f"sidecar {name} must hold a JSON object")
+    _refuse_unstorable(data, printable(path.name), 0)
+    _refuse_label_lookalikes(data, printable(path.name))
     if "acl_labels" in data:
-        data["acl_labels"] = _labels(data["acl_labels"], path.name)
+        data["acl_labels"] = _labels(data["acl_labels"], name)
     return data
 
 
-def _refuse_nul(value: Any, name: str, depth: int) -> None:
+def _refuse_unstorable(value: Any, name: str, depth: int) -> None:
+    """Strings the database cannot hold (NUL, lone surrogates from JSON escapes) make the sidecar unreadable."""
     if depth > MAX_SIDECAR_DEPTH:
         raise SidecarError(f"sidecar {name} nests deeper than {MAX_SIDECAR_DEPTH} levels")
-    if isinstance(value, str) and "\x00" in value:
-        raise SidecarError(f"sidecar {name} holds a NUL character")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise SidecarError(f"sidecar {name} holds a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SidecarError(f"sidecar {name} holds a string that is not valid Unicode") from None
     if isinstance(value, dict):
         for key, item in value.items():
-            _refuse_nul(key, name, depth + 1)
-            _refuse_nul(item, name, depth + 1)
+            _refuse_unstorable(key, name, depth + 1)
+            _refuse_unstorable(item, name, depth + 1)
     elif isinstance(value, list):
         for item in value:
-            _refuse_nul(item, name, depth + 1)
+            _refuse_unstorable(item, name, depth + 1)
+
+
+def _refuse_label_lookalikes(data: dict[str, Any], name: str) -> None:
+    """A key that reads like `acl_labels` but is not it (`acl-labels`, `ACL_Labels`, `labels`, `acl_label`) would
+    leave the file with wider inherited labels: refused, as the configuration refuses unknown keys."""
+    for key in data:
+        folded = re.sub(r"[^a-z]", "", str(key).lower())
+        if key != "acl_labels" and ("acl" in folded or "label" in folded):
+            raise SidecarError(f"sidecar {name}: key {key!r} is not 'acl_labels' (the only key for labels)")
 
 
 def _labels(value: Any, name: str) -> tuple[str, ...]:
@@ -173,6 +191,18 @@ def _labels(value: Any, name: str) -> tuple[str, ...]:
     if any(not item.strip() for item in value):
         raise SidecarError(f"sidecar {name}: acl_labels holds an empty label")
     return parse_labels(value)
+
+
+def sidecar_present(path: Path) -> bool:
+    """Whether a sidecar exists (a dangling link does). Not knowing is not "absent": an error other than "no such
+    file" (EIO, ESTALE, EACCES) raises SidecarError, so the files it would speak for are held, never widened."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise SidecarError(f"sidecar {printable(path.name)} cannot be checked: {exc.strerror or exc}") from None
+    return True
 
 
 def _matches(rel_path: str, patterns: tuple[str, ...]) -> bool:
@@ -200,17 +230,26 @@ class _FolderMeta:
         self._folders: dict[Path, _Folder] = {}
 
     def of(self, folder: Path) -> _Folder:
-        if folder in self._folders:
-            return self._folders[folder]
-        parent = self.of(folder.parent) if folder != self.root else _Folder({})
+        # From the nearest folder already read down to this one, without recursion (folders can nest deep).
+        chain = []
+        while folder not in self._folders and folder != self.root and folder != folder.parent:
+            chain.append(folder)
+            folder = folder.parent
+        if folder not in self._folders:
+            self._folders[folder] = self._read(folder, _Folder({}))
+        for child in reversed(chain):
+            self._folders[child] = self._read(child, self._folders[child.parent])
+        return self._folders[chain[0] if chain else folder]
+
+    def _read(self, folder: Path, parent: _Folder) -> _Folder:
         entry = _Folder(dict(parent.meta), parent.held)
         sidecar = folder / FOLDER_SIDECAR
-        if entry.held is None and os.path.lexists(sidecar):
+        if entry.held is None:
             try:
-                entry.meta.update(read_sidecar(sidecar, self.root))
+                if sidecar_present(sidecar):
+                    entry.meta.update(read_sidecar(sidecar, self.root))
             except SidecarError as exc:
                 entry.held = f"{printable(sidecar.relative_to(self.root).as_posix())}: {exc}"
-        self._folders[folder] = entry
         return entry
 
 
@@ -263,8 +302,8 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
     try:
         resolved = confine(root, path)
         info = resolved.stat()
-    except UnsafePathError as exc:
-        report.problem(rel_path, str(exc))
+    except UnsafePathError:
+        report.problem(rel_path, "resolves outside the source root")
         return None
     except (OSError, RuntimeError) as exc:
         report.problem(rel_path, f"cannot be read: {getattr(exc, 'strerror', None) or exc}; kept as it was",
@@ -275,6 +314,9 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
         return None
     named = path
     if resolved != path.absolute():
+        if is_sidecar(resolved.name):  # a sidecar read as a document would publish its labels and password
+            report.problem(rel_path, "a link to a sidecar; skipped")
+            return None
         if source.symlinks == "refuse":
             report.problem(rel_path, "a symbolic link, and this source refuses links (symlinks: refuse)")
             return None
@@ -283,9 +325,10 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
     held: tuple[DocumentStatus, str] | None = (D.HELD_BAD_SIDECAR, folder.held) if folder.held else None
     meta = dict(folder.meta)
     sidecar = named.with_name(named.name + FILE_SIDECAR_SUFFIX)
-    if held is None and os.path.lexists(sidecar):
+    if held is None:
         try:
-            meta.update(read_sidecar(sidecar, root))
+            if sidecar_present(sidecar):
+                meta.update(read_sidecar(sidecar, root))
         except SidecarError as exc:
             held = (D.HELD_BAD_SIDECAR, str(exc))
     if held is None and info.st_nlink > 1 and not source.allow_hard_links:

@@ -55,7 +55,8 @@ DOCUMENT_TRANSITIONS: dict[DocumentStatus, frozenset[DocumentStatus]] = {
     D.PENDING_INDEX: frozenset({D.INDEXED, D.PENDING_CHUNK, D.PENDING_PARSE}) | _HELD,
     D.INDEXED: frozenset({D.PENDING_INDEX, D.PENDING_CHUNK, D.PENDING_PARSE}) | _HELD,
     D.DEAD_LETTER: frozenset({D.PENDING_PARSE}) | _HELD,
-    **{held: frozenset({D.PENDING_PARSE}) | (_HELD - {held}) for held in DOCUMENT_HELD},
+    # Released: parsed again, or re-chunked from the pages it kept while held.
+    **{held: frozenset({D.PENDING_PARSE, D.PENDING_CHUNK}) | (_HELD - {held}) for held in DOCUMENT_HELD},
 }
 
 VERSION_TRANSITIONS: dict[VersionStatus, frozenset[VersionStatus]] = {

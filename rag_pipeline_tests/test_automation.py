@@ -326,6 +326,10 @@ def test_redaction_of_urls():
     assert redact("POST https://hooks.slack.com/services/T/B/xyz failed", "https://hooks.slack.com/services/T/B/xyz") \
         == "POST https://hooks.slack.com/… failed"
     assert redact("dial http://bob:hunter2@10.0.0.5/x") == "dial http://10.0.0.5/x"
+    secret = "https://hooks.slack.com/services/T/B/xyz"
+    for spelled in ("https://Hooks.Slack.com/services/T/B/xyz", "https://hooks.slack.com:443/services/T/B/xyz",
+                    "https://hooks.slack.com/services/T/B/%78yz?a=1"):  # as httpx may print it
+        assert "xyz" not in redact(f"failed for url '{spelled}'", secret)
 
 
 @pytest.fixture

@@ -53,6 +53,18 @@ def _graphql(port: int, query: str) -> dict:
         return json.loads(response.read())
 
 
+def _shipped_config_without_sources(tmp_path: Path) -> Path:
+    """The shipped rag_pipeline.yaml with its paths made absolute and no configured source: the CLI test's
+    folder comes from the command line (a command line may not redefine a configured source)."""
+    config = yaml.safe_load((REPO / "rag_pipeline.yaml").read_text())
+    config["sources"] = []
+    config["checks"]["golden_set"] = str(REPO / config["checks"]["golden_set"])
+    config["embedding"]["models_dir"] = str(REPO / config["embedding"]["models_dir"])
+    path = tmp_path / "rag_pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 @pytest.fixture
 def cli_env(tmp_path, db_url, pg_admin_url):
     dagster_db = f"dagster_{tmp_path.name[-8:].replace('-', '_')}"
@@ -63,7 +75,7 @@ def cli_env(tmp_path, db_url, pg_admin_url):
         RAG_DAGSTER_DATABASE_URL=psycopg.conninfo.make_conninfo(pg_admin_url, dbname=dagster_db),
         RAG_DATA_DIR=str(tmp_path / "data"),
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
-        RAG_CONFIG=str(REPO / "rag_pipeline.yaml"),
+        RAG_CONFIG=str(_shipped_config_without_sources(tmp_path)),
         HF_HUB_OFFLINE="1",
     )
     return env
@@ -72,7 +84,7 @@ def cli_env(tmp_path, db_url, pg_admin_url):
 def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     cli = [sys.executable, "-m", "rag_pipeline.cli"]
     first = subprocess.run(
-        [*cli, "ingest", "--source", f"sample={corpus}", "--labels", "staff", "--json"],
+        [*cli, "ingest", "--source", f"adhoc={corpus}", "--labels", "staff", "--json"],
         env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     assert first.returncode == 0, first.stderr[-3000:]
@@ -84,7 +96,7 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     assert not (tmp_path / "data" / "pg").exists()  # RAG_DATABASE_URL set: nothing embedded was started
 
     second = subprocess.run(
-        [*cli, "ingest", "--source", f"sample={corpus}", "--labels", "staff", "--json"],
+        [*cli, "ingest", "--source", f"adhoc={corpus}", "--labels", "staff", "--json"],
         env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     again = json.loads(second.stdout)

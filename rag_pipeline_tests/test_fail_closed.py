@@ -378,3 +378,43 @@ def test_a_source_removed_from_the_configuration_is_not_served_until_it_comes_ba
     _ingest(both)  # back in the configuration: served again (vectors from the embedding cache)
     assert "public/canteen.md" in _paths(db, "executive", "staff")
     assert _status(db, "public/canteen.md") == ("indexed", None)
+
+
+def test_sidecars_that_cannot_be_stored_or_misname_labels_hold_and_links_to_sidecars_are_skipped(db_url, tmp_path, db):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        (root / "hr").mkdir(parents=True)
+        (root / "keep.md").write_text("k")
+    (first / "hr" / "pay.md").write_text("p")
+    (first / "hr" / "pay.md.meta.json").write_text('{"title": "t\\ud800"}')  # a lone surrogate: not storable
+    (first / "typo.md").write_text("t")
+    (first / "typo.md.meta.json").write_text('{"acl-labels": ["hr"]}')  # not the key: would widen to defaults
+    (first / "hr" / "secret.pdf.meta.json").write_text('{"acl_labels": ["hr"], "password": "s3cret"}')
+    (first / "notes.md").symlink_to(first / "hr" / "secret.pdf.meta.json")
+    sources = [SourceConfig(name="first", root=first, acl_labels=("staff",)),
+               SourceConfig(name="second", root=second, acl_labels=("staff",))]
+    stats = discover(db_url, sources)
+    rows = {r[0]: (r[1], r[2]) for r in db.execute("SELECT source || ':' || rel_path, status, acl_labels "
+                                                    "FROM documents")}
+    assert rows["first:hr/pay.md"][0] == "held_bad_sidecar"
+    assert rows["first:typo.md"][0] == "held_bad_sidecar" and rows["first:typo.md"][1] == []
+    assert "first:notes.md" not in rows
+    assert any(p["path"] == "notes.md" and "sidecar" in p["problem"] for p in stats.problems)
+    assert rows["second:keep.md"] == ("pending_parse", ["staff"])  # the next source was scanned
+
+
+def test_a_file_swapped_for_a_link_after_the_scan_is_not_parsed_under_the_old_labels(make_settings, tmp_path, db):
+    from rag_pipeline.stages.parse import parse_pending
+
+    root = _corpus(tmp_path / "docs")
+    (root / "public" / "x.md").write_text("# Harmless\n\nNothing to see.\n")
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    discover(settings.database_url, settings.sources)
+    (root / "public" / "x.md").unlink()
+    (root / "public" / "x.md").symlink_to(root / "hr" / "salaries.md")  # swapped before parsing runs
+    stats = parse_pending(settings.database_url, settings)
+    assert stats.changed_since_scan == 1
+    assert db.execute("SELECT count(*) FROM document_pages p JOIN documents d USING (doc_id) "
+                      "WHERE d.rel_path = 'public/x.md'").fetchone()[0] == 0
+    discover(settings.database_url, settings.sources)  # the next scan judges the link: its target's labels
+    assert db.execute("SELECT acl_labels FROM documents WHERE rel_path = 'public/x.md'").fetchone()[0] == ["hr"]

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 
 import dagster as dg
@@ -38,15 +39,17 @@ class DiscoverConfig(dg.Config):
 # in-process run (rag_pipeline.runs). A run launched from the UI runs in another process and scans configured
 # sources only: the UI can neither point ingestion at a folder nor give it labels.
 _command_line_sources: list[SourceConfig] = []
+_command_line_lock = threading.Lock()  # one command-line run at a time per process: the hand-off is global
 
 
 @contextlib.contextmanager
 def command_line_sources(sources: list[SourceConfig]) -> Iterator[None]:
-    _command_line_sources[:] = sources
-    try:
-        yield
-    finally:
-        _command_line_sources.clear()
+    with _command_line_lock:
+        _command_line_sources[:] = sources
+        try:
+            yield
+        finally:
+            _command_line_sources.clear()
 
 
 @dataclasses.dataclass

@@ -3,15 +3,21 @@ deleted), one transaction per source, without reading any document's bytes."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+import psycopg
 
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.sources import ScanReport, scan_source
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
 from rag_pipeline.store import documents
 from rag_pipeline.store.database import connect
+
+log = logging.getLogger(__name__)
+MAX_PROBLEMS_SHOWN = 200  # per source and run
 
 
 @dataclass
@@ -41,7 +47,15 @@ def discover(
     stats = DiscoverStats(sources=len(sources))
     with locked_stage(db_url, "discover", stats, timeout_seconds=lock_timeout_seconds, progress=progress):
         for source in sources:
-            _discover_source(db_url, source, stats, progress, source.name in confirm_deletions, origin)
+            try:
+                _discover_source(db_url, source, stats, progress, source.name in confirm_deletions, origin)
+            except psycopg.OperationalError:
+                raise  # the database is gone: no other source can be scanned either
+            except Exception as exc:  # one source's failure (its transaction rolled back) never stops the others
+                log.exception("discovery of source %s failed", source.name)
+                stats.problems.append({"source": source.name, "path": ".", "problem": (
+                    f"scan failed, nothing of this source changed: {type(exc).__name__}: {exc}")})
+                progress(f"source {source.name}: scan failed ({type(exc).__name__}: {exc}); nothing changed")
         for name in removed:
             with connect(db_url) as conn, conn.transaction():
                 held = documents.hold_source(conn, name)
@@ -78,7 +92,11 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     stats.deleted += counts.deleted
     stats.held += counts.held
     stats.deletions_held += counts.deletions_held
-    stats.problems += [{"source": source.name, "path": p.rel_path, "problem": p.problem} for p in report.problems]
+    shown = report.problems[:MAX_PROBLEMS_SHOWN]  # a folder of a million bad entries must not flood the run log
+    stats.problems += [{"source": source.name, "path": p.rel_path, "problem": p.problem} for p in shown]
+    if len(report.problems) > len(shown):
+        stats.problems.append({"source": source.name, "path": ".",
+                               "problem": f"and {len(report.problems) - len(shown)} more problems not listed"})
     if counts.deletions_held_reason:
         stats.problems.append({"source": source.name, "path": ".", "problem": (
             f"{counts.deletions_held} deletions held: {counts.deletions_held_reason}; nothing was deleted. If they "
@@ -93,6 +111,6 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         + (f", {counts.deletions_held} deletions held ({counts.deletions_held_reason})" if counts.deletions_held
            else "")
     )
-    for problem in report.problems:
+    for problem in shown:
         progress(f"source {source.name}: {problem.rel_path}: {problem.problem}")
 

@@ -33,6 +33,7 @@ class ParseStats(StageStats):
     content_unchanged: int = 0  # file changed, text did not: no chunking, no embedding
     dead_lettered: int = 0
     vanished: int = 0
+    changed_since_scan: int = 0  # left for the next scan: the file is not the one it judged
     pages: int = 0
     tiers: dict[str, int] = field(default_factory=dict)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
@@ -50,7 +51,9 @@ def parse_pending(db_url: str, settings: Settings, progress: Progress = log_prog
         version = parser_version()
         cascade = Cascade(settings.parsing)
         with connect(db_url) as conn, contextlib.closing(cascade):
+            # The configured definition where there is one (it carries allow_hard_links); else what is registered.
             roots = {s.name: s for s in documents.registered_sources(conn)}
+            roots.update({s.name: s for s in settings.sources})
             after = ""
             while batch := documents.pending_documents(conn, D.PENDING_PARSE, settings.batch_size, after):
                 conn.commit()
@@ -75,7 +78,14 @@ def _parse_one(
         _dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
         return
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        # The file read must be the file the scan judged: a name swapped since for a link (to a file with other
+        # labels) or for another file is left for the next scan to judge again, not parsed under these labels.
+        if f"{info.st_size}:{info.st_mtime_ns}" != doc.fingerprint or (
+                info.st_nlink > 1 and not source.allow_hard_links):
+            stats.changed_since_scan += 1
+            return
+        size = info.st_size
         if size > cascade.config.max_file_bytes:
             raise DeadLetter("too_large", f"{size:,} bytes; parsing.max_file_bytes is {cascade.config.max_file_bytes:,}")
         # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because

@@ -52,7 +52,7 @@ def hold_source(conn: psycopg.Connection, source: str) -> int:
         (D.HELD_SOURCE_REMOVED, source, D.HELD_SOURCE_REMOVED),
     ).fetchall()]
     if held:
-        delete_derived_rows(conn, held)
+        delete_derived_rows(conn, held, keep_pages=True)
     return len(held)
 
 
@@ -101,6 +101,10 @@ _GONE = """d.source = %(source)s AND NOT EXISTS (SELECT 1 FROM scan_files s WHER
                            WHERE u = '.' OR d.rel_path = u OR starts_with(d.rel_path, u || '/'))"""
 
 
+_JUDGED = """d.source = %(source)s AND NOT EXISTS (SELECT 1 FROM unnest(%(unreadable)s::text[]) u
+                           WHERE u = '.' OR d.rel_path = u OR starts_with(d.rel_path, u || '/'))"""
+
+
 def _hold_of(f: DiscoveredFile) -> tuple[str | None, str | None]:
     if f.held:
         return f.held[0].value, f.held[1]
@@ -145,9 +149,10 @@ def reconcile_source(
     unreadable = list(report.unreadable) if report else []  # read after the scan has run, not before
     params = {"source": source, "unreadable": unreadable, "held": list(DOCUMENT_HELD), **_STATUS}
     gone = sql.SQL(_GONE)
+    # The share is of what the scan could judge: documents kept under unreadable paths are not in it.
     missing, total = conn.execute(
-        sql.SQL("SELECT count(*) FILTER (WHERE {gone}), count(*) FILTER (WHERE d.source = %(source)s)"
-                " FROM documents d").format(gone=gone),
+        sql.SQL("SELECT count(*) FILTER (WHERE {gone}), count(*) FILTER (WHERE {judged}) FROM documents d").format(
+            gone=gone, judged=sql.SQL(_JUDGED)),
         params,
     ).fetchone()
     if missing and not guard.confirmed:
@@ -207,13 +212,14 @@ def reconcile_source(
               OR d.held_reason IS DISTINCT FROM s.hold_reason""",
         params,
     )
-    # A document that is held back now loses everything derived from it, in this transaction.
+    # A document that is held back now loses everything served from it, in this transaction (its pages stay,
+    # never served, so a release re-chunks instead of re-parsing).
     holds = [r[0] for r in conn.execute(
         "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND NOT old_status = ANY(%s)", (list(DOCUMENT_HELD),)
     ).fetchall()]
     counts.held += len(holds)
     if holds:
-        delete_derived_rows(conn, holds)
+        delete_derived_rows(conn, holds, keep_pages=True)
     conn.execute(
         """UPDATE documents d SET
                fingerprint = c.fingerprint, size_bytes = c.size_bytes, modified_at = c.modified_at,
@@ -222,7 +228,8 @@ def reconcile_source(
                status = CASE c.change
                    WHEN 'hold' THEN c.hold_status
                    WHEN 'changed' THEN %(pending_parse)s
-                   WHEN 'released' THEN %(pending_parse)s
+                   WHEN 'released' THEN CASE WHEN d.content_hash IS NOT NULL THEN %(pending_chunk)s
+                                             ELSE %(pending_parse)s END
                    WHEN 'retitled' THEN CASE WHEN d.status IN (%(indexed)s, %(pending_index)s)
                                              THEN %(pending_chunk)s ELSE d.status END
                    ELSE d.status END,
@@ -260,20 +267,25 @@ def repair_groups(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:
     )
 
 
-def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
-    """Remove every row derived from these documents (pages, chunks, all index versions) but the documents."""
+def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str], keep_pages: bool = False) -> None:
+    """Remove every row derived from these documents (pages, chunks, all index versions) but the documents.
+    With keep_pages, a held document keeps its parsed pages and LLM prefixes (never served): when it is released
+    it is re-chunked from them, not parsed again (OCR, VLM and prefix calls are not paid twice)."""
     touched_groups = [r[0] for r in conn.execute(
         "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (list(doc_ids),)
     ).fetchall()]
     for version in versions.index_versions(conn):
         versions.delete_rows_of(conn, version, doc_ids)
     conn.execute("DELETE FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),))
-    conn.execute("DELETE FROM document_pages WHERE doc_id = ANY(%s)", (list(doc_ids),))
-    conn.execute("DELETE FROM prefix_cache WHERE doc_id = ANY(%s)", (list(doc_ids),))
-    conn.execute(
-        "UPDATE documents SET content_hash = NULL, indexed_content_hash = NULL WHERE doc_id = ANY(%s)",
-        (list(doc_ids),),
-    )
+    if keep_pages:
+        conn.execute("UPDATE documents SET indexed_content_hash = NULL WHERE doc_id = ANY(%s)", (list(doc_ids),))
+    else:
+        conn.execute("DELETE FROM document_pages WHERE doc_id = ANY(%s)", (list(doc_ids),))
+        conn.execute("DELETE FROM prefix_cache WHERE doc_id = ANY(%s)", (list(doc_ids),))
+        conn.execute(
+            "UPDATE documents SET content_hash = NULL, indexed_content_hash = NULL WHERE doc_id = ANY(%s)",
+            (list(doc_ids),),
+        )
     repair_groups(conn, touched_groups)
 
 

@@ -10,6 +10,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from rag_pipeline import ids as ids_module
 from rag_pipeline.store import documents, versions
 from rag_pipeline.store.health import table_exists
 
@@ -37,6 +38,10 @@ def erase_documents(conn: psycopg.Connection, doc_ids: Sequence[str]) -> tuple[d
     input_shas: set[str] = set()
     touched_groups = [r[0] for r in conn.execute(
         "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (ids,)).fetchall()]
+    # Chunks not in any version yet (queued for indexing) may have cache entries too: their inputs count.
+    input_shas.update(ids_module.embedding_input_sha(f"{prefix}\n{text}" if prefix else text)
+                      for prefix, text in conn.execute("SELECT prefix, text FROM chunks WHERE doc_id = ANY(%s)",
+                                                       (ids,)).fetchall())
     for version in versions.index_versions(conn):
         if not table_exists(conn, version.table_name):
             continue
@@ -70,6 +75,11 @@ def collect_embedding_cache(conn: psycopg.Connection, input_shas: Sequence[str] 
             condition=condition, used=used),
         {"shas": list(input_shas or []), "grace": older_than_seconds},
     ).rowcount
+
+
+def unregister_source(conn: psycopg.Connection, source: str) -> int:
+    """Forget a source (and its scan history): a command-line source is then no longer refreshed."""
+    return conn.execute("DELETE FROM sources WHERE name = %s", (source,)).rowcount
 
 
 def record_erasures(conn: psycopg.Connection, subjects: Sequence[str], scope: str, removed: dict[str, Any]) -> None:

@@ -18,9 +18,12 @@ FROM (VALUES ('pending_parse'), ('pending_chunk'), ('pending_index'), ('indexed'
      (VALUES ('held_no_labels'), ('held_bad_sidecar'), ('held_hard_link'), ('held_source_removed')) AS t (status)
 WHERE f.status <> t.status
 ON CONFLICT DO NOTHING;
+-- A released document is parsed again, or re-chunked from the pages it kept while held.
 INSERT INTO document_status_transitions (from_status, to_status)
 VALUES ('held_bad_sidecar', 'pending_parse'), ('held_hard_link', 'pending_parse'),
-       ('held_source_removed', 'pending_parse')
+       ('held_source_removed', 'pending_parse'), ('held_no_labels', 'pending_chunk'),
+       ('held_bad_sidecar', 'pending_chunk'), ('held_hard_link', 'pending_chunk'),
+       ('held_source_removed', 'pending_chunk')
 ON CONFLICT DO NOTHING;
 
 -- Where a source was registered from: the configuration file, or a command line (`ingest --source NAME=PATH`).
