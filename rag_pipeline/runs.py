@@ -31,7 +31,22 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
     if not target.exists() or target.read_text() != text:
         target.write_text(text)
     os.environ["DAGSTER_HOME"] = str(home)
+    _create_dagster_storage(dagster_url)
     return home
+
+
+DAGSTER_SCHEMA_LOCK = 0x7261675F64616773  # "rag_dags": an advisory lock key of its own
+
+
+def _create_dagster_storage(dagster_url: str) -> None:
+    """Let one process at a time create Dagster's tables: two first runs started together (two CLIs, a CLI and
+    the daemon) would both issue CREATE TABLE and one would fail on "already exists"."""
+    import dagster as dg
+
+    from rag_pipeline.store.database import advisory_lock
+
+    with advisory_lock(dagster_url, DAGSTER_SCHEMA_LOCK), dg.DagsterInstance.get() as instance:
+        instance.get_runs(limit=1)  # storage is created (or found) by now
 
 
 def summarize_run(result: Any) -> dict[str, Any]:

@@ -217,6 +217,17 @@ def _lock_holders(conn: psycopg.Connection) -> str:
 
 
 @contextmanager
+def advisory_lock(url: str, key: int) -> Iterator[None]:
+    """A session-level advisory lock on its own connection, held for the block (released if the process dies)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+@contextmanager
 def index_write_lock(
     url: str, holder: str, *, shared: bool = False, timeout_seconds: float = 3600,
     progress: Callable[[str], None] = log.info,
