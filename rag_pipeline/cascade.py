@@ -62,7 +62,8 @@ def escalation_reason(signals: dict[str, Any], config: ParsingConfig) -> str | N
         return "invisible_text"  # most of the text layer is hidden (render mode 3): read what is drawn instead
     # A share of bad glyphs, or one word of them: isolated ones are symbol-font bullets, which cleaning removes.
     if (float(signals.get("bad_glyph_ratio", 0.0)) > config.max_bad_glyph_ratio
-            or int(signals.get("unmapped_run", 0)) >= config.max_unmapped_run):
+            or int(signals.get("unmapped_run", 0)) >= config.max_unmapped_run
+            or float(signals.get("unmapped_font_share", 0.0)) > config.max_unmapped_font_share):
         return "glyph_failure"  # fonts without a Unicode map: (cid:NN), U+FFFD, private-use code points
     if (float(signals.get("ragged_table_ratio", 0.0)) > config.max_ragged_table_ratio
             or int(signals.get("stray_figure_rows", 0)) > config.max_stray_figure_rows):

@@ -246,6 +246,9 @@ class ParsingConfig(_Section):
     max_bad_glyph_ratio: Fraction = Field(0.05, description="(cid:NN), U+FFFD and private-use glyphs per character")
     max_unmapped_run: int = Field(3, ge=1, description="a word of this many unmapped glyphs in a row (a font "
                                   "without a Unicode map) escalates the page, whatever their share")
+    max_unmapped_font_share: Fraction = Field(0.1, description="share of a page's characters set in fonts that "
+                                              "address glyphs by id without a /ToUnicode map (their text is a "
+                                              "guess); more escalates the page")
     max_ragged_table_ratio: Fraction = Field(0.34, description="share of table rows whose cell count differs")
     max_stray_figure_rows: int = Field(3, ge=0, description="lines that read as table rows (a label and two "
                                        "figures or more) outside every table found; more escalate the page")

@@ -415,6 +415,28 @@ SCRIPT_HINTS = (("Korean", ("KSC", "UniKS", "Batang", "Gulim", "Dotum", "Malgun"
                 ("Chinese", ("GBK", "GB-EUC", "UniGB", "UniCNS", "B5pc", "SimSun", "SimHei", "MingLiU", "STSong")))
 
 
+def fonts_without_unicode_map(page_obj: Any) -> set[str]:
+    """Names of the page's composite fonts that address glyphs by id (Identity-H/V) and carry no /ToUnicode: the
+    text read from them is a guess (pdfminer falls back on the embedded font's tables, which subsetting often
+    scrambles into plausible but wrong characters), so it cannot be trusted whatever it looks like."""
+    from pdfminer.pdftypes import resolve1
+
+    try:
+        fonts = resolve1(resolve1(page_obj.resources or {}).get("Font")) or {}
+    except Exception:  # a malformed resource dictionary: no verdict
+        return set()
+    names = set()
+    for ref in list(fonts.values())[:500] if isinstance(fonts, dict) else []:
+        font = resolve1(ref)
+        if not isinstance(font, dict) or font.get("ToUnicode") is not None:
+            continue
+        subtype, encoding = resolve1(font.get("Subtype")), resolve1(font.get("Encoding"))
+        if getattr(subtype, "name", None) == "Type0" and getattr(encoding, "name", "") in ("Identity-H", "Identity-V"):
+            base = resolve1(font.get("BaseFont"))
+            names.add(str(getattr(base, "name", base)))
+    return names
+
+
 def unmapped_scripts(chars: list[dict[str, Any]]) -> list[str]:
     """Scripts named by the fonts of glyphs without a Unicode map ((cid:N) characters)."""
     fonts = {str(c.get("fontname", "")) for c in chars if str(c.get("text", "")).startswith("(cid:")}
@@ -430,6 +452,13 @@ def _ragged_ratio(rows: list[list[Any]]) -> float:
         return 0.0
     usual = max(set(body), key=body.count)
     return round(sum(1 for n in body if n != usual) / len(body), 3)
+
+
+def _unmapped_font_share(page: Any) -> float:
+    unmapped = fonts_without_unicode_map(page.page_obj)
+    if not unmapped or not page.chars:
+        return 0.0
+    return round(sum(1 for c in page.chars if c.get("fontname") in unmapped) / len(page.chars), 3)
 
 
 def _annotations(page: Any) -> tuple[list[str], dict[str, int]]:
@@ -503,6 +532,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
         "invisible_chars": invisible,
         "invisible_ratio": round(invisible / all_chars, 3) if all_chars else 0.0,
         "cid_glyphs": len(CID_GLYPH_RE.findall(text)),
+        "unmapped_font_share": _unmapped_font_share(page),
         "unmapped_scripts": unmapped_scripts(page.chars),
         "unmapped_run": max((len(CID_GLYPH_RE.findall(run)) for run in UNMAPPED_RUN_RE.findall(text)), default=0),
         "replacement_glyphs": text.count("\ufffd"),

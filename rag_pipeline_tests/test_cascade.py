@@ -227,3 +227,16 @@ def test_ocr_says_when_a_page_needs_a_script_its_models_do_not_read(tmp_path):
     escalated = Cascade(ParsingConfig())._escalate(path, page, "glyph_failure", None)
     ocr = [a for a in escalated.signals["attempts"] if a["tier"] == "ocr"][0]
     assert ocr["outcome"] == "ok" and "Korean" in ocr["detail"] and escalated.tier == "ocr"
+
+
+def test_text_from_a_font_without_a_unicode_map_is_not_trusted_however_plausible(tmp_path):
+    from torture_set.generate import CJK_LINES, cjk_font_without_unicode_map
+
+    path = tmp_path / "cjk.pdf"
+    cjk_font_without_unicode_map(path)
+    [page] = parse_file(path)
+    assert page.signals["unmapped_font_share"] == 1.0
+    assert not any(line in page.markdown for line in CJK_LINES)  # Chinese characters, but not the ones drawn
+    [read] = parse_document(path, None, Cascade(ParsingConfig()))
+    assert read.signals["escalation"] == "glyph_failure" and read.tier == "ocr"
+    assert read.markdown.split("\n") == CJK_LINES  # the OCR models read Chinese

@@ -387,6 +387,30 @@ def font_without_unicode_map(path: Path) -> dict[str, Any]:
     return {"outcome": "ok", "text": " ".join(SURVEY)}
 
 
+CJK_LINES = ["年度报告显示收入增长了百分之十二", "董事会批准了新的投资计划", "下一次会议将在九月举行"]
+WQY_MICROHEI = Path("/usr/share/fonts/truetype/wqy/wqy-microhei.ttc")  # Debian's fonts-wqy-microhei
+
+
+def cjk_font_without_unicode_map(path: Path) -> dict[str, Any]:
+    """Chinese set in an embedded, subset CJK font whose /ToUnicode map is gone: the text layer reads as
+    plausible Chinese characters that are not the ones drawn (pdfminer guesses from the subset font)."""
+    if not WQY_MICROHEI.exists():
+        raise FileNotFoundError(f"{WQY_MICROHEI} is missing: apt-get install fonts-wqy-microhei")
+    pdf = _pdf()
+    pdf.set_compression(False)  # so the map's key can be renamed in place, offsets unchanged
+    pdf.add_font("WQY", fname=str(WQY_MICROHEI), collection_font_number=0)
+    pdf.set_font("WQY", size=16)
+    pdf.add_page()
+    for line, text in enumerate(CJK_LINES):
+        pdf.set_xy(20, 30 + line * 12)
+        pdf.cell(0, 10, text)
+    pdf.output(str(path))
+    data = path.read_bytes()
+    assert data.count(b"/ToUnicode") == 1
+    path.write_bytes(data.replace(b"/ToUnicode", b"/ToUnicodX"))  # same length: the xref stays valid
+    return {"outcome": "ok", "text": "\n".join(CJK_LINES)}
+
+
 def running_furniture(path: Path) -> dict[str, Any]:
     pdf = _pdf()
     body = []
@@ -430,6 +454,7 @@ GENERATORS = {
     "gen_rtl_paragraphs.pdf": rtl_paragraphs,
     "gen_filled_form.pdf": filled_form,
     "gen_rotated_scans.pdf": rotated_scans,
+    "gen_cjk_font_without_unicode_map.pdf": cjk_font_without_unicode_map,
     "gen_image_only.pdf": image_only,
     "gen_lying_ocr_layer.pdf": lying_ocr_layer,
     "gen_hidden_text.pdf": hidden_text,
