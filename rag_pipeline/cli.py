@@ -119,6 +119,21 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.erasure import housekeeping
+
+    retention = settings.retention
+    report = housekeeping(_index_url(settings), retention.embedding_cache_grace_seconds,
+                          retention.deletion_log_seconds, settings.lock_timeout_seconds)
+    if args.json:
+        _print_json({"embedding_cache_entries": report.embedding_cache_entries,
+                     "deletion_log_entries": report.deletion_log_entries})
+    else:
+        print(f"collected {report.embedding_cache_entries} embedding-cache entries no index row uses, forgot "
+              f"{report.deletion_log_entries} deletion-log entries")
+    return 0
+
+
 def _print_attention_list(settings: Settings, limit: int = 20) -> None:
     """Documents a person should look at: held back (and why), or dead-lettered."""
     from rag_pipeline.store import documents, pages
@@ -398,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--source", metavar="NAME", help="every document of a source")
     erase.add_argument("--json", action="store_true", help="print one JSON object")
     erase.set_defaults(func=cmd_erase)
+    gc = sub.add_parser("gc", help="collect embedding-cache entries and deletion-log paths past their retention")
+    gc.add_argument("--json", action="store_true", help="print one JSON object")
+    gc.set_defaults(func=cmd_gc)
     ingest.add_argument("--confirm-deletions", action="append", metavar="SOURCE",
                         help="carry out the deletions a scan of SOURCE held back (its root was empty, or more than "
                              "its max_deletion_share of documents were gone); repeatable")

@@ -271,6 +271,16 @@ class ParsingConfig(_Section):
     vlm: VlmConfig = Field(default_factory=VlmConfig)
 
 
+class RetentionConfig(_Section):
+    """What is kept after it is no longer used, and for how long (the housekeeping job, `rag-pipeline gc`)."""
+
+    embedding_cache_grace_seconds: Duration = Field(7 * 86400, alias="embedding_cache_grace", description="an embedding no index row uses is kept this "
+                                            "long (a re-index or a rollback may still want it), e.g. 7d")
+    deletion_log_seconds: Duration = Field(90 * 86400, alias="deletion_log", description="how long the paths of deleted documents are kept, "
+                                   "e.g. 90d (deletion_replay proves deletions within this window)")
+    cron: str = Field("0 3 * * *", min_length=1, description="the housekeeping schedule (off until switched on)")
+
+
 class ChecksConfig(_Section):
     """Thresholds of the asset checks that keep the index true (see the README for each check)."""
 
@@ -394,6 +404,7 @@ class Settings(_Section):
                                            description="how long a refresh waits for the index write lock")
     batch_size: int = Field(64, ge=1, le=100_000, description="documents per unit of work in each stage")
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     config_file: Path | None = Field(None, exclude=True, description="set by the loader, not in the file")

@@ -74,3 +74,21 @@ def erase(db_url: str, source: str, rel_path: str | None = None, lock_timeout_se
 def surviving_erased(doc_ids: Iterable[str], erased: set[str], key: bytes) -> list[str]:
     """The subjects of erased documents that still have a row (deletion_replay's proof)."""
     return sorted({s for s in (subject(key, d) for d in doc_ids) if s in erased})
+
+
+@dataclass
+class HousekeepingReport:
+    embedding_cache_entries: int
+    deletion_log_entries: int
+
+
+def housekeeping(db_url: str, embedding_cache_grace_seconds: float, deletion_log_seconds: float,
+                 lock_timeout_seconds: float = 3600) -> HousekeepingReport:
+    """Collect embedding-cache entries no index row uses (retired versions kept for rollback included) that are
+    older than the grace period, and forget deletion-log paths older than their retention. Under the exclusive
+    index write lock: no write that might still want an entry runs meanwhile."""
+    with index_write_lock(db_url, "housekeeping", timeout_seconds=lock_timeout_seconds), connect(db_url) as conn, \
+            conn.transaction():
+        cache = erasure.collect_embedding_cache(conn, None, embedding_cache_grace_seconds)
+        log = erasure.prune_deletion_log(conn, deletion_log_seconds)
+    return HousekeepingReport(cache, log)

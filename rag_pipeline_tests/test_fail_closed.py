@@ -418,3 +418,25 @@ def test_a_file_swapped_for_a_link_after_the_scan_is_not_parsed_under_the_old_la
                       "WHERE d.rel_path = 'public/x.md'").fetchone()[0] == 0
     discover(settings.database_url, settings.sources)  # the next scan judges the link: its target's labels
     assert db.execute("SELECT acl_labels FROM documents WHERE rel_path = 'public/x.md'").fetchone()[0] == ["hr"]
+
+
+def test_housekeeping_collects_unused_embeddings_after_their_grace_and_old_deletion_paths(clone):
+    from rag_pipeline.erasure import housekeeping
+
+    conn, settings = clone
+    used = conn.execute("SELECT embedding_input_sha FROM index_v1 LIMIT 1").fetchone()[0]
+    model = conn.execute("SELECT embedding_model FROM index_versions WHERE version_id = 1").fetchone()[0]
+    vector = conn.execute("SELECT embedding FROM embedding_cache WHERE input_sha = %s", (used,)).fetchone()[0]
+    for sha, age in (("old-unused", "30 days"), ("new-unused", "1 hour")):
+        conn.execute("INSERT INTO embedding_cache (model, input_sha, embedding, created_at) "
+                     "VALUES (%s, %s, %s, now() - %s::interval)", (model, sha, vector, age))
+    conn.execute("UPDATE embedding_cache SET created_at = now() - interval '30 days' WHERE input_sha = %s", (used,))
+    conn.execute("INSERT INTO deletion_log (doc_id, source, rel_path, deleted_at) VALUES "
+                 "('gone-old', 'sample', 'old/path.md', now() - interval '200 days'), "
+                 "('gone-new', 'sample', 'new/path.md', now())")
+    report = housekeeping(settings.database_url, 7 * 86400, 90 * 86400)
+    left = {r[0] for r in conn.execute("SELECT input_sha FROM embedding_cache WHERE input_sha = ANY(%s)",
+                                       (["old-unused", "new-unused", used],))}
+    assert left == {"new-unused", used}  # the unused one past its grace went; a used one never goes
+    assert report.embedding_cache_entries >= 1 and report.deletion_log_entries == 1
+    assert {r[0] for r in conn.execute("SELECT doc_id FROM deletion_log WHERE doc_id LIKE 'gone-%'")} == {"gone-new"}

@@ -32,8 +32,10 @@ def test_the_code_location_holds_exactly_these_definitions(make_settings):
     assert {key.name for key in repository.asset_graph.asset_check_keys} == {
         "staleness", "deletion_replay", "acl_coverage", "index_drift", "parse_health", "retrieval_quality"}
     assert {job.name for job in repository.get_all_jobs() if not job.name.startswith("__")} == {
-        "ingest", "index_health", "build_index_version", "start_index_build", "promote_index_version"}
-    assert {s.name for s in repository.schedule_defs} == {"incremental_refresh", "index_health_checks"}
+        "ingest", "index_health", "build_index_version", "start_index_build", "promote_index_version",
+        "housekeeping_job"}
+    assert {s.name for s in repository.schedule_defs} == {"incremental_refresh", "index_health_checks",
+                                                          "housekeeping"}
     assert {s.name for s in repository.sensor_defs} == {"source_changes", "index_alerts"}
     upstream = {key.to_user_string(): {d.to_user_string() for d in deps}
                 for key, deps in repository.asset_graph.asset_dep_graph["upstream"].items()}

@@ -8,6 +8,7 @@ import dagster as dg
 from rag_pipeline.alerts import AlertSender, Observation, transitions
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.checks import index_checks, index_health_job
+from rag_pipeline.defs.housekeeping import housekeeping_job
 from rag_pipeline.defs.ingestion import DiscoverConfig, ingest_job, sources_to_scan
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.sources import source_digest
@@ -27,6 +28,11 @@ def schedules(settings: Settings) -> list[dg.ScheduleDefinition]:
             name="index_health_checks", job=index_health_job, cron_schedule=settings.checks.health_cron,
             default_status=dg.DefaultScheduleStatus.STOPPED,
             description="Run the six index checks without refreshing: a refresh that stopped running is noticed.",
+        ),
+        dg.ScheduleDefinition(
+            name="housekeeping", job=housekeeping_job, cron_schedule=settings.retention.cron,
+            default_status=dg.DefaultScheduleStatus.STOPPED,
+            description="Collect embedding-cache entries and deletion-log paths past their retention.",
         ),
     ]
 

@@ -7,6 +7,7 @@ import dagster as dg
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.automation import alert_sensor, schedules, source_changes_sensor
 from rag_pipeline.defs.checks import index_checks, index_health_job
+from rag_pipeline.defs.housekeeping import housekeeping_job
 from rag_pipeline.defs.index_versions import (
     build_index_version_job,
     index_version_backfill,
@@ -20,7 +21,8 @@ from rag_pipeline.defs.resources import RagResource
 def build_definitions(settings: Settings) -> dg.Definitions:
     """Bind resources and configuration in one place."""
     config_file = str(settings.config_file) if settings.config_file else None
-    jobs = [ingest_job, index_health_job, build_index_version_job, start_index_build, promote_index_version]
+    jobs = [ingest_job, index_health_job, build_index_version_job, start_index_build, promote_index_version,
+            housekeeping_job]
     return dg.Definitions(
         assets=[*ingestion_assets, index_version_backfill],
         asset_checks=index_checks,

@@ -99,3 +99,9 @@ def ids_anywhere(conn: psycopg.Connection) -> set[str]:
     parts += [sql.SQL("SELECT doc_id FROM {}").format(sql.Identifier(v.table_name))
               for v in versions.index_versions(conn) if table_exists(conn, v.table_name)]
     return {r[0] for r in conn.execute(sql.SQL(" UNION ").join(parts)).fetchall()}
+
+
+def prune_deletion_log(conn: psycopg.Connection, older_than_seconds: float) -> int:
+    """Forget the paths of documents deleted longer ago than the retention."""
+    return conn.execute("DELETE FROM deletion_log WHERE deleted_at < now() - make_interval(secs => %s)",
+                        (older_than_seconds,)).rowcount
