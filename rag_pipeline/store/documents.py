@@ -121,8 +121,8 @@ def reconcile_source(
 
     The scan is streamed into a temporary table with COPY; set operations then find new, changed,
     relabelled, held and deleted documents. Deleted documents lose their row (cascading to pages, chunks and
-    every index version) and are written to the deletion log; newly held ones lose everything derived from
-    them. Documents under paths the scan could not read (`report.unreadable`, complete once `files` is consumed)
+    every index version) and are written to the deletion log; newly held ones lose everything served from
+    them (their parsed pages stay, never served). Documents under paths the scan could not read (`report.unreadable`, complete once `files` is consumed)
     are kept as they were; a scan the guard stops deletes nothing.
     """
     counts = ReconcileCounts()
