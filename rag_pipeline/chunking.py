@@ -14,7 +14,9 @@ from typing import Any
 
 from rag_pipeline import ids
 
-HEADING_RE = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+# The opening hashes of a Markdown heading; the title is taken by string operations, not by a pattern with a lazy
+# group before optional trailers (that backtracks cubically on a long run of whitespace).
+HEADING_MARK_RE = re.compile(r"^(#{1,6})\s+")
 # Numbered sections as plain text: "Item 1A. Risk Factors", "3.2 Scope", "1. Purpose and scope".
 NUMBERED_HEADING_RE = re.compile(
     r"^(?:(?P<item>Item\s+\d{1,2}[A-Z]?\.?)|(?P<num>\d{1,2}(?:\.\d{1,2}){0,4})\.?)\s+(?P<title>[A-Z][^.;:]{1,80})$"
@@ -84,9 +86,9 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
 
 def _heading(line: str) -> tuple[int, str] | None:
     """(level, title) for a Markdown heading or a numbered section line, else None."""
-    markdown = HEADING_RE.match(line)
-    if markdown:
-        title = markdown.group(2).strip()
+    markdown = HEADING_MARK_RE.match(line)
+    title = line[markdown.end():].rstrip().rstrip("#").rstrip() if markdown else ""
+    if markdown and title:
         numbered = NUMBERED_HEADING_RE.match(title)
         if numbered and numbered.group("num"):  # "## 3.2 Scope": the numbering knows the depth better
             return numbered.group("num").count(".") + 1, title

@@ -12,7 +12,9 @@ import unicodedata
 from collections.abc import Iterable
 
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_SPACES_RE = re.compile(r"[ \t\u00a0\u2000-\u200b\u202f\u205f\u3000]+")
+# Every Unicode whitespace but the newline (\u2028, \u2029, \x85, \u1680 and the rest), and the zero-width space:
+# long runs of any of them must reach later patterns as one space.
+_SPACES_RE = re.compile(r"(?:[^\S\n]|\u200b)+")
 _BLANK_LINES_RE = re.compile(r"\n{3,}")
 # Glyphs a font could not map to text: never content, and noise to every index (pages that have many are read
 # by OCR first; what no tier could read is removed here).
@@ -45,7 +47,23 @@ _DIGITS_RE = re.compile(r"\d+")
 _PAGE_NUMBER_RE = re.compile(
     r"^(?:page\s+)?(?:\d{1,5}|[ivxlcdm]{1,7})(?:\s*(?:of|/)\s*\d{1,5})?$|^[-–—]\s*\d{1,5}\s*[-–—]$", re.IGNORECASE
 )
-_TOC_LEADER_RE = re.compile(r"^.*\S\s*(?:[.·]\s*){4,}\s*(?:\d{1,5}|[ivxlcdm]{1,7})\s*$", re.IGNORECASE)
+_PAGE_REFERENCE_RE = re.compile(r"(?:\d{1,5}|[ivxlcdm]{1,7})$", re.IGNORECASE)
+LEADER_CHARS = frozenset(".·")
+
+
+def is_toc_leader_line(line: str) -> bool:
+    """'Introduction . . . . 5': text, a leader of four dots or more, a page number. Read from the end in one pass
+    (a pattern with `.*` before a repeated group is quadratic on a long run of '. ')."""
+    text = line.rstrip()
+    reference = _PAGE_REFERENCE_RE.search(text[-8:])
+    if reference is None:
+        return False
+    end = len(text) - (len(text[-8:]) - reference.start())
+    dots = 0
+    while end > 0 and (text[end - 1] in LEADER_CHARS or text[end - 1].isspace()):
+        dots += text[end - 1] in LEADER_CHARS
+        end -= 1
+    return (dots >= 4 and end > 0) or dots >= 5  # a leader alone (a wrapped entry's second line) counts too
 _HYPHEN_BREAK_RE = re.compile(r"(?<=[a-zà-öø-ÿ]{2})-\n(?=[a-zà-öø-ÿ]{2})")
 
 
@@ -107,7 +125,7 @@ def clean_document(pages: list[str]) -> tuple[list[str], dict[str, int]]:
                 rule = "running_header_footer"
             elif at_edge and _PAGE_NUMBER_RE.match(line.lstrip("#").strip()):
                 rule = "page_number"
-            elif _TOC_LEADER_RE.match(line):
+            elif is_toc_leader_line(line):
                 rule = "toc_leader"
             elif _furniture_key(line) in watermarks and _is_watermark(line):
                 rule = "watermark"

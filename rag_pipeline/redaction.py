@@ -10,8 +10,11 @@ import logging
 import re
 from urllib.parse import urlsplit
 
-_URL_RE = re.compile(r"[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
-_CREDENTIALS_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s@:]+(?::[^/\s@]*)?@", re.IGNORECASE)
+# Bounded repetitions: text from errors and logs may hold long runs of anything, and an unbounded scheme or user
+# part would be tried from every position of such a run (quadratic).
+_URL_RE = re.compile(r"[a-z][a-z0-9+.-]{0,31}://[^\s'\"<>]+", re.IGNORECASE)
+_CREDENTIALS_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]{0,31}://)[^/\s@:]{1,256}(?::[^/\s@]{0,256})?@",
+                             re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:

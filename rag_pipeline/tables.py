@@ -28,7 +28,9 @@ FIGURE_RE = re.compile(r"^[(\[]?[-+−–]?[$€£¥]?\s?\(?\d[\d,.\s]*\)?\s?%?\
 PLACEHOLDERS = frozenset({"-", "–", "—", "−", "(X)", "X", "NA", "N/A", "n/a", "NM", "nm", "n.m.", "*", "**", "(NA)",
                           "(D)", "(Z)", "(S)", "—%", "-%", "–%"})
 CURRENCY = frozenset({"$", "€", "£", "¥", "US$"})
-LEADER_RE = re.compile(r"(?:\s*\.){2,}\s*$|(?:\s*\.){3,}")  # dot leaders inside or after a label
+# Dot leaders inside or after a label. Each alternative starts at a dot: a pattern that starts with \s* would try
+# every space of a long run and backtrack over the rest (quadratic).
+LEADER_RE = re.compile(r"(?:\.\s*){3,}|(?:\.\s*){2,}$")
 TITLE_RE = re.compile(r"^(?:Table|Tabelle|Tableau|Exhibit|Schedule|Statement|Note)\s+[\w.-]+", re.IGNORECASE)
 YEARISH_RE = re.compile(r"^(?:19|20)\d\d$|^(?:Q[1-4]|FY)\s?\d{2,4}$", re.IGNORECASE)
 
