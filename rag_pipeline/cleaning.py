@@ -64,6 +64,8 @@ def is_toc_leader_line(line: str) -> bool:
         dots += text[end - 1] in LEADER_CHARS
         end -= 1
     return (dots >= 4 and end > 0) or dots >= 5  # a leader alone (a wrapped entry's second line) counts too
+
+
 _HYPHEN_BREAK_RE = re.compile(r"(?<=[a-zà-öø-ÿ]{2})-\n(?=[a-zà-öø-ÿ]{2})")
 
 
