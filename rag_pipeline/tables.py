@@ -15,7 +15,7 @@ Input is words as pdfplumber gives them (`text`, `x0`, `x1`, `top`, `bottom`); n
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
@@ -336,18 +336,25 @@ def _header_lines(lines: list[Line], first: int, columns: list[tuple[float, floa
     figures_left = columns[0][0]
     stub_reach = labels_left + 0.25 * (figures_left - labels_left)
     header: list[Line] = []
-    below = lines[first]
-    for index in range(first - 1, max(used_until, first - 1 - MAX_HEADER_LINES), -1):
-        line = lines[index]
-        if below.top - line.bottom > 1.6 * pitch:
-            break
+    for line in _lines_above(lines, first, used_until, MAX_HEADER_LINES, 1.6 * pitch):
         over_columns = [c for c in line.cells if (c.x0 + c.x1) / 2 >= figures_left - 2 and c.x0 > stub_reach]
         in_stub = [c for c in line.cells if c.x1 < figures_left]
         if not over_columns or len(over_columns) + len(in_stub) < len(line.cells):
             break
         header.insert(0, line)
-        below = line
     return header
+
+
+def _lines_above(lines: list[Line], first: int, used_until: int, most: int, max_gap: float) -> Iterator[Line]:
+    """The lines above lines[first], nearest first, while each is within max_gap of the one below it; at most
+    `most`, and none at or above line `used_until` (the previous table's)."""
+    below = lines[first]
+    for index in range(first - 1, max(used_until, first - 1 - most), -1):
+        line = lines[index]
+        if below.top - line.bottom > max_gap:
+            return
+        yield line
+        below = line
 
 
 def _header_row(header: list[Line], columns: list[tuple[float, float]]) -> list[str]:
@@ -380,14 +387,7 @@ def _caption(lines: list[Line], first: int, pitch: float, used_until: int,
     """The short block of lines right above the table (title, units, notes) when it starts with a title: a
     line naming a table, set in capitals, or short beside the table and not a sentence's end. Returns its text
     on one line and the box of the lines it took (a block too long for a caption gives only its title)."""
-    block: list[Line] = []
-    below = lines[first]
-    for index in range(first - 1, max(used_until, first - 1 - MAX_CAPTION_LINES), -1):
-        line = lines[index]
-        if below.top - line.bottom > 1.2 * pitch:
-            break
-        block.insert(0, line)
-        below = line
+    block = list(_lines_above(lines, first, used_until, MAX_CAPTION_LINES, 1.2 * pitch))[::-1]
     # Notes of what came before may run into the title: the block starts at its last line that names a
     # table or is set in capitals, else at its first line when that one reads like a title.
     starts = [i for i, line in enumerate(block) if TITLE_RE.match(line.text) or _capitals(line.text)]

@@ -380,11 +380,17 @@ def font_without_unicode_map(path: Path) -> dict[str, Any]:
     for line, text in enumerate(SURVEY):
         pdf.set_xy(20, 30 + line * 10)
         pdf.cell(0, 8, text)
+    _output_without_unicode_map(pdf, path)
+    return {"outcome": "ok", "text": " ".join(SURVEY)}
+
+
+def _output_without_unicode_map(pdf: FPDF, path: Path) -> None:
+    """Write an uncompressed PDF with its one /ToUnicode map made unreadable (the key renamed in place, same
+    length, so the xref stays valid)."""
     pdf.output(str(path))
     data = path.read_bytes()
     assert data.count(b"/ToUnicode") == 1
-    path.write_bytes(data.replace(b"/ToUnicode", b"/ToUnicodX"))  # same length: the xref stays valid
-    return {"outcome": "ok", "text": " ".join(SURVEY)}
+    path.write_bytes(data.replace(b"/ToUnicode", b"/ToUnicodX"))
 
 
 CJK_LINES = ["年度报告显示收入增长了百分之十二", "董事会批准了新的投资计划", "下一次会议将在九月举行"]
@@ -404,10 +410,7 @@ def cjk_font_without_unicode_map(path: Path) -> dict[str, Any]:
     for line, text in enumerate(CJK_LINES):
         pdf.set_xy(20, 30 + line * 12)
         pdf.cell(0, 10, text)
-    pdf.output(str(path))
-    data = path.read_bytes()
-    assert data.count(b"/ToUnicode") == 1
-    path.write_bytes(data.replace(b"/ToUnicode", b"/ToUnicodX"))  # same length: the xref stays valid
+    _output_without_unicode_map(pdf, path)
     return {"outcome": "ok", "text": "\n".join(CJK_LINES)}
 
 
