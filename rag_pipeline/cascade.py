@@ -29,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from rag_pipeline import budget
 from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.llm import ChatClient, EndpointError
 from rag_pipeline.parsing import ParsedPage
@@ -343,7 +344,10 @@ def parse_document(path: Path, password: str | None, cascade: Cascade | None) ->
 
     config = cascade.config if cascade is not None else ParsingConfig()
     limits = ParseLimits(config.max_pages, config.max_page_content_bytes, config.max_unpacked_bytes)
-    pages = list(parse_file(path, password, limits))
+    pages = []
+    for page in parse_file(path, password, limits):
+        pages.append(page)
+        budget.pages_parsed()  # each page adds to the document's time budget in a worker process
     if cascade is not None and path.suffix.lower() in PDF_SUFFIXES:
         pages = cascade.run(path, pages, password)
     return pages

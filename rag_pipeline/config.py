@@ -381,6 +381,29 @@ class RetrievalConfig(_Section):
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
 
 
+class ExecutionConfig(_Section):
+    """How documents are worked: one at a time per worker, each worker leasing its document in Postgres (so any
+    number of workers, in any number of processes or machines, share one queue), each parse-and-chunk in a
+    process of its own with a time and memory budget."""
+
+    workers: int = Field(0, ge=0, le=256, description="parse-and-chunk worker processes in one run; 0: one per "
+                         "core, fewer when worker_memory_mb times the cores exceeds the machine's memory")
+    isolation: bool = Field(True, description="parse and chunk each document in a worker process with the limits "
+                            "below; false works them in the run's own process, unbounded (for debugging)")
+    document_timeout: Duration = Field(300, ge=1, description="wall-clock budget of one document's parse and "
+                                       "chunk, before pages are counted; waiting on an LLM or VLM endpoint does "
+                                       "not count")
+    page_timeout: Duration = Field(60, ge=0, description="added to a document's budget for each page parsed "
+                                   "(the OCR tier may take tens of seconds a page on a small machine)")
+    worker_memory_mb: int = Field(4096, ge=256, description="resident memory of one worker process (the parser "
+                                  "models it loads included); a document that takes more is dead-lettered")
+    lease_seconds: Duration = Field(120, ge=10, description="a document's claim lapses this long after its "
+                                    "worker stopped renewing it (the worker died), and another worker takes it")
+    progress_seconds: Duration = Field(5, ge=1, description="how often long stages report done / total and an ETA")
+    embed_batch: int = Field(256, ge=1, le=100_000, description="chunks embedded per call; each call's vectors "
+                             "are cached at once, so a crash loses at most one call's work")
+
+
 class UiConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(3000, ge=1, le=65535)
@@ -403,6 +426,7 @@ class Settings(_Section):
     lock_timeout_seconds: Duration = Field(3600, alias="lock_timeout",
                                            description="how long a refresh waits for the index write lock")
     batch_size: int = Field(64, ge=1, le=100_000, description="documents per unit of work in each stage")
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from rag_pipeline.budget import waiting_on_endpoint
 from rag_pipeline.redaction import keep_out_of_logs, redact, redact_url
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
@@ -45,6 +46,11 @@ class ChatClient:
 
     def chat(self, content: str | list[dict[str, Any]], max_tokens: int) -> str:
         """One user message in, the assistant's text out (whitespace as the model wrote it)."""
+        # Waiting on the network is not parse time: a worker's time budget stops while it waits.
+        with waiting_on_endpoint():
+            return self._chat(content, max_tokens)
+
+    def _chat(self, content: str | list[dict[str, Any]], max_tokens: int) -> str:
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": content}],

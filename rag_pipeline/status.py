@@ -8,11 +8,12 @@ new migration.
 A document's life:
 
     (new file) --> pending_parse --> pending_chunk --> pending_index --> indexed
-                        |   \\______ content unchanged ______________/    |
-                        v                                                   |
-                   dead_letter        indexed / pending_index --> pending_index (labels changed, group lost
-                                                                  its row) or pending_chunk (title or
-                                                                  chunker changed)
+                        |   \\______ content unchanged ______________/
+                        v               |
+                   dead_letter <--------'  (over its time or memory
+                                           budget while being chunked)
+                   indexed / pending_index --> pending_index (labels changed, group lost its row)
+                                           or pending_chunk (title or chunker changed)
     any state --> pending_parse (the file changed) or held_* (default-deny: held_no_labels without ACL labels,
                   held_bad_sidecar when a sidecar that applies cannot be read or validated, held_hard_link for a
                   file with other names that may carry other labels, held_source_removed when its source left
@@ -51,7 +52,8 @@ _HELD = frozenset(DOCUMENT_HELD)
 
 DOCUMENT_TRANSITIONS: dict[DocumentStatus, frozenset[DocumentStatus]] = {
     D.PENDING_PARSE: frozenset({D.PENDING_CHUNK, D.INDEXED, D.DEAD_LETTER}) | _HELD,
-    D.PENDING_CHUNK: frozenset({D.PENDING_INDEX, D.PENDING_PARSE}) | _HELD,
+    # dead_letter: a document over its time or memory budget while it is chunked (rag_pipeline.isolation).
+    D.PENDING_CHUNK: frozenset({D.PENDING_INDEX, D.PENDING_PARSE, D.DEAD_LETTER}) | _HELD,
     D.PENDING_INDEX: frozenset({D.INDEXED, D.PENDING_CHUNK, D.PENDING_PARSE}) | _HELD,
     D.INDEXED: frozenset({D.PENDING_INDEX, D.PENDING_CHUNK, D.PENDING_PARSE}) | _HELD,
     D.DEAD_LETTER: frozenset({D.PENDING_PARSE}) | _HELD,

@@ -9,7 +9,6 @@ ERROR but blocks nothing (a version swap has its own promotion gates).
 import dagster as dg
 
 from rag_pipeline import health
-from rag_pipeline.defs.ingestion import parsed_documents, search_index
 from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.retrieval import SearchOptions
@@ -25,7 +24,7 @@ def _result(outcome: health.CheckOutcome, severity: dg.AssetCheckSeverity) -> dg
 
 
 @dg.asset_check(
-    asset=search_index, name="staleness",
+    asset="search_index", name="staleness",
     description="Per source: time since the last completed scan and age of the oldest change not yet indexed, "
     "against the source's freshness SLA (freshness_sla in the source's configuration).",
 )
@@ -35,7 +34,7 @@ def staleness_check(rag: RagResource) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(
-    asset=search_index, name="deletion_replay", blocking=True,
+    asset="search_index", name="deletion_replay", blocking=True,
     description="Every deleted document has zero rows in every index version and every derived table.",
 )
 def deletion_replay_check(rag: RagResource) -> dg.AssetCheckResult:
@@ -44,7 +43,7 @@ def deletion_replay_check(rag: RagResource) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(
-    asset=search_index, name="acl_coverage", blocking=True,
+    asset="search_index", name="acl_coverage", blocking=True,
     description="No row without labels, none whose labels differ from its document's, none of a held document.",
 )
 def acl_coverage_check(rag: RagResource) -> dg.AssetCheckResult:
@@ -53,7 +52,7 @@ def acl_coverage_check(rag: RagResource) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(
-    asset=search_index, name="index_drift", blocking=True,
+    asset="search_index", name="index_drift", blocking=True,
     description="One model and dimension per version, one vector per chunk group, no orphan rows, and the "
     "active alias on an active version.",
 )
@@ -63,7 +62,7 @@ def index_drift_check(rag: RagResource) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(
-    asset=parsed_documents, name="parse_health",
+    asset="parsed_documents", name="parse_health",
     description="Near-empty pages, documents without text, tier mix and dead letters against the thresholds "
     "in the `checks` configuration.",
 )
@@ -73,7 +72,7 @@ def parse_health_check(rag: RagResource) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(
-    asset=search_index, name="retrieval_quality",
+    asset="search_index", name="retrieval_quality",
     description="Golden-set recall@k and nDCG@k of the active version (and of a version being built) against "
     "the active version's stored baseline; re-evaluated only when the index changed.",
 )

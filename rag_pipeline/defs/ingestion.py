@@ -10,10 +10,11 @@ import dagster as dg
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
-from rag_pipeline.stages.chunk import ChunkStats, chunk_pending
+from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
-from rag_pipeline.stages.index import IndexStats, index_pending
-from rag_pipeline.stages.parse import ParseStats, parse_pending
+from rag_pipeline.stages.index import IndexStats
+from rag_pipeline.stages.parse import ParseStats
+from rag_pipeline.stages.process import process_pending
 from rag_pipeline.store import documents, pages, versions
 from rag_pipeline.store.database import connect
 
@@ -109,23 +110,45 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
     )
 
 
-@dg.asset(
-    group_name=GROUP,
-    deps=[source_documents],
-    description="Per-page text of new and changed documents; failures are dead-lettered with a reason.",
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("parsed_documents", group_name=GROUP, deps=[source_documents],
+                     description="Per-page text of new and changed documents; failures (a corrupt file, a file "
+                                 "over its time or memory budget) are dead-lettered with a reason."),
+        dg.AssetSpec("document_chunks", group_name=GROUP, deps=["parsed_documents"],
+                     description="Structure-aware, token-sized chunks with their contextual prefixes."),
+        dg.AssetSpec("search_index", group_name=GROUP, deps=["document_chunks"],
+                     description="Embeddings written into every writable index version (pgvector halfvec + HNSW, "
+                                 "BM25)."),
+    ],
+    description="Each queued document leased by one worker process (one per core by default) that parses, cleans "
+                "and chunks it within a time and memory budget, while this step embeds and indexes what they "
+                "finish.",
 )
-def parsed_documents(context: dg.AssetExecutionContext, rag: RagResource):
+def process_documents(context: dg.AssetExecutionContext, rag: RagResource):
     db_url = rag.database_url()
-    stats = parse_pending(db_url, rag.settings(), progress=context.log.info)
+    stats = process_pending(db_url, rag.settings(), progress=context.log.info)
     with connect(db_url) as conn:
         dead = pages.dead_letter_summary(conn)
+        statuses = documents.status_counts(conn)
+        all_versions = versions.index_versions(conn)
+    yield parse_result(stats.parse, dead, stats.workers, stats.workers_replaced)
+    yield chunk_result(stats.chunk)
+    yield index_result(stats.index, statuses, all_versions)
+
+
+def parse_result(stats: ParseStats, dead: list[dict], workers: int, replaced: int) -> dg.MaterializeResult:
     return dg.MaterializeResult(
+        asset_key="parsed_documents",
         metadata={
             "parsed": stats.parsed,
             "content_unchanged": stats.content_unchanged,
             "dead_lettered": stats.dead_lettered,
             "pages": stats.pages,
             "seconds": round(stats.seconds, 3),
+            "pages_per_second": round(stats.pages / stats.seconds, 2) if stats.seconds else 0.0,
+            "workers": workers,
+            "workers_replaced": replaced,
             "tier_mix": markdown_table(("tier", "pages"), sorted(stats.tiers.items())),
             "pages_escalated": stats.escalated,
             "pages_unresolved": stats.unresolved_pages,
@@ -138,20 +161,15 @@ def parsed_documents(context: dg.AssetExecutionContext, rag: RagResource):
                 [(d["source"], d["rel_path"], d["reason"], d["attempts"]) for d in dead[:50]],
             ),
             "stats": dg.MetadataValue.json(stats.as_dict()),
-        }
+        },
     )
 
 
-@dg.asset(
-    group_name=GROUP,
-    deps=[parsed_documents],
-    description="Structure-aware, token-sized chunks with their contextual prefixes.",
-)
-def document_chunks(context: dg.AssetExecutionContext, rag: RagResource):
-    stats = chunk_pending(rag.database_url(), rag.settings(), progress=context.log.info)
+def chunk_result(stats: ChunkStats) -> dg.MaterializeResult:
     summary = stats.as_dict()
     summary.pop("token_counts")
     return dg.MaterializeResult(
+        asset_key="document_chunks",
         metadata={
             "documents_chunked": stats.documents_chunked,
             "chunks_written": stats.chunks_written,
@@ -160,25 +178,16 @@ def document_chunks(context: dg.AssetExecutionContext, rag: RagResource):
             "llm_prefixes_generated": stats.prefixes_generated,
             "llm_prefixes_cached": stats.prefixes_cached,
             "llm_prefix_failures": stats.prefix_failures,
-            "seconds": round(stats.seconds, 3),
+            "worker_seconds": round(stats.seconds, 3),
             "chunk_tokens": markdown_table(("statistic", "tokens"), list(stats.token_distribution().items())),
             "stats": dg.MetadataValue.json(summary),
-        }
+        },
     )
 
 
-@dg.asset(
-    group_name=GROUP,
-    deps=[document_chunks],
-    description="Embeddings written into every writable index version (pgvector halfvec + HNSW, tsvector).",
-)
-def search_index(context: dg.AssetExecutionContext, rag: RagResource):
-    db_url = rag.database_url()
-    stats = index_pending(db_url, rag.settings(), progress=context.log.info)
-    with connect(db_url) as conn:
-        statuses = documents.status_counts(conn)
-        all_versions = versions.index_versions(conn)
+def index_result(stats: IndexStats, statuses: dict[str, int], all_versions: list) -> dg.MaterializeResult:
     return dg.MaterializeResult(
+        asset_key="search_index",
         metadata={
             "documents_indexed": stats.documents_indexed,
             "vectors_embedded": stats.vectors_embedded,
@@ -187,17 +196,18 @@ def search_index(context: dg.AssetExecutionContext, rag: RagResource):
             "near_duplicates": stats.near_duplicates,
             "dedup_rate": stats.dedup_rate,
             "seconds": round(stats.seconds, 3),
+            "chunks_per_second": round(stats.chunks_indexed / stats.seconds, 2) if stats.seconds else 0.0,
             "index_versions": markdown_table(
                 ("version", "status", "model", "dims", "rows"),
                 [(v.label, v.status, v.embedding_model, v.dimensions, v.row_count) for v in all_versions],
             ),
             "documents_by_status": markdown_table(("status", "documents"), sorted(statuses.items())),
             "stats": dg.MetadataValue.json(stats.as_dict()),
-        }
+        },
     )
 
 
-ingestion_assets = [source_documents, parsed_documents, document_chunks, search_index]
+ingestion_assets = [source_documents, process_documents]
 ingest_job = dg.define_asset_job(
     "ingest",
     selection=dg.AssetSelection.groups(GROUP),

@@ -15,15 +15,14 @@ import psycopg
 
 from rag_pipeline.chunking import Chunk, Chunker, chunker_version, template_prefix, truncate_to_tokens
 from rag_pipeline.config import ConfigError, Settings
-from rag_pipeline.embedding import load_tokenizer, max_sequence_length, resolve_model
+from rag_pipeline.embedding import max_sequence_length, resolve_model
 from rag_pipeline.language import text_search_config
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.safety import injection_flags
-from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
+from rag_pipeline.stages.common import Progress, StageStats, log_progress
 from rag_pipeline.status import DocumentStatus
 from rag_pipeline.store import chunks as chunk_store
 from rag_pipeline.store import documents, pages, versions
-from rag_pipeline.store.database import connect
 from rag_pipeline.store.documents import PendingDocument
 
 log = logging.getLogger(__name__)
@@ -107,34 +106,13 @@ def current_chunker_version(settings: Settings, model_location: str) -> str:
 
 
 def chunk_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> ChunkStats:
-    stats = ChunkStats()
-    with locked_stage(db_url, "chunk", stats, timeout_seconds=settings.lock_timeout_seconds, progress=progress):
-        with connect(db_url) as conn:
-            check_configured_model(conn, settings)
-            model_location = sizing_model_location(conn, settings)
-        stats.chunker_version = current_chunker_version(settings, model_location)
-        chunker: Chunker | None = None  # the tokenizer loads only when there is something to chunk
-        prefixer = LlmPrefixer(settings.prefix) if settings.prefix.mode == "llm" else None
-        try:
-            with connect(db_url) as conn:
-                with conn.transaction():
-                    stats.requeued_for_new_chunker = documents.requeue_for_chunker(conn, stats.chunker_version)
-                after = ""
-                while batch := documents.pending_documents(conn, D.PENDING_CHUNK, settings.batch_size, after):
-                    conn.commit()
-                    chunker = chunker or Chunker(load_tokenizer(model_location), chunk_size(settings, model_location),
-                                                 settings.chunking.overlap_tokens)
-                    for doc in batch:
-                        _chunk_one(conn, doc, chunker, prefixer, settings, stats)
-                    after = batch[-1].doc_id
-                    progress(f"chunk: {stats.documents_chunked} documents, {stats.chunks_written} chunks so far")
-        finally:
-            if prefixer is not None:
-                prefixer.close()
-    return stats
+    """Chunk every document now queued for chunking (see process_pending for the pipeline)."""
+    from rag_pipeline.stages.process import process_pending
+
+    return process_pending(db_url, settings, progress, parse=False, index=False).chunk
 
 
-def _chunk_one(
+def chunk_one(
     conn: psycopg.Connection,
     doc: PendingDocument,
     chunker: Chunker,

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from rag_pipeline.store.database import index_write_lock
@@ -30,6 +30,23 @@ class StageStats:
 
     def summary(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.SUMMARY}
+
+    def add(self, other: StageStats) -> None:
+        """Add another worker's counts (numbers summed, per-key counts summed, lists joined; `seconds` is the
+        stage's own wall time and stays)."""
+        for item in fields(self):
+            if item.name == "seconds":
+                continue
+            mine, theirs = getattr(self, item.name), getattr(other, item.name)
+            if isinstance(mine, bool) or isinstance(mine, str):
+                setattr(self, item.name, mine or theirs)
+            elif isinstance(mine, int | float):
+                setattr(self, item.name, mine + theirs)
+            elif isinstance(mine, dict):
+                for key, value in theirs.items():
+                    mine[key] = mine.get(key, 0) + value if isinstance(value, int | float) else mine.get(key, value)
+            elif isinstance(mine, list):
+                mine.extend(theirs)
 
 
 def count(mapping: dict[str, int], key: str, amount: int = 1) -> None:

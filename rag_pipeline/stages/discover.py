@@ -45,7 +45,10 @@ def discover(
     delete more than its max_deletion_share deletes nothing unless the source is named in `confirm_deletions`.
     The documents of `removed` sources (configured once, no longer) are held: not served, kept for their return."""
     stats = DiscoverStats(sources=len(sources))
-    with locked_stage(db_url, "discover", stats, timeout_seconds=lock_timeout_seconds, progress=progress):
+    # Shared: discovery never waits for parse or index work (each document's write re-checks its state), so
+    # deletions and label changes reach the index while a slow document is still being parsed.
+    with locked_stage(db_url, "discover", stats, shared=True, timeout_seconds=lock_timeout_seconds,
+                      progress=progress):
         for source in sources:
             try:
                 _discover_source(db_url, source, stats, progress, source.name in confirm_deletions, origin)
@@ -79,6 +82,7 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         progress(f"source {source.name}: root folder {source.root} is missing; skipped, nothing deleted")
         return
     with connect(db_url) as conn, conn.transaction():
+        documents.lock_source_scan(conn, source.name)  # two scans of one source at once would race
         documents.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = documents.DeletionGuard(source.max_deletion_share, confirmed)

@@ -7,6 +7,7 @@ vectors are born.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -18,11 +19,11 @@ from rag_pipeline import dedup, ids
 from rag_pipeline.config import Settings
 from rag_pipeline.embedding import get_embedder, resolve_model
 from rag_pipeline.parsing import parser_version
-from rag_pipeline.stages.chunk import check_configured_model, current_chunker_version, sizing_model_location
-from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
+from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
+from rag_pipeline.stages.common import Progress, StageStats, log_progress
 from rag_pipeline.status import DocumentStatus
 from rag_pipeline.store import chunks as chunk_store
-from rag_pipeline.store import documents, groups, versions
+from rag_pipeline.store import documents, groups, versions, work
 from rag_pipeline.store.chunks import StoredChunk
 from rag_pipeline.store.database import connect
 from rag_pipeline.store.documents import PendingDocument
@@ -43,6 +44,7 @@ class IndexStats(StageStats):
     dedup_rate: float = 0.0
     vectors_embedded: int = 0
     vectors_reused: int = 0
+    chunks_indexed: int = 0  # chunks of the documents indexed (the progress reports' rate)
     versions: list[str] = field(default_factory=list)
     SUMMARY = ("documents_indexed", "vectors_embedded", "vectors_reused", "near_duplicates", "dedup_rate")
 
@@ -66,46 +68,82 @@ def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
 
 
 def index_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> IndexStats:
-    """Group pending documents' chunks into near-duplicate groups and write one row per group into every
-    writable version, with vectors from the embedding cache where possible."""
-    stats = IndexStats()
-    with locked_stage(db_url, "index", stats, timeout_seconds=settings.lock_timeout_seconds, progress=progress):
+    """Index every pending document now queued (see index_documents), reporting progress as it goes."""
+    from rag_pipeline.stages.process import process_pending
+
+    return process_pending(db_url, settings, progress, parse=False, chunk=False).index
+
+
+def index_documents(
+    db_url: str, settings: Settings, owner: str, stats: IndexStats,
+    more_coming: Callable[[], bool] = lambda: False,
+) -> None:
+    """Lease pending_index documents one at a time and write each into every writable version: near-duplicate
+    groups, then one row per group, with vectors from the embedding cache where possible.
+
+    Each embedding call's vectors are cached as soon as they are made, and each document is written in its own
+    transaction, so a crash loses at most the document in hand (and of that only the call in flight). While
+    `more_coming()` says other workers may still queue documents, an empty queue is waited on, not left.
+    """
+    started = time.perf_counter()
+    lease = settings.execution.lease_seconds
+    touched: dict[int, IndexVersion] = {}
+    try:
         with connect(db_url) as conn:
-            check_configured_model(conn, settings)
-            if documents.pending_documents(conn, D.PENDING_INDEX, 1):
-                conn.commit()
-                ensure_first_version(db_url, settings)
-            writable = versions.writable_versions(conn)
-            stats.versions = [f"{v.label} ({v.status}, {v.embedding_model})" for v in writable]
-
-            def fetch(after: str) -> list[PendingDocument]:
-                batch = documents.pending_documents(conn, D.PENDING_INDEX, settings.batch_size * EMBED_BATCHES, after)
-                conn.commit()
-                return batch
-
-            for batch, (chunks_by_doc, vectors_by_version) in vectors_ahead(db_url, fetch, writable, settings, stats):
-                for doc in batch:
-                    if not doc.acl_labels:
-                        continue  # cannot happen through discovery; the table's CHECK would refuse it anyway
-                    with conn.transaction():
-                        if not documents.claim(conn, doc.doc_id, D.PENDING_INDEX):
-                            continue
-                        write_document(conn, doc, chunks_by_doc[doc.doc_id], writable, vectors_by_version,
-                                       settings, stats)
-                        documents.mark_indexed(conn, doc.doc_id)
-                    stats.documents_indexed += 1
-                progress(
-                    f"index: {stats.documents_indexed} documents, {stats.vectors_embedded} embedded, "
-                    f"{stats.vectors_reused} reused, {stats.near_duplicates} near-duplicates so far"
-                )
+            while True:
+                leased = work.lease_next(conn, [D.PENDING_INDEX], owner, lease)
+                if leased is None:
+                    if more_coming():
+                        time.sleep(IDLE_POLL_SECONDS)
+                        continue
+                    break
+                _, doc = leased
+                try:
+                    if not touched:
+                        ensure_first_version(db_url, settings)
+                    for version in index_document(conn, doc, settings, stats):
+                        touched[version.version_id] = version
+                finally:
+                    work.release_moved_on(conn, doc.doc_id, owner, [D.PENDING_INDEX])
             with conn.transaction():
-                for version in writable:
+                for version in touched.values():
                     versions.refresh_stats(conn, version)
-            for version in writable:
-                if rebalance_bm25(conn, version, settings):
-                    progress(f"index: {version.label} BM25 weights recomputed for the corpus's average length")
+            for version in touched.values():
+                rebalance_bm25(conn, version, settings)
+            stats.versions = [f"{v.label} ({v.status}, {v.embedding_model})" for v in touched.values()]
+    finally:
+        stats.seconds = time.perf_counter() - started
         stats.dedup_rate = round(stats.near_duplicates / stats.occurrences, 4) if stats.occurrences else 0.0
-    return stats
+
+
+# How long an index worker waiting for parse workers sleeps between looks at an empty queue.
+IDLE_POLL_SECONDS = 0.5
+
+
+def index_document(
+    conn: psycopg.Connection, doc: PendingDocument, settings: Settings, stats: IndexStats,
+) -> list[IndexVersion]:
+    """Embed (what the cache lacks) and write one leased document; returns the versions written."""
+    if not doc.acl_labels:
+        return []  # cannot happen through discovery; the table's CHECK would refuse it anyway
+    stored = chunk_store.chunks_of(conn, [doc.doc_id]).get(doc.doc_id, [])
+    targets = versions.writable_versions(conn)
+    conn.commit()
+    inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input for c in stored}
+    vectors = {v.version_id: embed_inputs(conn, v, settings, inputs, stats) for v in targets}
+    with conn.transaction():
+        if not documents.claim(conn, doc.doc_id, D.PENDING_INDEX):
+            return []
+        versions.share_registry(conn)
+        current = versions.writable_versions(conn)
+        for version in current:  # a version created since the vectors were made (rare): its vectors now
+            if version.version_id not in vectors:
+                vectors[version.version_id] = embed_inputs(conn, version, settings, inputs, stats, commit=False)
+        write_document(conn, doc, stored, current, vectors, settings, stats)
+        documents.mark_indexed(conn, doc.doc_id)
+    stats.documents_indexed += 1
+    stats.chunks_indexed += len(stored)
+    return current
 
 
 def rebalance_bm25(conn: psycopg.Connection, version: IndexVersion, settings: Settings) -> bool:
@@ -155,6 +193,7 @@ def write_document(
     stats: IndexStats,
 ) -> None:
     """Replace one document's rows in the given versions (inside the caller's transaction)."""
+    groups.lock_assignment(conn)
     chunks = assign_groups(conn, stored_chunks, doc.acl_labels, dedup.lsh_params(settings.dedup.threshold))
     stats.occurrences += len(chunks)
     for version in targets:
@@ -226,19 +265,37 @@ def _vectors_for(
     chunks_by_doc: dict[str, list[StoredChunk]],
     stats: IndexStats,
 ) -> dict[str, np.ndarray]:
-    """Vectors for every chunk input of a batch: from the cache where possible, embedded (once) otherwise."""
     inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input
               for chunks in chunks_by_doc.values() for c in chunks}
+    return embed_inputs(conn, version, settings, inputs, stats)
+
+
+def embed_inputs(
+    conn: psycopg.Connection,
+    version: IndexVersion,
+    settings: Settings,
+    inputs: dict[str, str],
+    stats: IndexStats,
+    commit: bool = True,
+) -> dict[str, np.ndarray]:
+    """Vectors for inputs (by their sha): from the cache where possible, embedded (once) otherwise, each call of
+    `execution.embed_batch` inputs cached as soon as it is made (in a transaction of its own when `commit`)."""
     vectors = chunk_store.cached_embeddings(conn, version.embedding_model, list(inputs))
+    if commit:
+        conn.commit()
     stats.vectors_reused += len(vectors)
     missing = [sha for sha in inputs if sha not in vectors]
-    if missing:
+    step = settings.execution.embed_batch
+    for start in range(0, len(missing), step):
         # Loaded on first use (then kept per process): a refresh whose inputs are all cached never loads it.
         embedder = get_embedder(version.embedding_model, settings.embedding)
-        fresh = embedder.embed_documents([inputs[sha] for sha in missing])
-        new_vectors = dict(zip(missing, fresh, strict=True))
-        with conn.transaction():
-            chunk_store.store_embeddings(conn, version.embedding_model, new_vectors)
-        vectors.update(new_vectors)
-        stats.vectors_embedded += len(missing)
+        part = missing[start:start + step]
+        fresh = dict(zip(part, embedder.embed_documents([inputs[sha] for sha in part]), strict=True))
+        if commit:
+            with conn.transaction():
+                chunk_store.store_embeddings(conn, version.embedding_model, fresh)
+        else:
+            chunk_store.store_embeddings(conn, version.embedding_model, fresh)
+        vectors.update(fresh)
+        stats.vectors_embedded += len(part)
     return vectors

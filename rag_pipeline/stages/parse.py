@@ -6,7 +6,6 @@ Anything that cannot be parsed is dead-lettered with a specific reason; the run 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -15,12 +14,11 @@ import psycopg
 from rag_pipeline.cascade import Cascade, parse_document
 from rag_pipeline.cleaning import clean_parsed_pages, content_hash
 from rag_pipeline.config import Settings, SourceConfig
-from rag_pipeline.parsing import DeadLetter, parser_version
+from rag_pipeline.parsing import DeadLetter
 from rag_pipeline.sources import UnsafePathError, document_password, safe_join
-from rag_pipeline.stages.common import Progress, StageStats, count, locked_stage, log_progress
+from rag_pipeline.stages.common import Progress, StageStats, count, log_progress
 from rag_pipeline.status import DocumentStatus
 from rag_pipeline.store import documents, pages
-from rag_pipeline.store.database import connect
 from rag_pipeline.store.documents import PendingDocument
 
 log = logging.getLogger(__name__)
@@ -46,28 +44,13 @@ class ParseStats(StageStats):
 
 
 def parse_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> ParseStats:
-    stats = ParseStats()
-    with locked_stage(db_url, "parse", stats, timeout_seconds=settings.lock_timeout_seconds, progress=progress):
-        version = parser_version()
-        cascade = Cascade(settings.parsing)
-        with connect(db_url) as conn, contextlib.closing(cascade):
-            # The configured definition where there is one (it carries allow_hard_links); else what is registered.
-            roots = {s.name: s for s in documents.registered_sources(conn)}
-            roots.update({s.name: s for s in settings.sources})
-            after = ""
-            while batch := documents.pending_documents(conn, D.PENDING_PARSE, settings.batch_size, after):
-                conn.commit()
-                for doc in batch:
-                    _parse_one(conn, doc, roots[doc.source], version, cascade, stats)
-                after = batch[-1].doc_id
-                progress(f"parse: {stats.parsed} parsed, {stats.dead_lettered} dead-lettered so far")
-        stats.tiers_unavailable = dict(cascade.unavailable)
-        for tier, why in cascade.unavailable.items():
-            progress(f"parse: tier {tier} could not run: {why}")
-    return stats
+    """Parse every document now queued for parsing (not chunking it: see process_pending for the pipeline)."""
+    from rag_pipeline.stages.process import process_pending
+
+    return process_pending(db_url, settings, progress, chunk=False, index=False).parse
 
 
-def _parse_one(
+def parse_one(
     conn: psycopg.Connection, doc: PendingDocument, source: SourceConfig, version: str, cascade: Cascade,
     stats: ParseStats,
 ) -> None:
@@ -75,7 +58,7 @@ def _parse_one(
         path = safe_join(source.root, doc.rel_path)
         password = document_password(source, doc.rel_path)
     except UnsafePathError as exc:
-        _dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
+        dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
         return
     try:
         info = path.stat()
@@ -103,14 +86,14 @@ def _parse_one(
                                    D.INDEXED if unchanged else D.PENDING_CHUNK, removed)
             pages.clear_dead_letter(conn, doc.doc_id)
     except DeadLetter as exc:
-        _dead_letter(conn, doc, exc, stats)
+        dead_letter(conn, doc, exc, stats)
         return
     except FileNotFoundError:
         stats.vanished += 1  # deleted after discovery; the next scan logs the deletion
         return
     except Exception as exc:  # a parser bug must not stop the run or lose the document
         log.exception("parser failed on %s/%s", doc.source, doc.rel_path)
-        _dead_letter(conn, doc, DeadLetter("parser_error", f"{type(exc).__name__}: {exc}"), stats)
+        dead_letter(conn, doc, DeadLetter("parser_error", f"{type(exc).__name__}: {exc}"), stats)
         return
     if unchanged:
         stats.content_unchanged += 1
@@ -128,13 +111,17 @@ def _parse_one(
         count(stats.chars_removed, rule, removed_chars)
 
 
-def _dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter, stats: ParseStats) -> None:
-    """Park the document with its reason; its old rows leave the index. It is retried when its file changes."""
+def dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter, stats: ParseStats) -> bool:
+    """Park the document with its reason; its old rows leave the index. It is retried when its file changes.
+    Only a document still queued for parsing or chunking, and for the same file, is parked."""
     with conn.transaction():
-        if documents.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint):
-            documents.delete_derived_rows(conn, [doc.doc_id])
-            pages.record_dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
-            documents.mark_dead_letter(conn, doc.doc_id)
+        status = documents.lock_queued(conn, doc.doc_id, doc.fingerprint)
+        if status not in (D.PENDING_PARSE, D.PENDING_CHUNK):
+            return False
+        documents.delete_derived_rows(conn, [doc.doc_id])
+        pages.record_dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
+        documents.mark_dead_letter(conn, doc.doc_id)
     log.warning("dead-lettered %s/%s: %s", doc.source, doc.rel_path, exc)
     stats.dead_lettered += 1
     count(stats.dead_letter_reasons, exc.reason)
+    return True

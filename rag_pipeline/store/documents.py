@@ -22,6 +22,11 @@ D = DocumentStatus
 _STATUS = {status.name.lower(): status.value for status in DocumentStatus}
 
 
+def lock_source_scan(conn: psycopg.Connection, source: str) -> None:
+    """Serialise scans of one source until the transaction ends (other sources' scans run beside it)."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"rag_pipeline.scan:{source}",))
+
+
 def upsert_source(conn: psycopg.Connection, source: SourceConfig, origin: str = "config") -> None:
     conn.execute(
         """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds, origin)
@@ -271,6 +276,7 @@ def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str], keep_p
     """Remove every row derived from these documents (pages, chunks, all index versions) but the documents.
     With keep_pages, a held document keeps its parsed pages and LLM prefixes (never served): when it is released
     it is re-chunked from them, not parsed again (OCR, VLM and prefix calls are not paid twice)."""
+    groups.lock_assignment(conn)
     touched_groups = [r[0] for r in conn.execute(
         "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (list(doc_ids),)
     ).fetchall()]
@@ -331,12 +337,12 @@ class PendingDocument:
     chunker_version: str | None
 
 
-_PENDING_COLUMNS = sql.SQL(
-    "doc_id, source, rel_path, fingerprint, content_hash, indexed_content_hash, title, acl_labels, chunker_version"
-)
+PENDING_COLUMN_NAMES = ("doc_id", "source", "rel_path", "fingerprint", "content_hash", "indexed_content_hash",
+                        "title", "acl_labels", "chunker_version")
+_PENDING_COLUMNS = sql.SQL(", ").join(map(sql.Identifier, PENDING_COLUMN_NAMES))
 
 
-def _pending(rows: list[tuple[Any, ...]]) -> list[PendingDocument]:
+def pending_from_rows(rows: list[tuple[Any, ...]]) -> list[PendingDocument]:
     return [PendingDocument(*r[:7], tuple(r[7]), r[8]) for r in rows]
 
 
@@ -350,7 +356,7 @@ def pending_documents(
         ),
         (status, after, limit),
     ).fetchall()
-    return _pending(rows)
+    return pending_from_rows(rows)
 
 
 def shard_documents(
@@ -365,7 +371,7 @@ def shard_documents(
         ).format(_PENDING_COLUMNS),
         (D.INDEXED, shards, shard, after, limit),
     ).fetchall()
-    return _pending(rows)
+    return pending_from_rows(rows)
 
 
 def claim(
@@ -380,6 +386,23 @@ def claim(
         "SELECT status, fingerprint FROM documents WHERE doc_id = %s FOR UPDATE", (doc_id,)
     ).fetchone()
     return row is not None and row[0] == expected and (fingerprint is None or row[1] == fingerprint)
+
+
+def lock_queued(conn: psycopg.Connection, doc_id: str, fingerprint: str) -> DocumentStatus | None:
+    """Lock a document for this transaction and say its status, if its file is still the one the work read."""
+    row = conn.execute(
+        "SELECT status, fingerprint FROM documents WHERE doc_id = %s FOR UPDATE", (doc_id,)
+    ).fetchone()
+    return DocumentStatus(row[0]) if row is not None and row[1] == fingerprint else None
+
+
+def pending_document(conn: psycopg.Connection, doc_id: str, status: DocumentStatus) -> PendingDocument | None:
+    rows = conn.execute(
+        sql.SQL("SELECT {} FROM documents WHERE doc_id = %s AND status = %s").format(_PENDING_COLUMNS),
+        (doc_id, status),
+    ).fetchall()
+    conn.commit()
+    return pending_from_rows(rows)[0] if rows else None
 
 
 def requeue_for_chunker(conn: psycopg.Connection, chunker_version: str) -> int:

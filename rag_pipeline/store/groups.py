@@ -7,6 +7,14 @@ from collections.abc import Sequence
 import numpy as np
 import psycopg
 
+_ASSIGNMENT_LOCK = "rag_pipeline.group_assignment"
+
+
+def lock_assignment(conn: psycopg.Connection) -> None:
+    """Serialise group changes until the transaction ends: two workers writing near-duplicates at once would
+    otherwise both find no group and open two (each transaction cannot see the other's new group)."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_ASSIGNMENT_LOCK,))
+
 
 def drop_empty(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:
     conn.execute(

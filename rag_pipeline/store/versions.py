@@ -91,6 +91,12 @@ def lock_registry(conn: psycopg.Connection) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_REGISTRY_LOCK,))
 
 
+def share_registry(conn: psycopg.Connection) -> None:
+    """Held by each document's index write until it commits: a version is created (lock_registry) between two
+    writes, never during one, so every write either reaches the new version or is read by its backfill."""
+    conn.execute("SELECT pg_advisory_xact_lock_shared(hashtext(%s))", (_REGISTRY_LOCK,))
+
+
 def create_version(
     conn: psycopg.Connection,
     embedding_model: str,

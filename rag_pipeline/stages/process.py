@@ -1,0 +1,315 @@
+"""The refresh's document work, one document at a time per worker.
+
+Worker processes (one per core by default, rag_pipeline.isolation) each lease a queued document from Postgres
+(rag_pipeline.store.work), parse and clean it and chunk it, within a time and a memory budget; this process
+meanwhile embeds and indexes what they finish, so parsing overlaps with embedding. Any number of such runs, in
+any number of processes or machines, share the same queue: a lease is taken with FOR UPDATE SKIP LOCKED and
+lapses when its holder dies, and every write re-checks the state its work was planned for.
+
+A document over its budget, or whose worker died, is dead-lettered (`timeout`, `memory`, `crashed`) with the
+limit in its reason; its worker is replaced and the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from rag_pipeline.config import Settings, SourceConfig
+from rag_pipeline.isolation import Failed, Finished, Limits, Runner, WorkerPool, auto_workers
+from rag_pipeline.parsing import DeadLetter
+from rag_pipeline.progress import Reporter
+from rag_pipeline.stages.chunk import (
+    ChunkStats,
+    check_configured_model,
+    chunk_one,
+    chunk_size,
+    current_chunker_version,
+    sizing_model_location,
+)
+from rag_pipeline.stages.common import Progress, log_progress
+from rag_pipeline.stages.index import IndexStats, index_documents
+from rag_pipeline.stages.parse import ParseStats, dead_letter, parse_one
+from rag_pipeline.status import DocumentStatus
+from rag_pipeline.store import documents, work
+from rag_pipeline.store.database import connect, index_write_lock
+from rag_pipeline.store.documents import PendingDocument
+
+log = logging.getLogger(__name__)
+D = DocumentStatus
+BUDGET_REASONS = ("timeout", "memory", "crashed")
+
+
+@dataclass
+class ProcessStats:
+    parse: ParseStats = field(default_factory=ParseStats)
+    chunk: ChunkStats = field(default_factory=ChunkStats)
+    index: IndexStats = field(default_factory=IndexStats)
+    workers: int = 0  # worker processes the run could use
+    workers_replaced: int = 0  # killed for their budget, or found dead
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Decided once per run by the supervisor (it reads the index versions), used by every worker."""
+
+    model_location: str
+    size: int
+    overlap: int
+    version: str
+
+
+@dataclass(frozen=True)
+class DocumentTask:
+    status: DocumentStatus
+    doc: PendingDocument
+    source: SourceConfig
+    chunk: bool  # chunk it once parsed (the pipeline), or only parse it
+
+
+@dataclass
+class TaskResult:
+    parse: ParseStats
+    chunk: ChunkStats
+
+
+@dataclass
+class _WorkerState:
+    db_url: str
+    settings: Settings
+    plan: ChunkPlan | None
+    conn: psycopg.Connection
+    parser_version: str
+    cascade: Any = None
+    chunker: Any = None
+    prefixer: Any = None
+
+
+class DocumentRunner:
+    """Parse, clean and chunk one document in a worker process (each worker keeps its models between documents)."""
+
+    fatal = (psycopg.OperationalError,)  # the database is gone: stop the run, do not dead-letter documents
+
+    def setup(self, db_url: str, settings: Settings, plan: ChunkPlan | None) -> _WorkerState:
+        from rag_pipeline.parsing import parser_version
+
+        return _WorkerState(db_url, settings, plan, connect(db_url), parser_version())
+
+    def run(self, state: _WorkerState, task: DocumentTask) -> TaskResult:
+        result = TaskResult(ParseStats(), ChunkStats())
+        doc: PendingDocument | None = task.doc
+        if task.status == D.PENDING_PARSE:
+            from rag_pipeline.cascade import Cascade
+
+            state.cascade = state.cascade or Cascade(state.settings.parsing)
+            started = time.perf_counter()
+            parse_one(state.conn, task.doc, task.source, state.parser_version, state.cascade, result.parse)
+            result.parse.seconds = time.perf_counter() - started
+            result.parse.tiers_unavailable = dict(state.cascade.unavailable)
+            doc = documents.pending_document(state.conn, task.doc.doc_id, D.PENDING_CHUNK) if task.chunk else None
+        if doc is not None and state.plan is not None:
+            started = time.perf_counter()
+            chunk_one(state.conn, doc, self._chunker(state), self._prefixer(state), state.settings, result.chunk)
+            result.chunk.seconds = time.perf_counter() - started
+        return result
+
+    @staticmethod
+    def _chunker(state: _WorkerState) -> Any:
+        if state.chunker is None:
+            from rag_pipeline.chunking import Chunker
+            from rag_pipeline.embedding import load_tokenizer
+
+            assert state.plan is not None
+            state.chunker = Chunker(load_tokenizer(state.plan.model_location), state.plan.size, state.plan.overlap)
+        return state.chunker
+
+    @staticmethod
+    def _prefixer(state: _WorkerState) -> Any:
+        if state.prefixer is None and state.settings.prefix.mode == "llm":
+            from rag_pipeline.prefixes import LlmPrefixer
+
+            state.prefixer = LlmPrefixer(state.settings.prefix)
+        return state.prefixer
+
+
+def lease_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@contextlib.contextmanager
+def leases_kept(db_url: str, owner: str, lease_seconds: float) -> Iterator[None]:
+    """Renew this run's leases while the block runs (a third of the lease apart); release them all at its end."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        with connect(db_url, autocommit=False) as conn:
+            while not stop.wait(lease_seconds / 3):
+                work.renew_leases(conn, owner, lease_seconds)
+
+    keeper = threading.Thread(target=renew, name="lease-keeper", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join(5)
+        with contextlib.suppress(psycopg.Error), connect(db_url) as conn:
+            work.release_all(conn, owner)
+
+
+def process_pending(
+    db_url: str, settings: Settings, progress: Progress = log_progress, *, parse: bool = True, chunk: bool = True,
+    index: bool = True, runner: Runner | None = None,
+) -> ProcessStats:
+    """Work every queued document through the stages asked for; returns what each stage did.
+
+    The index write lock is held shared (with other refreshes and backfill shards; erasure and housekeeping take
+    it exclusively): documents are claimed one at a time, not stages.
+    """
+    result = ProcessStats()
+    execution = settings.execution
+    statuses = [status for status, wanted in ((D.PENDING_PARSE, parse), (D.PENDING_CHUNK, chunk)) if wanted]
+    owner = lease_owner()
+    with index_write_lock(db_url, "refresh", shared=True, timeout_seconds=settings.lock_timeout_seconds,
+                          progress=progress):
+        plan = None
+        with connect(db_url) as conn:
+            if chunk or index:
+                check_configured_model(conn, settings)
+            if chunk:
+                location = sizing_model_location(conn, settings)
+                plan = ChunkPlan(location, chunk_size(settings, location), settings.chunking.overlap_tokens,
+                                 current_chunker_version(settings, location))
+                result.chunk.chunker_version = plan.version
+                with conn.transaction():
+                    result.chunk.requeued_for_new_chunker = documents.requeue_for_chunker(conn, plan.version)
+        with leases_kept(db_url, owner, execution.lease_seconds):
+            parsing = threading.Event()
+            indexer = _IndexThread(db_url, settings, owner, result.index, more_coming=parsing.is_set) if index else None
+            if statuses:
+                parsing.set()
+                if indexer is not None:
+                    indexer.start()
+                try:
+                    _work_documents(db_url, settings, owner, statuses, plan, runner or DocumentRunner(), result,
+                                    progress, indexer)
+                finally:
+                    parsing.clear()
+            elif indexer is not None:
+                indexer.start()
+            if indexer is not None:
+                reporter = Reporter("index", "chunks", execution.progress_seconds, progress)
+                with connect(db_url) as conn:
+                    while indexer.is_alive():
+                        indexer.join(0.5)
+                        if reporter.due():
+                            _report_index(conn, reporter, result.index)
+                    indexer.raise_failure()
+                    if result.index.documents_indexed:
+                        _report_index(conn, reporter, result.index)
+    return result
+
+
+class _IndexThread(threading.Thread):
+    """Embeds and indexes in this process while the workers parse (torch releases the GIL while it computes)."""
+
+    def __init__(self, db_url: str, settings: Settings, owner: str, stats: IndexStats, more_coming: Any):
+        super().__init__(name="index", daemon=True)
+        self.args_ = (db_url, settings, owner, stats, more_coming)
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            index_documents(*self.args_)
+        except BaseException as exc:  # re-raised in the supervisor by raise_failure
+            self.failure = exc
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+
+def _report_index(conn: psycopg.Connection, reporter: Reporter, stats: IndexStats) -> None:
+    reporter.report(stats.documents_indexed, work.queued(conn, [D.PENDING_INDEX])[D.PENDING_INDEX],
+                    stats.chunks_indexed)
+
+
+def _work_documents(
+    db_url: str, settings: Settings, owner: str, statuses: list[DocumentStatus], plan: ChunkPlan | None,
+    runner: Runner, result: ProcessStats, progress: Progress, indexer: _IndexThread | None,
+) -> None:
+    execution = settings.execution
+    limits = Limits(execution.document_timeout, execution.page_timeout, execution.worker_memory_mb * 2**20)
+    size = auto_workers(execution.workers, limits.memory_bytes)
+    reporter = Reporter("parse" if D.PENDING_CHUNK not in statuses else "parse and chunk" if D.PENDING_PARSE
+                        in statuses else "chunk", "pages", execution.progress_seconds, progress)
+    index_reporter = Reporter("index", "chunks", execution.progress_seconds, progress)
+    in_hand: dict[str, DocumentTask] = {}
+    done = 0
+    started = time.perf_counter()
+    with connect(db_url) as conn:
+        # The configured definition where there is one (it carries allow_hard_links); else what is registered.
+        roots = {s.name: s for s in documents.registered_sources(conn)}
+        roots.update({s.name: s for s in settings.sources})
+        conn.commit()
+        with WorkerPool(size, runner, (db_url, settings, plan), limits, isolated=execution.isolation) as pool:
+            result.workers = pool.size
+            exhausted = False
+            while True:
+                while not exhausted and pool.idle():
+                    leased = work.lease_next(conn, statuses, owner, execution.lease_seconds)
+                    if leased is None:
+                        exhausted = True
+                        break
+                    status, doc = leased
+                    source = roots.get(doc.source)
+                    if source is None:
+                        continue  # its source is gone: discovery holds it; the lease keeps it out of this run
+                    task = DocumentTask(status, doc, source, chunk=plan is not None)
+                    in_hand[doc.doc_id] = task
+                    pool.submit(doc.doc_id, task)
+                for event in pool.collect():
+                    task = in_hand.pop(event.key)
+                    _finish(conn, task, event, result)
+                    done += 1
+                    # Documents that moved on are released (the index worker leases them next); the others keep
+                    # their lease until the run ends, so nothing is retried in a loop within one run.
+                    work.release_moved_on(conn, task.doc.doc_id, owner, statuses)
+                    exhausted = False
+                if exhausted and not in_hand:
+                    break
+                if reporter.due():
+                    left = sum(work.queued(conn, statuses).values())
+                    reporter.report(done, left, result.parse.pages)
+                    if indexer is not None and index_reporter.due():
+                        _report_index(conn, index_reporter, result.index)
+            result.workers_replaced = pool.replaced
+    result.parse.seconds = time.perf_counter() - started
+    if done:
+        reporter.report(done, 0, result.parse.pages)
+    for tier, why in result.parse.tiers_unavailable.items():
+        progress(f"parse: tier {tier} could not run: {why}")
+
+
+def _finish(conn: psycopg.Connection, task: DocumentTask, event: Finished | Failed, result: ProcessStats) -> None:
+    if isinstance(event, Finished):
+        outcome: TaskResult = event.result
+        result.parse.add(outcome.parse)
+        result.chunk.add(outcome.chunk)
+        result.chunk.seconds += outcome.chunk.seconds  # worker seconds spent chunking, summed over workers
+        return
+    if event.reason == "fatal":
+        raise RuntimeError(f"{task.doc.source}/{task.doc.rel_path}: {event.detail}")
+    reason = event.reason if event.reason in BUDGET_REASONS else "parser_error"
+    log.warning("%s/%s: %s", task.doc.source, task.doc.rel_path, event.detail)
+    dead_letter(conn, task.doc, DeadLetter(reason, event.detail), result.parse)
