@@ -31,7 +31,9 @@ TABLE_SEPARATOR_RE = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+\s*$", re.MULTILINE)
 ZIPPED_SUFFIXES = {".docx", ".pptx", ".xlsx"}
 MAX_ZIP_ENTRIES = 50_000
 
-DEAD_LETTER_REASONS = ("empty", "truncated", "corrupt", "encrypted", "unsupported", "too_large", "parser_error")
+# timeout, memory and crashed: the document's worker process went over its budget or died (rag_pipeline.isolation).
+DEAD_LETTER_REASONS = ("empty", "truncated", "corrupt", "encrypted", "unsupported", "too_large", "parser_error",
+                       "timeout", "memory", "crashed")
 
 
 class DeadLetter(Exception):

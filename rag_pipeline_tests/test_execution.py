@@ -1,0 +1,299 @@
+"""Per-document execution: worker processes with time and memory budgets, leases that let any number of workers
+share one queue, discovery that never waits for parse work, and a crash that loses one document at most."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from rag_pipeline import ids
+from rag_pipeline.isolation import Failed, Finished, Limits, WorkerPool
+from rag_pipeline.progress import Reporter, Snapshot, listening
+from rag_pipeline.stages.discover import discover
+from rag_pipeline.stages.index import IndexStats, index_documents
+from rag_pipeline.stages.process import process_pending
+from rag_pipeline.store.chunks import chunks_of
+from rag_pipeline_tests.hanging_worker import HangingRunner
+from rag_pipeline_tests.scripted_worker import ScriptedRunner
+
+WORDS = ("harbour ledger cargo tariff vessel manifest customs berth crane tonnage pilot tide dredging quay "
+         "warehouse freight insurance broker charter voyage").split()
+
+
+def _collect(pool: WorkerPool, count: int, timeout: float = 60) -> dict[str, Finished | Failed]:
+    events: dict[str, Finished | Failed] = {}
+    deadline = time.monotonic() + timeout
+    while len(events) < count:
+        assert time.monotonic() < deadline, f"only {sorted(events)} came back"
+        events.update((e.key, e) for e in pool.collect(0.2))
+    return events
+
+
+def _note(index: int, paragraphs: int = 3) -> str:
+    body = "\n\n".join(
+        f"## Section {p}\n\n" + " ".join(WORDS[(index * 7 + p * 3 + w) % len(WORDS)] for w in range(90)) + "."
+        for p in range(paragraphs))
+    return f"# Port note {index}\n\n{body}\n"
+
+
+# --- the worker pool ------------------------------------------------------------------------------------
+
+
+def test_a_worker_over_its_time_is_replaced_while_the_other_goes_on():
+    limits = Limits(seconds=2, seconds_per_page=0, memory_bytes=2 * 2**30)
+    started = time.monotonic()
+    with WorkerPool(2, ScriptedRunner(), ("m",), limits) as pool:
+        pool.submit("stuck", ("sleep", 60))
+        pool.submit("quick", ("sleep", 0.1))
+        events = _collect(pool, 2)
+        assert isinstance(events["quick"], Finished)
+        stuck = events["stuck"]
+        assert isinstance(stuck, Failed) and stuck.reason == "timeout"
+        assert "execution.document_timeout" in stuck.detail
+        assert pool.replaced == 1
+        pool.submit("after", ("sleep", 0))  # a fresh worker takes the slot
+        assert isinstance(_collect(pool, 1)["after"], Finished)
+    assert time.monotonic() - started < 40
+
+
+def test_a_worker_over_its_memory_is_killed_and_named():
+    limits = Limits(seconds=60, seconds_per_page=0, memory_bytes=300 * 2**20)
+    with WorkerPool(1, ScriptedRunner(), ("m",), limits) as pool:
+        pool.submit("big", ("allocate", 1200))
+        event = _collect(pool, 1)["big"]
+        assert isinstance(event, Failed) and event.reason == "memory", event
+        assert "execution.worker_memory_mb is 300" in event.detail
+
+
+def test_a_dead_worker_and_a_raising_item_are_reported_and_the_pool_goes_on():
+    limits = Limits(seconds=30, seconds_per_page=0, memory_bytes=2 * 2**30)
+    with WorkerPool(1, ScriptedRunner(), ("m",), limits) as pool:
+        pool.submit("killed", ("die", 0))
+        event = _collect(pool, 1)["killed"]
+        assert isinstance(event, Failed) and event.reason == "crashed" and "signal 9" in event.detail
+        pool.submit("bug", ("raise", 0))
+        event = _collect(pool, 1)["bug"]
+        assert isinstance(event, Failed) and event.reason == "error" and "a parser bug" in event.detail
+        pool.submit("fine", ("sleep", 0))
+        assert isinstance(_collect(pool, 1)["fine"], Finished)
+        assert pool.replaced == 1  # the raising item did not cost its worker
+
+
+def test_waiting_on_an_endpoint_is_not_counted_and_pages_extend_the_budget():
+    limits = Limits(seconds=1, seconds_per_page=0.4, memory_bytes=2 * 2**30)
+    with WorkerPool(2, ScriptedRunner(), ("m",), limits) as pool:
+        pool.submit("slow endpoint", ("endpoint", 4))
+        pool.submit("long document", ("pages", 3))  # 10 pages: 1 + 4 seconds allowed
+        events = _collect(pool, 2)
+        assert all(isinstance(e, Finished) for e in events.values()), events
+
+
+def test_progress_reports_totals_rates_and_an_eta():
+    lines: list[str] = []
+    seen: list[Snapshot] = []
+    reporter = Reporter("parse", "pages", 1, lines.append)
+    reporter.started -= 10  # ten seconds in
+    with listening(seen.append):
+        snapshot = reporter.report(done=5, left=15, units=50)
+    assert seen == [snapshot] and snapshot.total == 20
+    assert abs(snapshot.rate - 5.0) < 0.1 and abs(snapshot.eta_seconds - 30) < 1
+    assert lines[0].startswith("parse: 5/20 documents, 50 pages (5.0 pages/s), ETA 30s")
+
+
+# --- documents ------------------------------------------------------------------------------------------
+
+
+def _index_rows(conn: psycopg.Connection) -> list[tuple[str, list[str]]]:
+    return conn.execute(
+        """SELECT d.rel_path, a.acl_labels FROM active_chunks a JOIN documents d USING (doc_id)
+           ORDER BY d.rel_path""").fetchall()
+
+
+def test_hostile_documents_are_dead_lettered_and_the_rest_is_indexed(make_settings, db, db_url, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(6):
+        (corpus / f"note-{index}.md").write_text(_note(index))
+    (corpus / "hang.md").write_text(_note(90))
+    (corpus / "bloat.md").write_text(_note(91))
+    # The crafted lines that once froze every refresh (super-linear patterns): now ordinary text.
+    (corpus / "crafted.md").write_text("# a" + "\u2028" * 20000 + "b\n\n" + "x" + ". " * 40000 + "z\n")
+    settings = make_settings(
+        sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}],
+        execution={"workers": 2, "document_timeout": 10, "page_timeout": 0, "worker_memory_mb": 1500,
+                   "progress_seconds": 1},
+    )
+    discover(db_url, settings.sources)
+    lines: list[str] = []
+    started = time.monotonic()
+    stats = process_pending(db_url, settings, lines.append, runner=HangingRunner())
+    assert time.monotonic() - started < 150
+    dead = dict(db.execute("SELECT d.rel_path, l.reason FROM dead_letters l JOIN documents d USING (doc_id)"))
+    assert dead == {"hang.md": "timeout", "bloat.md": "memory"}
+    detail = db.execute("SELECT detail FROM dead_letters l JOIN documents d USING (doc_id) "
+                        "WHERE rel_path = 'hang.md'").fetchone()[0]
+    assert "execution.document_timeout 10 s" in detail
+    statuses = dict(db.execute("SELECT rel_path, status FROM documents"))
+    assert {name for name, status in statuses.items() if status == "indexed"} == {
+        *(f"note-{i}.md" for i in range(6)), "crafted.md"}
+    assert {name for name, _ in _index_rows(db)} == {*(f"note-{i}.md" for i in range(6)), "crafted.md"}
+    assert stats.workers == 2 and stats.workers_replaced == 2
+    assert stats.parse.dead_letter_reasons == {"timeout": 1, "memory": 1}
+    assert any(line.startswith("parse and chunk: 9/9 documents") for line in lines), lines
+    assert any(line.startswith("index: 7/7 documents") for line in lines), lines
+
+
+def test_deletions_and_label_changes_reach_the_index_while_a_document_hangs(make_settings, db, db_url, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(4):
+        (corpus / f"note-{index}.md").write_text(_note(index))
+    source = {"name": "port", "root": str(corpus), "acl_labels": ["staff"]}
+    settings = make_settings(sources=[source], execution={"workers": 1, "document_timeout": 40, "page_timeout": 0})
+    discover(db_url, settings.sources)
+    process_pending(db_url, settings)
+    (corpus / "hang.md").write_text(_note(90))
+    discover(db_url, settings.sources)
+    refresh = threading.Thread(target=process_pending, args=(db_url, settings),
+                               kwargs={"runner": HangingRunner()})
+    refresh.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not db.execute("SELECT count(*) FROM documents WHERE lease_owner IS NOT NULL "
+                             "AND rel_path = 'hang.md'").fetchone()[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        (corpus / "note-0.md").unlink()
+        relabelled = make_settings(sources=[{**source, "acl_labels": ["staff", "legal"]}])
+        started = time.monotonic()
+        stats = discover(db_url, relabelled.sources, lock_timeout_seconds=5)
+        assert time.monotonic() - started < 10  # did not wait for the hanging parse
+        assert stats.deleted == 1 and stats.relabelled == 4  # hang.md too
+        rows = _index_rows(db)
+        assert rows and "note-0.md" not in {name for name, _ in rows}
+        assert all(sorted(labels) == ["legal", "staff"] for _, labels in rows)
+        assert refresh.is_alive()  # still waiting on the hanging document
+    finally:
+        refresh.join(120)
+    reason = db.execute("SELECT reason FROM dead_letters").fetchone()[0]
+    assert reason == "timeout"
+
+
+def test_two_runs_share_one_queue_without_doing_a_document_twice(make_settings, db, db_url, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(10):
+        (corpus / f"note-{index}.md").write_text(_note(index))
+    settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}],
+                             execution={"isolation": False})
+    discover(db_url, settings.sources)
+    results = []
+    runs = [threading.Thread(target=lambda: results.append(process_pending(db_url, settings, index=False)))
+            for _ in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(300)
+    assert len(results) == 2
+    assert sum(r.parse.parsed for r in results) == 10
+    assert sum(r.chunk.documents_chunked for r in results) == 10
+    assert db.execute("SELECT count(*) FROM documents WHERE status = 'pending_index'").fetchone()[0] == 10
+    assert db.execute("SELECT count(*) FROM documents WHERE lease_owner IS NOT NULL").fetchone()[0] == 0
+
+
+def test_parallel_index_writers_put_near_duplicates_in_one_group(make_settings, db, db_url, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(6):
+        (corpus / f"copy-{index}.md").write_text(_note(1))  # six copies of one note
+    settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}])
+    discover(db_url, settings.sources)
+    process_pending(db_url, settings, index=False)
+    stats = [IndexStats(), IndexStats()]
+    writers = [threading.Thread(target=index_documents, args=(db_url, settings, f"writer-{n}", stats[n]))
+               for n in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(300)
+    assert sum(s.documents_indexed for s in stats) == 6
+    chunks_per_copy = db.execute("SELECT count(*) FROM chunks WHERE doc_id = (SELECT min(doc_id) FROM chunks)"
+                                 ).fetchone()[0]
+    assert db.execute("SELECT count(*) FROM chunk_groups").fetchone()[0] == chunks_per_copy
+    assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == chunks_per_copy
+
+
+KILL_SCRIPT = """
+import sys
+from rag_pipeline.config import load_settings
+from rag_pipeline.stages.index import index_pending
+index_pending(sys.argv[1], load_settings(sys.argv[2]))
+"""
+
+
+def test_sigkill_mid_embedding_of_a_large_document_loses_only_its_unwritten_work(make_settings, db, db_url,
+                                                                               tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    small_names = [f"a-{index}.md" for index in range(3)]
+    # Documents are leased in doc_id order: a name for the large one that comes after the small ones.
+    large_name = next(name for n in range(1000) if ids.doc_id("port", name := f"z-large-{n}.md")
+                      > max(ids.doc_id("port", s) for s in small_names))
+    for index, name in enumerate(small_names):
+        (corpus / name).write_text(_note(index, paragraphs=2))
+    (corpus / large_name).write_text("# Annual report\n\n" + "\n\n".join(
+        f"## Part {p}\n\n" + " ".join(f"{WORDS[(p + w) % len(WORDS)]}{p}" for w in range(120)) + "."
+        for p in range(60)))
+    settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}],
+                             execution={"embed_batch": 4, "lease_seconds": 10})
+    discover(db_url, settings.sources)
+    process_pending(db_url, settings, index=False)
+    small_ids = [ids.doc_id("port", name) for name in small_names]
+    small = len({ids.embedding_input_sha(c.embedding_input)
+                 for chunks in chunks_of(db, small_ids).values() for c in chunks})
+    large_id = ids.doc_id("port", large_name)
+    large = len({ids.embedding_input_sha(c.embedding_input) for c in chunks_of(db, [large_id])[large_id]})
+    assert large >= 40
+    process = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, db_url, str(settings.config_file)],
+                               env=dict(os.environ, HF_HUB_OFFLINE="1"), start_new_session=True)
+    deadline = time.monotonic() + 240
+    while True:
+        assert process.poll() is None, "indexing finished before the point to kill it at"
+        assert time.monotonic() < deadline
+        indexed = db.execute("SELECT count(*) FROM documents WHERE status = 'indexed'").fetchone()[0]
+        cached = db.execute("SELECT count(*) FROM embedding_cache").fetchone()[0]
+        if indexed == 3 and cached >= small + 8:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+            break
+        time.sleep(0.02)
+    cached = db.execute("SELECT count(*) FROM embedding_cache").fetchone()[0]
+    statuses = dict(db.execute("SELECT rel_path, status FROM documents"))
+    assert statuses == {**dict.fromkeys(small_names, "indexed"), large_name: "pending_index"}
+    kept_of_large = cached - small
+    assert 8 <= kept_of_large < large  # the calls finished before the kill are kept
+    time.sleep(11)  # the dead run's lease lapses
+    stats = process_pending(db_url, settings)
+    assert stats.index.documents_indexed == 1
+    assert stats.index.vectors_embedded == large - kept_of_large
+    assert db.execute("SELECT count(*) FROM documents WHERE status = 'indexed'").fetchone()[0] == 4
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_worker_count_defaults_to_the_cores_the_memory_allows(workers):
+    from rag_pipeline.isolation import auto_workers
+
+    chosen = auto_workers(workers, 256 * 2**20)
+    if workers:
+        assert chosen == workers
+    else:
+        assert 1 <= chosen <= len(os.sched_getaffinity(0))
+        assert auto_workers(0, 2**50) == 1  # no machine holds two petabyte workers
