@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +78,10 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from rag_pipeline.runs import run_ingest
 
     _prepare_instance(settings)
-    summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
-                         confirm_deletions=args.confirm_deletions or [])
+    bar = _progress_bar() if sys.stdout.isatty() and not args.json else contextlib.nullcontext()
+    with bar:
+        summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
+                             confirm_deletions=args.confirm_deletions or [])
     if args.json:
         _print_json(summary)
     else:
@@ -98,6 +102,27 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         for error in summary.get("errors", []):
             print(f"  error: {error}", file=sys.stderr)
     return 0 if summary["success"] else 1
+
+
+@contextlib.contextmanager
+def _progress_bar() -> Iterator[None]:
+    """A bar per long stage (documents done / total, rate, ETA), drawn from the stages' progress reports."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from rag_pipeline.progress import Snapshot, listening
+
+    bars = Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), redirect_stderr=True)
+    tasks: dict[str, Any] = {}
+
+    def draw(snapshot: Snapshot) -> None:
+        if snapshot.stage not in tasks:
+            tasks[snapshot.stage] = bars.add_task(snapshot.stage, total=snapshot.total, rate="")
+        bars.update(tasks[snapshot.stage], completed=snapshot.done, total=snapshot.total,
+                    rate=f"{snapshot.rate:,.1f} {snapshot.unit}/s")
+
+    with bars, listening(draw):
+        yield
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:

@@ -69,7 +69,10 @@ def _worker_main(channel: Connection, runner: Runner, setup_args: tuple[Any, ...
     state = None
     ready = False
     while True:
-        item = channel.recv()
+        try:
+            item = channel.recv()
+        except (EOFError, OSError):
+            return  # the supervisor is gone
         if item is None:
             return
         try:
@@ -151,7 +154,7 @@ class WorkerPool:
     def _spawn(self, slot: _Slot) -> None:
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(target=_worker_main, args=(child_end, self.runner, self.setup_args),
-                                        name="rag-pipeline-worker", daemon=True)
+                                        name="rag-pipeline-worker")  # not daemonic: a parser may start processes
         process.start()
         child_end.close()
         slot.process, slot.channel = process, parent_end

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,7 +18,7 @@ from rag_pipeline.isolation import Failed, Finished, Limits, WorkerPool
 from rag_pipeline.progress import Reporter, Snapshot, listening
 from rag_pipeline.stages.discover import discover
 from rag_pipeline.stages.index import IndexStats, index_documents
-from rag_pipeline.stages.process import process_pending
+from rag_pipeline.stages.process import leases_kept, process_pending
 from rag_pipeline.store.chunks import chunks_of
 from rag_pipeline_tests.hanging_worker import HangingRunner
 from rag_pipeline_tests.scripted_worker import ScriptedRunner
@@ -218,12 +217,16 @@ def test_parallel_index_writers_put_near_duplicates_in_one_group(make_settings, 
     discover(db_url, settings.sources)
     process_pending(db_url, settings, index=False)
     stats = [IndexStats(), IndexStats()]
-    writers = [threading.Thread(target=index_documents, args=(db_url, settings, f"writer-{n}", stats[n]))
-               for n in range(2)]
-    for writer in writers:
-        writer.start()
-    for writer in writers:
-        writer.join(300)
+
+    def writer(own: IndexStats) -> None:
+        with leases_kept(db_url, 60) as lease:
+            index_documents(db_url, settings, lease, own)
+
+    writers = [threading.Thread(target=writer, args=(own,)) for own in stats]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join(300)
     assert sum(s.documents_indexed for s in stats) == 6
     chunks_per_copy = db.execute("SELECT count(*) FROM chunks WHERE doc_id = (SELECT min(doc_id) FROM chunks)"
                                  ).fetchone()[0]
@@ -253,7 +256,7 @@ def test_sigkill_mid_embedding_of_a_large_document_loses_only_its_unwritten_work
         f"## Part {p}\n\n" + " ".join(f"{WORDS[(p + w) % len(WORDS)]}{p}" for w in range(120)) + "."
         for p in range(60)))
     settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}],
-                             execution={"embed_batch": 4, "lease_seconds": 10})
+                             execution={"embed_batch": 4})
     discover(db_url, settings.sources)
     process_pending(db_url, settings, index=False)
     small_ids = [ids.doc_id("port", name) for name in small_names]
@@ -280,8 +283,8 @@ def test_sigkill_mid_embedding_of_a_large_document_loses_only_its_unwritten_work
     assert statuses == {**dict.fromkeys(small_names, "indexed"), large_name: "pending_index"}
     kept_of_large = cached - small
     assert 8 <= kept_of_large < large  # the calls finished before the kill are kept
-    time.sleep(11)  # the dead run's lease lapses
-    stats = process_pending(db_url, settings)
+    assert db.execute("SELECT lease_owner IS NOT NULL FROM documents WHERE doc_id = %s", (large_id,)).fetchone()[0]
+    stats = process_pending(db_url, settings)  # the dead run's lease died with its session: taken at once
     assert stats.index.documents_indexed == 1
     assert stats.index.vectors_embedded == large - kept_of_large
     assert db.execute("SELECT count(*) FROM documents WHERE status = 'indexed'").fetchone()[0] == 4

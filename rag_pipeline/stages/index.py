@@ -75,7 +75,7 @@ def index_pending(db_url: str, settings: Settings, progress: Progress = log_prog
 
 
 def index_documents(
-    db_url: str, settings: Settings, owner: str, stats: IndexStats,
+    db_url: str, settings: Settings, lease: work.Lease, stats: IndexStats,
     more_coming: Callable[[], bool] = lambda: False,
 ) -> None:
     """Lease pending_index documents one at a time and write each into every writable version: near-duplicate
@@ -86,12 +86,12 @@ def index_documents(
     `more_coming()` says other workers may still queue documents, an empty queue is waited on, not left.
     """
     started = time.perf_counter()
-    lease = settings.execution.lease_seconds
+    lease_seconds = settings.execution.lease_seconds
     touched: dict[int, IndexVersion] = {}
     try:
         with connect(db_url) as conn:
             while True:
-                leased = work.lease_next(conn, [D.PENDING_INDEX], owner, lease)
+                leased = work.lease_next(conn, [D.PENDING_INDEX], lease, lease_seconds)
                 if leased is None:
                     if more_coming():
                         time.sleep(IDLE_POLL_SECONDS)
@@ -104,7 +104,7 @@ def index_documents(
                     for version in index_document(conn, doc, settings, stats):
                         touched[version.version_id] = version
                 finally:
-                    work.release_moved_on(conn, doc.doc_id, owner, [D.PENDING_INDEX])
+                    work.release_moved_on(conn, doc.doc_id, lease, [D.PENDING_INDEX])
             with conn.transaction():
                 for version in touched.values():
                     versions.refresh_stats(conn, version)

@@ -147,24 +147,29 @@ def lease_owner() -> str:
 
 
 @contextlib.contextmanager
-def leases_kept(db_url: str, owner: str, lease_seconds: float) -> Iterator[None]:
-    """Renew this run's leases while the block runs (a third of the lease apart); release them all at its end."""
+def leases_kept(db_url: str, lease_seconds: float) -> Iterator[work.Lease]:
+    """A lease for this run, kept alive by a connection of its own (a third of the lease apart it renews every
+    lease taken under it); every lease still held is released at the block's end. If this process dies, its
+    session ends and the leases are void at once."""
+    keeper_conn = connect(db_url)
+    lease = work.open_lease(keeper_conn, lease_owner())
     stop = threading.Event()
 
     def renew() -> None:
-        with connect(db_url, autocommit=False) as conn:
+        with contextlib.suppress(psycopg.Error):
             while not stop.wait(lease_seconds / 3):
-                work.renew_leases(conn, owner, lease_seconds)
+                work.renew_leases(keeper_conn, lease, lease_seconds)
 
     keeper = threading.Thread(target=renew, name="lease-keeper", daemon=True)
     keeper.start()
     try:
-        yield
+        yield lease
     finally:
         stop.set()
         keeper.join(5)
-        with contextlib.suppress(psycopg.Error), connect(db_url) as conn:
-            work.release_all(conn, owner)
+        with contextlib.suppress(psycopg.Error):
+            work.release_all(keeper_conn, lease)
+        keeper_conn.close()
 
 
 def process_pending(
@@ -179,7 +184,6 @@ def process_pending(
     result = ProcessStats()
     execution = settings.execution
     statuses = [status for status, wanted in ((D.PENDING_PARSE, parse), (D.PENDING_CHUNK, chunk)) if wanted]
-    owner = lease_owner()
     with index_write_lock(db_url, "refresh", shared=True, timeout_seconds=settings.lock_timeout_seconds,
                           progress=progress):
         plan = None
@@ -193,15 +197,15 @@ def process_pending(
                 result.chunk.chunker_version = plan.version
                 with conn.transaction():
                     result.chunk.requeued_for_new_chunker = documents.requeue_for_chunker(conn, plan.version)
-        with leases_kept(db_url, owner, execution.lease_seconds):
+        with leases_kept(db_url, execution.lease_seconds) as lease:
             parsing = threading.Event()
-            indexer = _IndexThread(db_url, settings, owner, result.index, more_coming=parsing.is_set) if index else None
+            indexer = _IndexThread(db_url, settings, lease, result.index, more_coming=parsing.is_set) if index else None
             if statuses:
                 parsing.set()
                 if indexer is not None:
                     indexer.start()
                 try:
-                    _work_documents(db_url, settings, owner, statuses, plan, runner or DocumentRunner(), result,
+                    _work_documents(db_url, settings, lease, statuses, plan, runner or DocumentRunner(), result,
                                     progress, indexer)
                 finally:
                     parsing.clear()
@@ -223,9 +227,9 @@ def process_pending(
 class _IndexThread(threading.Thread):
     """Embeds and indexes in this process while the workers parse (torch releases the GIL while it computes)."""
 
-    def __init__(self, db_url: str, settings: Settings, owner: str, stats: IndexStats, more_coming: Any):
+    def __init__(self, db_url: str, settings: Settings, lease: work.Lease, stats: IndexStats, more_coming: Any):
         super().__init__(name="index", daemon=True)
-        self.args_ = (db_url, settings, owner, stats, more_coming)
+        self.args_ = (db_url, settings, lease, stats, more_coming)
         self.failure: BaseException | None = None
 
     def run(self) -> None:
@@ -245,7 +249,7 @@ def _report_index(conn: psycopg.Connection, reporter: Reporter, stats: IndexStat
 
 
 def _work_documents(
-    db_url: str, settings: Settings, owner: str, statuses: list[DocumentStatus], plan: ChunkPlan | None,
+    db_url: str, settings: Settings, lease: work.Lease, statuses: list[DocumentStatus], plan: ChunkPlan | None,
     runner: Runner, result: ProcessStats, progress: Progress, indexer: _IndexThread | None,
 ) -> None:
     execution = settings.execution
@@ -267,7 +271,7 @@ def _work_documents(
             exhausted = False
             while True:
                 while not exhausted and pool.idle():
-                    leased = work.lease_next(conn, statuses, owner, execution.lease_seconds)
+                    leased = work.lease_next(conn, statuses, lease, execution.lease_seconds)
                     if leased is None:
                         exhausted = True
                         break
@@ -284,7 +288,7 @@ def _work_documents(
                     done += 1
                     # Documents that moved on are released (the index worker leases them next); the others keep
                     # their lease until the run ends, so nothing is retried in a loop within one run.
-                    work.release_moved_on(conn, task.doc.doc_id, owner, statuses)
+                    work.release_moved_on(conn, task.doc.doc_id, lease, statuses)
                     exhausted = False
                 if exhausted and not in_hand:
                     break
