@@ -21,6 +21,7 @@ from rag_pipeline.config import Settings
 from rag_pipeline.embedding import get_embedder, resolve_model
 from rag_pipeline.evaluation import evaluate, load_golden, paired_differences, regressions
 from rag_pipeline.parsing import parser_version
+from rag_pipeline.progress import Reporter
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
 from rag_pipeline.stages.common import Progress, locked_stage, log_progress
@@ -94,6 +95,10 @@ def backfill_version(
             if version is None or version.status != V.BUILDING:
                 raise VersionError(f"index version {version_id} is not building")
             stats.versions = [f"{version.label} ({version.embedding_model})"]
+            total = documents.count_shard_documents(conn, shard, shards)
+            conn.commit()
+            reporter = Reporter(f"backfill {version.label} shard {shard}/{shards}", "chunks",
+                                settings.execution.progress_seconds, progress)
 
             def fetch(after: str) -> list[PendingDocument]:
                 batch = documents.shard_documents(conn, shard, shards, settings.batch_size * EMBED_BATCHES, after)
@@ -107,7 +112,11 @@ def backfill_version(
                             continue  # changed meanwhile: the index stage writes it to every writable version
                         write_document(conn, doc, chunks_by_doc[doc.doc_id], [version], vectors, settings, stats)
                     stats.documents_indexed += 1
-                progress(f"backfill {version.label} shard {shard}/{shards}: {stats.documents_indexed} documents")
+                    stats.chunks_indexed += len(chunks_by_doc[doc.doc_id])
+                    if reporter.due():
+                        reporter.report(stats.documents_indexed, total - stats.documents_indexed,
+                                        stats.chunks_indexed)
+            reporter.report(stats.documents_indexed, 0, stats.chunks_indexed)
             rebalance_bm25(conn, version, settings)
             with conn.transaction():
                 versions.refresh_stats(conn, version)

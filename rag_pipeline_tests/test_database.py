@@ -2,6 +2,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psycopg
@@ -147,6 +148,56 @@ def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_ur
             assert search_store.bm25_ranking(conn, version, "robot dock", ("staff",), 5).chunk_ids == []
             state = version_store.bm25_state(conn, version)
             assert state.rows_counted == state.rows_weighted == 1
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg_admin_url, tmp_path):
+    """A database at 015 (the previous main) with queued documents: after 016 they are leased one at a time, a lease
+    whose session is gone is free at once, and pending_chunk may go to dead_letter (a chunk over its budget)."""
+    from psycopg import sql
+
+    from rag_pipeline.status import DocumentStatus as D
+    from rag_pipeline.store import work
+    from rag_pipeline.store.database import connect, ensure_database
+
+    name = f"upgrade16_{tmp_path.name[-8:].replace('-', '_')}"
+    ensure_database(pg_admin_url, name)
+    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    for path in MIGRATIONS_DIR.glob("0[01][0-9]_*.sql"):
+        if path.name < "016":
+            shutil.copy(path, previous / path.name)
+    try:
+        assert len(migrate(url, previous)) == 15
+        with connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)"
+                         " VALUES ('s', '/x', '{}', 60)")
+            for doc_id, status in (("a", "pending_parse"), ("b", "pending_chunk")):
+                conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                                       acl_labels, status)
+                                VALUES (%s, 's', %s, 'f', 1, now(), '{staff}', %s)""", (doc_id, f"{doc_id}.md", status))
+        assert migrate(url) == ["016_work_units.sql"]
+        queue = [D.PENDING_PARSE, D.PENDING_CHUNK]
+        with connect(url) as keeper, connect(url) as worker:
+            lease = work.open_lease(keeper, "test")
+            first = work.lease_next(worker, queue, lease, 60)
+            second = work.lease_next(worker, queue, lease, 60)
+            assert (first[0], first[1].doc_id, second[0], second[1].doc_id) == (
+                D.PENDING_PARSE, "a", D.PENDING_CHUNK, "b")
+            assert work.lease_next(worker, queue, lease, 60) is None  # both held
+        # The keeper's session ended: its leases are void without waiting for them to lapse.
+        with connect(url) as conn:
+            other = work.open_lease(conn, "other")
+            deadline = time.monotonic() + 10  # the ended session's backend exits a moment after its client
+            while (taken := work.lease_next(conn, queue, other, 60)) is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert taken[1].doc_id == "a"
+            conn.execute("UPDATE documents SET status = 'dead_letter' WHERE doc_id = 'b'")
+            conn.commit()
     finally:
         with psycopg.connect(pg_admin_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

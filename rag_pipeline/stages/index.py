@@ -76,21 +76,22 @@ def index_pending(db_url: str, settings: Settings, progress: Progress = log_prog
 
 def index_documents(
     db_url: str, settings: Settings, lease: work.Lease, stats: IndexStats,
-    more_coming: Callable[[], bool] = lambda: False,
+    more_coming: Callable[[], bool] = lambda: False, stop: Callable[[], bool] = lambda: False,
 ) -> None:
     """Lease pending_index documents one at a time and write each into every writable version: near-duplicate
     groups, then one row per group, with vectors from the embedding cache where possible.
 
     Each embedding call's vectors are cached as soon as they are made, and each document is written in its own
     transaction, so a crash loses at most the document in hand (and of that only the call in flight). While
-    `more_coming()` says other workers may still queue documents, an empty queue is waited on, not left.
+    `more_coming()` says other workers may still queue documents, an empty queue is waited on, not left; once
+    `stop()` says so, no further document is taken.
     """
     started = time.perf_counter()
     lease_seconds = settings.execution.lease_seconds
     touched: dict[int, IndexVersion] = {}
     try:
         with connect(db_url) as conn:
-            while True:
+            while not stop():
                 leased = work.lease_next(conn, [D.PENDING_INDEX], lease, lease_seconds)
                 if leased is None:
                     if more_coming():

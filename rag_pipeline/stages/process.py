@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,38 +198,44 @@ def process_pending(
                 with conn.transaction():
                     result.chunk.requeued_for_new_chunker = documents.requeue_for_chunker(conn, plan.version)
         with leases_kept(db_url, execution.lease_seconds) as lease:
-            parsing = threading.Event()
-            indexer = _IndexThread(db_url, settings, lease, result.index, more_coming=parsing.is_set) if index else None
-            if statuses:
-                parsing.set()
+            parsing, stop = threading.Event(), threading.Event()
+            indexer = (_IndexThread(db_url, settings, lease, result.index, parsing.is_set, stop.is_set)
+                       if index else None)
+            index_reporter = Reporter("index", "chunks", execution.progress_seconds, progress)
+            try:
                 if indexer is not None:
                     indexer.start()
-                try:
-                    _work_documents(db_url, settings, lease, statuses, plan, runner or DocumentRunner(), result,
-                                    progress, indexer)
-                finally:
-                    parsing.clear()
-            elif indexer is not None:
-                indexer.start()
-            if indexer is not None:
-                reporter = Reporter("index", "chunks", execution.progress_seconds, progress)
-                with connect(db_url) as conn:
-                    while indexer.is_alive():
-                        indexer.join(0.5)
-                        if reporter.due():
-                            _report_index(conn, reporter, result.index)
-                    indexer.raise_failure()
-                    if result.index.documents_indexed:
-                        _report_index(conn, reporter, result.index)
+                if statuses:
+                    parsing.set()
+                    try:
+                        _work_documents(db_url, settings, lease, statuses, plan, runner or DocumentRunner(), result,
+                                        progress, indexer, index_reporter)
+                    finally:
+                        parsing.clear()
+                if indexer is not None:
+                    with connect(db_url) as conn:
+                        while indexer.is_alive():
+                            indexer.join(0.5)
+                            if index_reporter.due():
+                                _report_index(conn, index_reporter, result.index)
+                        indexer.raise_failure()
+                        if result.index.documents_indexed:
+                            _report_index(conn, index_reporter, result.index)
+            except BaseException:
+                stop.set()  # a failed run indexes nothing more once it has reported its failure
+                if indexer is not None and indexer.is_alive():
+                    indexer.join(60)
+                raise
     return result
 
 
 class _IndexThread(threading.Thread):
     """Embeds and indexes in this process while the workers parse (torch releases the GIL while it computes)."""
 
-    def __init__(self, db_url: str, settings: Settings, lease: work.Lease, stats: IndexStats, more_coming: Any):
+    def __init__(self, db_url: str, settings: Settings, lease: work.Lease, stats: IndexStats,
+                 more_coming: Callable[[], bool], stop: Callable[[], bool]):
         super().__init__(name="index", daemon=True)
-        self.args_ = (db_url, settings, lease, stats, more_coming)
+        self.args_ = (db_url, settings, lease, stats, more_coming, stop)
         self.failure: BaseException | None = None
 
     def run(self) -> None:
@@ -250,14 +256,13 @@ def _report_index(conn: psycopg.Connection, reporter: Reporter, stats: IndexStat
 
 def _work_documents(
     db_url: str, settings: Settings, lease: work.Lease, statuses: list[DocumentStatus], plan: ChunkPlan | None,
-    runner: Runner, result: ProcessStats, progress: Progress, indexer: _IndexThread | None,
+    runner: Runner, result: ProcessStats, progress: Progress, indexer: _IndexThread | None, index_reporter: Reporter,
 ) -> None:
     execution = settings.execution
     limits = Limits(execution.document_timeout, execution.page_timeout, execution.worker_memory_mb * 2**20)
     size = auto_workers(execution.workers, limits.memory_bytes)
     reporter = Reporter("parse" if D.PENDING_CHUNK not in statuses else "parse and chunk" if D.PENDING_PARSE
                         in statuses else "chunk", "pages", execution.progress_seconds, progress)
-    index_reporter = Reporter("index", "chunks", execution.progress_seconds, progress)
     in_hand: dict[str, DocumentTask] = {}
     done = 0
     started = time.perf_counter()
@@ -292,6 +297,8 @@ def _work_documents(
                     exhausted = False
                 if exhausted and not in_hand:
                     break
+                if indexer is not None and indexer.failure is not None:
+                    indexer.raise_failure()  # no point parsing what cannot be indexed
                 if reporter.due():
                     left = sum(work.queued(conn, statuses).values())
                     reporter.report(done, left, result.parse.pages)
@@ -312,8 +319,9 @@ def _finish(conn: psycopg.Connection, task: DocumentTask, event: Finished | Fail
         result.chunk.add(outcome.chunk)
         result.chunk.seconds += outcome.chunk.seconds  # worker seconds spent chunking, summed over workers
         return
-    if event.reason == "fatal":
-        raise RuntimeError(f"{task.doc.source}/{task.doc.rel_path}: {event.detail}")
+    if event.reason == "fatal":  # the database went away under a worker: the run stops, nothing is dead-lettered
+        raise psycopg.OperationalError(f"a worker lost the database on {task.doc.source}/{task.doc.rel_path}: "
+                                       f"{event.detail.splitlines()[0]}")
     reason = event.reason if event.reason in BUDGET_REASONS else "parser_error"
     log.warning("%s/%s: %s", task.doc.source, task.doc.rel_path, event.detail)
     dead_letter(conn, task.doc, DeadLetter(reason, event.detail), result.parse)

@@ -359,6 +359,13 @@ def pending_documents(
     return pending_from_rows(rows)
 
 
+def count_shard_documents(conn: psycopg.Connection, shard: int, shards: int) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM documents WHERE status = %s AND abs(hashtext(doc_id)) %% %s = %s",
+        (D.INDEXED, shards, shard),
+    ).fetchone()[0]
+
+
 def shard_documents(
     conn: psycopg.Connection, shard: int, shards: int, limit: int, after: str = ""
 ) -> list[PendingDocument]:
