@@ -300,3 +300,28 @@ def test_worker_count_defaults_to_the_cores_the_memory_allows(workers):
     else:
         assert 1 <= chosen <= len(os.sched_getaffinity(0))
         assert auto_workers(0, 2**50) == 1  # no machine holds two petabyte workers
+
+
+def test_a_writer_planned_before_a_scan_narrowed_the_labels_writes_the_narrowed_labels(make_settings, db, db_url,
+                                                                                    tmp_path):
+    from rag_pipeline.stages.index import ensure_first_version, index_document
+    from rag_pipeline.status import DocumentStatus
+    from rag_pipeline.store import work
+    from rag_pipeline.store.database import connect
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "memo.md").write_text(_note(3))
+    source = {"name": "port", "root": str(corpus), "acl_labels": ["staff", "legal"]}
+    settings = make_settings(sources=[source])
+    discover(db_url, settings.sources)
+    process_pending(db_url, settings, index=False)
+    ensure_first_version(db_url, settings)
+    with leases_kept(db_url, 60) as lease, connect(db_url) as conn:
+        _, planned = work.lease_next(conn, [DocumentStatus.PENDING_INDEX], lease, 60)
+        assert sorted(planned.acl_labels) == ["legal", "staff"]
+        narrowed = make_settings(sources=[{**source, "acl_labels": ["legal"]}])
+        assert discover(db_url, narrowed.sources).relabelled == 1  # while the work is in hand
+        index_document(conn, planned, settings, IndexStats())
+    labels = {tuple(row[1]) for row in _index_rows(db)}
+    assert labels == {("legal",)}

@@ -193,7 +193,13 @@ def write_document(
     settings: Settings,
     stats: IndexStats,
 ) -> None:
-    """Replace one document's rows in the given versions (inside the caller's transaction)."""
+    """Replace one document's rows in the given versions (inside the caller's transaction, which has claimed the
+    document's row). The labels are read here, under that row lock, never taken from when the work was planned:
+    a scan that narrowed them meanwhile must not be undone by a writer holding the old ones."""
+    labels = documents.current_labels(conn, doc.doc_id)
+    if not labels:
+        return  # held back meanwhile (no labels): nothing of it may reach the index
+    doc = replace(doc, acl_labels=labels)
     groups.lock_assignment(conn)
     chunks = assign_groups(conn, stored_chunks, doc.acl_labels, dedup.lsh_params(settings.dedup.threshold))
     stats.occurrences += len(chunks)

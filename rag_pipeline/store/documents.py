@@ -403,6 +403,11 @@ def lock_queued(conn: psycopg.Connection, doc_id: str, fingerprint: str) -> Docu
     return DocumentStatus(row[0]) if row is not None and row[1] == fingerprint else None
 
 
+def current_labels(conn: psycopg.Connection, doc_id: str) -> tuple[str, ...]:
+    row = conn.execute("SELECT acl_labels FROM documents WHERE doc_id = %s", (doc_id,)).fetchone()
+    return tuple(row[0]) if row and row[0] else ()
+
+
 def pending_document(conn: psycopg.Connection, doc_id: str, status: DocumentStatus) -> PendingDocument | None:
     rows = conn.execute(
         sql.SQL("SELECT {} FROM documents WHERE doc_id = %s AND status = %s").format(_PENDING_COLUMNS),
