@@ -1,7 +1,7 @@
 """Per-document execution: the parse stage and the whole build with 1 worker vs N, and a refresh beside a
 document that hangs its parser.
 
-    .venv/bin/python -m bench.parallel --docs 32 --pages 8 --workers 2
+    .venv/bin/python -m bench.parallel --docs 32 --pages 16 --workers 2
     .venv/bin/python -m bench.parallel --hang-only --small-docs 100 --timeout 60
 
 Part 1 generates `--docs` multi-page PDFs (prose, a figure table per page: what filings look like to the parser)
@@ -71,20 +71,22 @@ def settings_for(workdir: Path, url: str, corpus: Path, name: str, **execution) 
     return load_settings(path)
 
 
-def scaling(db, workdir: Path, docs: int, pages: int, workers: int) -> None:
+def scaling(db, workdir: Path, docs: int, pages: int, workers: int, repeat: int) -> None:
     corpus = workdir / "pdfs"
     write_pdfs(corpus, docs, pages)
-    print(f"## Parse stage and whole build: {docs} PDFs of {pages} pages ({machine()})\n")
+    print(f"## Parse stage (best of {repeat}) and whole build: {docs} PDFs of {pages} pages ({machine()})\n")
     print("| workers | parse stage alone | pages/s | whole build | parse+chunk | index | dead letters |")
     print("|---|---|---|---|---|---|---|")
     results = {}
     for count in sorted({1, workers}):
-        url = db.create(f"parse_{count}")
-        settings = settings_for(workdir, url, corpus, f"parse_{count}", workers=count)
-        discover(url, settings.sources, progress=lambda _: None)
-        started = time.perf_counter()
-        parsed = process_pending(url, settings, lambda _: None, chunk=False, index=False).parse
-        parse_seconds = time.perf_counter() - started
+        parse_seconds = float("inf")
+        for attempt in range(repeat):  # the best of `repeat` fresh builds: other load on the machine only adds
+            url = db.create(f"parse_{count}_{attempt}")
+            settings = settings_for(workdir, url, corpus, f"parse_{count}", workers=count)
+            discover(url, settings.sources, progress=lambda _: None)
+            started = time.perf_counter()
+            parsed = process_pending(url, settings, lambda _: None, chunk=False, index=False).parse
+            parse_seconds = min(parse_seconds, time.perf_counter() - started)
         url = db.create(f"build_{count}")
         settings = settings_for(workdir, url, corpus, f"build_{count}", workers=count)
         started = time.perf_counter()
@@ -172,7 +174,8 @@ def hang(db, workdir: Path, small_docs: int, timeout: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=32)
-    parser.add_argument("--pages", type=int, default=8)
+    parser.add_argument("--pages", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=2, help="parse-stage builds per worker count (best kept)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--small-docs", type=int, default=100)
     parser.add_argument("--timeout", type=int, default=60)
@@ -181,7 +184,7 @@ def main() -> None:
     args = parser.parse_args()
     with throwaway_database() as db:
         if not args.hang_only:
-            scaling(db, db.workdir, args.docs, args.pages, args.workers)
+            scaling(db, db.workdir, args.docs, args.pages, args.workers, args.repeat)
         if not args.scaling_only:
             hang(db, db.workdir, args.small_docs, args.timeout)
 

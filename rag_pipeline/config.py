@@ -37,6 +37,7 @@ DEFAULT_CONFIG_NAME = "rag_pipeline.yaml"
 # override is checked like the file (and a bad one is reported by the variable's name).
 ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "RAG_DATABASE_URL": ("database_url",),
+    "RAG_EMBEDDED_DATABASE": ("embedded_database",),
     "RAG_DAGSTER_DATABASE_URL": ("dagster_database_url",),
     "RAG_DATA_DIR": ("data_dir",),
     "RAG_EMBEDDING_MODEL": ("embedding", "model"),
@@ -402,6 +403,17 @@ class ExecutionConfig(_Section):
     progress_seconds: Duration = Field(5, ge=1, description="how often long stages report done / total and an ETA")
     embed_batch: int = Field(256, ge=1, le=100_000, description="chunks embedded per call; each call's vectors "
                              "are cached at once, so a crash loses at most one call's work")
+    steps: int = Field(1, ge=1, le=1024, description="parallel document steps in one ingest run, each with its own "
+                       "worker pool; under a distributed executor each may run on another machine")
+    executor: Literal["default", "dask"] = Field("default", description="default: Dagster's own (one machine); "
+                                                 "dask: a Dask cluster at dask_address runs the steps")
+    dask_address: str | None = Field(None, description="the Dask scheduler, e.g. tcp://10.0.0.5:8786")
+
+    @model_validator(mode="after")
+    def _dask_needs_an_address(self) -> ExecutionConfig:
+        if self.executor == "dask" and not self.dask_address:
+            raise ValueError("execution.dask_address is required when execution.executor is dask")
+        return self
 
 
 class UiConfig(_Section):
@@ -412,6 +424,10 @@ class UiConfig(_Section):
 class Settings(_Section):
     data_dir: Path = Field(Path(".rag_data"), description="embedded Postgres data and DAGSTER_HOME live here")
     database_url: str | None = Field(None, description="external Postgres; null starts the embedded server")
+    embedded_database: Literal["auto", "never"] | None = Field(
+        None, description="auto: start the embedded Postgres when database_url is not set; never: refuse to (a "
+        "worker of a distributed executor must never build a private index). Default: never under a distributed "
+        "executor, else auto")
     dagster_database_url: str | None = Field(None, description="Dagster's storage; defaults to database_url")
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
@@ -446,6 +462,9 @@ class Settings(_Section):
 
     @model_validator(mode="after")
     def _derived(self) -> Settings:
+        if self.embedded_database is None:
+            distributed = self.execution.executor != "default"
+            object.__setattr__(self, "embedded_database", "never" if distributed else "auto")
         if self.dagster_database_url is None and self.database_url:
             object.__setattr__(self, "dagster_database_url", self.database_url)
         if self.chunking.prefix_token_budget is None:

@@ -152,6 +152,11 @@ class WorkerPool:
         slot.key, slot.started, slot.paused_total, slot.paused_since, slot.waiting, slot.pages = key, now, 0.0, None, 0, 0
 
     def _spawn(self, slot: _Slot) -> None:
+        if multiprocessing.current_process().daemon:
+            raise RuntimeError(
+                "this process is daemonic and may not start worker processes: run Dask workers with "
+                "DASK_DISTRIBUTED__WORKER__DAEMON=False (or `dask worker --no-nanny`), or set execution.isolation "
+                "false")
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(target=_worker_main, args=(child_end, self.runner, self.setup_args),
                                         name="rag-pipeline-worker")  # not daemonic: a parser may start processes

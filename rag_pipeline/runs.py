@@ -113,11 +113,37 @@ def run_ingest(
         "ops": {"source_documents": {"config": {"confirm_deletions": confirm_deletions or []}}},
         "loggers": {"console": {"config": {"log_level": log_level}}},
     }
-    job = build_definitions(settings).resolve_job_def("ingest")
     if instance is None:
         instance = dg.DagsterInstance.get()
+    if settings.execution.executor != "default":
+        if adhoc:
+            raise ConfigError("--source: a distributed run scans configured sources only (its steps run in other "
+                              "processes); add the folder to the configuration's sources")
+        return _run_distributed(settings, run_config, instance)
+    job = build_definitions(settings).resolve_job_def("ingest")
     with command_line_sources(adhoc):
         result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
+    return _summary_with_errors(result)
+
+
+def _run_distributed(settings: Settings, run_config: dict[str, Any], instance: Any) -> dict[str, Any]:
+    """Run `ingest` on the configured executor: its steps run in other processes (machines), which rebuild the
+    job from the same configuration file ($RAG_CONFIG)."""
+    import dagster as dg
+
+    from rag_pipeline.config import ConfigError
+    from rag_pipeline.defs.code_location import configured_ingest_job
+
+    if settings.config_file is None:
+        raise ConfigError("execution.executor: a distributed run needs a configuration file (--config or RAG_CONFIG) "
+                          "that every machine reads")
+    os.environ["RAG_CONFIG"] = str(settings.config_file)
+    with dg.execute_job(dg.reconstructable(configured_ingest_job), instance=instance, run_config=run_config,
+                        raise_on_error=False) as result:
+        return _summary_with_errors(result)
+
+
+def _summary_with_errors(result: Any) -> dict[str, Any]:
     summary = summarize_run(result)
     if not result.success:
         summary["errors"] = [

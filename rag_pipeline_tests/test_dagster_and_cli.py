@@ -28,8 +28,9 @@ def test_definitions_load_from_the_workspace_module(make_settings):
     import rag_pipeline.definitions as module
 
     assert module.defs.resolve_job_def("ingest") is not None
-    defs = build_definitions(make_settings())
-    keys = {key for assets in ingestion_assets for key in assets.keys}
+    settings = make_settings()
+    defs = build_definitions(settings)
+    keys = {key for assets in ingestion_assets(settings) for key in assets.keys}
     assert keys == {AssetKey(name) for name in ASSET_NAMES}
     schedule = defs.resolve_schedule_def("incremental_refresh")
     assert schedule.cron_schedule == "0 * * * *"

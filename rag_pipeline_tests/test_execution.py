@@ -325,3 +325,24 @@ def test_a_writer_planned_before_a_scan_narrowed_the_labels_writes_the_narrowed_
         index_document(conn, planned, settings, IndexStats())
     labels = {tuple(row[1]) for row in _index_rows(db)}
     assert labels == {("legal",)}
+
+
+def test_a_run_of_two_document_steps_reports_both_and_builds_the_index(make_settings, db, tmp_path):
+    from dagster import DagsterInstance
+
+    from rag_pipeline.runs import run_ingest
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(4):
+        (corpus / f"note-{index}.md").write_text(_note(index))
+    settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}],
+                             execution={"steps": 2})
+    with DagsterInstance.ephemeral() as instance:
+        summary = run_ingest(settings, instance=instance)
+    assert summary["success"], summary.get("errors")
+    assert summary["parsed"] == 4 and summary["documents_indexed"] == 4
+    steps = db.execute("SELECT step_key FROM run_outputs WHERE run_id = %s ORDER BY step_key",
+                       (summary["run_id"],)).fetchall()
+    assert [s for (s,) in steps if "work_documents" in s] == [
+        "parsed_documents.work_documents_0", "parsed_documents.work_documents_1"]

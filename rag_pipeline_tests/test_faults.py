@@ -205,7 +205,7 @@ def test_database_restart_mid_run_fails_clearly_and_the_next_run_recovers(notes,
         summary = json.loads(out)
         assert not summary["success"]
         (error,) = summary["errors"]
-        assert error.startswith("process_documents: lost the database connection"), error
+        assert error.startswith("parsed_documents.work_documents: lost the database connection"), error
 
         code, out, err = IngestProcess(config, server.url("dagster"), tmp_path / "dagster_home").finish()
         assert code == 0, err[-3000:]

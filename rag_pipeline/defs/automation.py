@@ -9,7 +9,7 @@ from rag_pipeline.alerts import AlertSender, Observation, transitions
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.checks import index_checks, index_health_job
 from rag_pipeline.defs.housekeeping import housekeeping_job
-from rag_pipeline.defs.ingestion import DiscoverConfig, ingest_job, sources_to_scan
+from rag_pipeline.defs.ingestion import DiscoverConfig, sources_to_scan
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.sources import source_digest
 
@@ -20,7 +20,7 @@ def schedules(settings: Settings) -> list[dg.ScheduleDefinition]:
     # Off until switched on in the UI (or the daemon's deployment config): nothing launches by surprise.
     return [
         dg.ScheduleDefinition(
-            name="incremental_refresh", job=ingest_job, cron_schedule=settings.refresh_cron,
+            name="incremental_refresh", job_name="ingest", cron_schedule=settings.refresh_cron,
             default_status=dg.DefaultScheduleStatus.STOPPED,
             description="Re-scan every source and index what changed.",
         ),
@@ -39,7 +39,7 @@ def schedules(settings: Settings) -> list[dg.ScheduleDefinition]:
 
 def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
     @dg.sensor(
-        name="source_changes", job=ingest_job, minimum_interval_seconds=settings.source_sensor_interval_seconds,
+        name="source_changes", job_name="ingest", minimum_interval_seconds=settings.source_sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Launches a refresh when files appear, change or disappear in a source folder (or their "
         "sidecar metadata changes). The cursor holds each source's digest and the number of launches.",

@@ -7,15 +7,16 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from rag_pipeline.config import SourceConfig
+from rag_pipeline.config import ConfigError, Settings, SourceConfig
+from rag_pipeline.defs.io import RUN_OUTPUTS
 from rag_pipeline.defs.metadata import markdown_table
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
 from rag_pipeline.stages.index import IndexStats
 from rag_pipeline.stages.parse import ParseStats
-from rag_pipeline.stages.process import process_pending
-from rag_pipeline.store import documents, pages, versions
+from rag_pipeline.stages.process import ProcessStats, process_pending
+from rag_pipeline.store import documents, pages, run_outputs, versions
 from rag_pipeline.store.database import connect
 
 GROUP = "ingestion"
@@ -110,109 +111,164 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
     )
 
 
-@dg.multi_asset(
-    specs=[
-        dg.AssetSpec("parsed_documents", group_name=GROUP, deps=[source_documents],
-                     description="Per-page text of new and changed documents; failures (a corrupt file, a file "
-                                 "over its time or memory budget) are dead-lettered with a reason."),
-        dg.AssetSpec("document_chunks", group_name=GROUP, deps=["parsed_documents"],
-                     description="Structure-aware, token-sized chunks with their contextual prefixes."),
-        dg.AssetSpec("search_index", group_name=GROUP, deps=["document_chunks"],
-                     description="Embeddings written into every writable index version (pgvector halfvec + HNSW, "
-                                 "BM25)."),
-    ],
-    description="Each queued document leased by one worker process (one per core by default) that parses, cleans "
-                "and chunks it within a time and memory budget, while this step embeds and indexes what they "
-                "finish.",
-)
-def process_documents(context: dg.AssetExecutionContext, rag: RagResource):
-    db_url = rag.database_url()
-    stats = process_pending(db_url, rag.settings(), progress=context.log.info)
-    with connect(db_url) as conn:
+WORK_STATS = "stats"  # the output name of every document step
+
+
+@dg.op(ins={"scanned": dg.In(dg.Nothing)}, out={WORK_STATS: dg.Out(dict, io_manager_key=RUN_OUTPUTS)},
+       description="Lease queued documents one at a time: worker processes (one per core by default) parse, clean "
+                   "and chunk them within a time and memory budget while this step embeds and indexes what they "
+                   "finish. Several of these steps share one queue, on one machine or many.")
+def work_documents(context: dg.OpExecutionContext, rag: RagResource) -> dict:
+    return process_pending(rag.database_url(), rag.settings(), progress=context.log.info).as_dict()
+
+
+@dg.op(ins={"worked": dg.In(dg.Nothing)}, out=dg.Out(dict, io_manager_key=RUN_OUTPUTS),
+       description="What the document steps did, added up.")
+def report_documents(context: dg.OpExecutionContext, rag: RagResource):
+    # Read from the database rather than taken as inputs: Dagster's Dask executor does not hand fanned-in
+    # outputs of steps that ran on other workers to the step that collects them.
+    with connect(rag.database_url()) as conn:
+        reports = run_outputs.of_run(conn, context.run_id, WORK_STATS)
         dead = pages.dead_letter_summary(conn)
+    stats = ProcessStats.from_dict(reports[0])
+    for report in reports[1:]:
+        stats.add(ProcessStats.from_dict(report))
+    hosts = sorted({r["host"] for r in reports})
+    return dg.Output(stats.as_dict(), metadata=parse_metadata(stats.parse, dead, stats.workers,
+                                                              stats.workers_replaced, hosts))
+
+
+def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
+    """The document work, in `steps` steps side by side (under a distributed executor each may run on another
+    machine). Parsing, chunking and indexing are pipelined per document there; the two assets after this one
+    report what it did and pick up anything left in their own queue."""
+
+    @dg.graph_asset(
+        name="parsed_documents", group_name=GROUP, ins={"source_documents": dg.AssetIn(dagster_type=dg.Nothing)},
+        description="Per-page text of new and changed documents; failures (a corrupt file, a file over its time or "
+                    "memory budget) are dead-lettered with a reason. Each queued document is leased by one worker "
+                    "process that parses, cleans and chunks it, while its step embeds and indexes what is done.",
+    )
+    def parsed_documents(source_documents):
+        reports = [work_documents.alias(f"work_documents_{n}")(source_documents) if steps > 1
+                   else work_documents(source_documents) for n in range(steps)]
+        return report_documents(worked=reports)
+
+    return parsed_documents
+
+
+@dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS,
+          description="Structure-aware, token-sized chunks with their contextual prefixes.")
+def document_chunks(context: dg.AssetExecutionContext, rag: RagResource, parsed_documents: dict) -> dg.Output:
+    # Chunked as they were parsed (parsed_documents); here only documents still queued for chunking (none, as a
+    # rule) are worked, so materialising this asset alone still does what its name says.
+    stats = ProcessStats.from_dict(parsed_documents).chunk
+    leftover = process_pending(rag.database_url(), rag.settings(), progress=context.log.info, parse=False,
+                               index=False).chunk
+    stats.add(leftover)
+    stats.seconds += leftover.seconds
+    return dg.Output(parsed_documents, metadata=chunk_metadata(stats))
+
+
+@dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS,
+          description="Embeddings written into every writable index version (pgvector halfvec + HNSW, BM25).")
+def search_index(context: dg.AssetExecutionContext, rag: RagResource, document_chunks: dict) -> dg.Output:
+    db_url = rag.database_url()
+    stats = ProcessStats.from_dict(document_chunks).index
+    leftover = process_pending(db_url, rag.settings(), progress=context.log.info, parse=False, chunk=False).index
+    stats.add(leftover)
+    with connect(db_url) as conn:
         statuses = documents.status_counts(conn)
         all_versions = versions.index_versions(conn)
-    yield parse_result(stats.parse, dead, stats.workers, stats.workers_replaced)
-    yield chunk_result(stats.chunk)
-    yield index_result(stats.index, statuses, all_versions)
+    return dg.Output(document_chunks, metadata=index_metadata(stats, statuses, all_versions))
 
 
-def parse_result(stats: ParseStats, dead: list[dict], workers: int, replaced: int) -> dg.MaterializeResult:
-    return dg.MaterializeResult(
-        asset_key="parsed_documents",
-        metadata={
-            "parsed": stats.parsed,
-            "content_unchanged": stats.content_unchanged,
-            "dead_lettered": stats.dead_lettered,
-            "pages": stats.pages,
-            "seconds": round(stats.seconds, 3),
-            "pages_per_second": round(stats.pages / stats.seconds, 2) if stats.seconds else 0.0,
-            "workers": workers,
-            "workers_replaced": replaced,
-            "tier_mix": markdown_table(("tier", "pages"), sorted(stats.tiers.items())),
-            "pages_escalated": stats.escalated,
-            "pages_unresolved": stats.unresolved_pages,
-            "escalations": markdown_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
-            "tiers_unavailable": markdown_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
-            "chars_removed_by_cleaning": markdown_table(("rule", "characters"), sorted(stats.chars_removed.items())),
-            "dead_letters_this_run": markdown_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
-            "dead_letters_all": markdown_table(
-                ("source", "path", "reason", "attempts"),
-                [(d["source"], d["rel_path"], d["reason"], d["attempts"]) for d in dead[:50]],
-            ),
-            "stats": dg.MetadataValue.json(stats.as_dict()),
-        },
-    )
+def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: int,
+               hosts: list[str]) -> dict:
+    return {
+        "parsed": stats.parsed,
+        "content_unchanged": stats.content_unchanged,
+        "dead_lettered": stats.dead_lettered,
+        "pages": stats.pages,
+        "seconds": round(stats.seconds, 3),
+        "pages_per_second": round(stats.pages / stats.seconds, 2) if stats.seconds else 0.0,
+        "workers": workers,
+        "workers_replaced": replaced,
+        "steps": markdown_table(("step process",), [(host,) for host in hosts]),
+        "tier_mix": markdown_table(("tier", "pages"), sorted(stats.tiers.items())),
+        "pages_escalated": stats.escalated,
+        "pages_unresolved": stats.unresolved_pages,
+        "escalations": markdown_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
+        "tiers_unavailable": markdown_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
+        "chars_removed_by_cleaning": markdown_table(("rule", "characters"), sorted(stats.chars_removed.items())),
+        "dead_letters_this_run": markdown_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
+        "dead_letters_all": markdown_table(
+            ("source", "path", "reason", "attempts"),
+            [(d["source"], d["rel_path"], d["reason"], d["attempts"]) for d in dead[:50]],
+        ),
+        "stats": dg.MetadataValue.json(stats.as_dict()),
+    }
 
 
-def chunk_result(stats: ChunkStats) -> dg.MaterializeResult:
+def chunk_metadata(stats: ChunkStats) -> dict:
     summary = stats.as_dict()
     summary.pop("token_counts")
-    return dg.MaterializeResult(
-        asset_key="document_chunks",
-        metadata={
-            "documents_chunked": stats.documents_chunked,
-            "chunks_written": stats.chunks_written,
-            "requeued_for_new_chunker": stats.requeued_for_new_chunker,
-            "chunker_version": stats.chunker_version,
-            "llm_prefixes_generated": stats.prefixes_generated,
-            "llm_prefixes_cached": stats.prefixes_cached,
-            "llm_prefix_failures": stats.prefix_failures,
-            "worker_seconds": round(stats.seconds, 3),
-            "chunk_tokens": markdown_table(("statistic", "tokens"), list(stats.token_distribution().items())),
-            "stats": dg.MetadataValue.json(summary),
-        },
+    return {
+        "documents_chunked": stats.documents_chunked,
+        "chunks_written": stats.chunks_written,
+        "requeued_for_new_chunker": stats.requeued_for_new_chunker,
+        "chunker_version": stats.chunker_version,
+        "llm_prefixes_generated": stats.prefixes_generated,
+        "llm_prefixes_cached": stats.prefixes_cached,
+        "llm_prefix_failures": stats.prefix_failures,
+        "worker_seconds": round(stats.seconds, 3),
+        "chunk_tokens": markdown_table(("statistic", "tokens"), list(stats.token_distribution().items())),
+        "stats": dg.MetadataValue.json(summary),
+    }
+
+
+def index_metadata(stats: IndexStats, statuses: dict[str, int], all_versions: list) -> dict:
+    return {
+        "documents_indexed": stats.documents_indexed,
+        "vectors_embedded": stats.vectors_embedded,
+        "vectors_reused": stats.vectors_reused,
+        "rows_written": stats.rows_written,
+        "near_duplicates": stats.near_duplicates,
+        "dedup_rate": stats.dedup_rate,
+        "seconds": round(stats.seconds, 3),
+        "chunks_per_second": round(stats.chunks_indexed / stats.seconds, 2) if stats.seconds else 0.0,
+        "index_versions": markdown_table(
+            ("version", "status", "model", "dims", "rows"),
+            [(v.label, v.status, v.embedding_model, v.dimensions, v.row_count) for v in all_versions],
+        ),
+        "documents_by_status": markdown_table(("status", "documents"), sorted(statuses.items())),
+        "stats": dg.MetadataValue.json(stats.as_dict()),
+    }
+
+
+def ingestion_assets(settings: Settings) -> list[dg.AssetsDefinition]:
+    return [source_documents, parsed_documents_asset(settings.execution.steps), document_chunks, search_index]
+
+
+def ingest_job(settings: Settings):  # an asset job, resolved by Definitions
+    return dg.define_asset_job(
+        "ingest",
+        selection=dg.AssetSelection.groups(GROUP),
+        description="Scan sources and bring the index up to date; work is proportional to what changed.",
+        # The run queue admits one run with this tag at a time (see prepare_dagster_home); the index write lock
+        # in Postgres keeps erasure and housekeeping apart from writers that bypass the queue.
+        tags={REFRESH_TAG: "refresh"},
+        executor_def=executor(settings),
     )
 
 
-def index_result(stats: IndexStats, statuses: dict[str, int], all_versions: list) -> dg.MaterializeResult:
-    return dg.MaterializeResult(
-        asset_key="search_index",
-        metadata={
-            "documents_indexed": stats.documents_indexed,
-            "vectors_embedded": stats.vectors_embedded,
-            "vectors_reused": stats.vectors_reused,
-            "rows_written": stats.rows_written,
-            "near_duplicates": stats.near_duplicates,
-            "dedup_rate": stats.dedup_rate,
-            "seconds": round(stats.seconds, 3),
-            "chunks_per_second": round(stats.chunks_indexed / stats.seconds, 2) if stats.seconds else 0.0,
-            "index_versions": markdown_table(
-                ("version", "status", "model", "dims", "rows"),
-                [(v.label, v.status, v.embedding_model, v.dimensions, v.row_count) for v in all_versions],
-            ),
-            "documents_by_status": markdown_table(("status", "documents"), sorted(statuses.items())),
-            "stats": dg.MetadataValue.json(stats.as_dict()),
-        },
-    )
-
-
-ingestion_assets = [source_documents, process_documents]
-ingest_job = dg.define_asset_job(
-    "ingest",
-    selection=dg.AssetSelection.groups(GROUP),
-    description="Scan sources and bring the index up to date; work is proportional to what changed.",
-    # The run queue admits one run with this tag at a time (see prepare_dagster_home); the index write lock
-    # in Postgres serialises writers that bypass the queue (the CLI, tests, another deployment).
-    tags={REFRESH_TAG: "refresh"},
-)
+def executor(settings: Settings) -> dg.ExecutorDefinition | None:
+    """Dagster's default executor, or Dask's on the configured cluster (the dagster-dask package)."""
+    if settings.execution.executor != "dask":
+        return None
+    try:
+        from dagster_dask import dask_executor
+    except ImportError as exc:
+        raise ConfigError("execution.executor: dask needs the dagster-dask package "
+                          "(pip install 'rag-pipeline[dask]')") from exc
+    return dask_executor.configured({"cluster": {"existing": {"address": settings.execution.dask_address}}})

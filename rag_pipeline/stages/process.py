@@ -57,6 +57,29 @@ class ProcessStats:
     index: IndexStats = field(default_factory=IndexStats)
     workers: int = 0  # worker processes the run could use
     workers_replaced: int = 0  # killed for their budget, or found dead
+    host: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")  # who did this work
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"parse": self.parse.as_dict(), "chunk": self.chunk.as_dict(), "index": self.index.as_dict(),
+                "workers": self.workers, "workers_replaced": self.workers_replaced, "host": self.host}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessStats:
+        return cls(ParseStats(**data["parse"]), ChunkStats(**data["chunk"]), IndexStats(**data["index"]),
+                   data["workers"], data["workers_replaced"], data["host"])
+
+    def add(self, other: ProcessStats) -> None:
+        """Another step's work in the same run (steps run side by side: wall times are the longest one's)."""
+        for mine, theirs in ((self.parse, other.parse), (self.chunk, other.chunk), (self.index, other.index)):
+            mine.add(theirs)
+        self.parse.seconds = max(self.parse.seconds, other.parse.seconds)
+        self.chunk.seconds += other.chunk.seconds
+        self.index.seconds = max(self.index.seconds, other.index.seconds)
+        self.index.dedup_rate = (round(self.index.near_duplicates / self.index.occurrences, 4)
+                                 if self.index.occurrences else 0.0)
+        self.index.versions = sorted(set(self.index.versions))
+        self.workers += other.workers
+        self.workers_replaced += other.workers_replaced
 
 
 @dataclass(frozen=True)

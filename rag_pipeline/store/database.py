@@ -111,6 +111,13 @@ def resolve_urls(settings: Settings, start: bool = True) -> DatabaseUrls:
             dagster=settings.dagster_database_url or settings.database_url,
             embedded=False,
         )
+    if settings.embedded_database == "never":
+        from rag_pipeline.config import ConfigError
+
+        raise ConfigError(
+            f"{settings.config_file or 'configuration'}: database_url: not set, and embedded_database is never "
+            f"(the default under execution.executor {settings.execution.executor!r}): a worker must write the "
+            "shared index, never start a private one. Set database_url (or RAG_DATABASE_URL) on every machine.")
     server = EmbeddedPostgres(settings.pgdata_dir)
     if start and not server.is_running():
         server.start()

@@ -1,0 +1,42 @@
+"""Step outputs of a run, as JSON in the index database (migration 017; rag_pipeline.defs.io reads and writes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+KEPT_DAYS = 7
+
+
+def store(conn: psycopg.Connection, run_id: str, step_key: str, output_name: str, value: Any) -> None:
+    with conn.transaction():
+        conn.execute(
+            """INSERT INTO run_outputs (run_id, step_key, output_name, value) VALUES (%s, %s, %s, %s)
+               ON CONFLICT (run_id, step_key, output_name) DO UPDATE SET value = EXCLUDED.value, created_at = now()""",
+            (run_id, step_key, output_name, Jsonb(value)),
+        )
+        conn.execute("DELETE FROM run_outputs WHERE run_id <> 'asset' AND created_at < now() - make_interval(days => %s)",
+                     (KEPT_DAYS,))
+
+
+def load(conn: psycopg.Connection, run_id: str, step_key: str, output_name: str) -> Any:
+    row = conn.execute(
+        "SELECT value FROM run_outputs WHERE run_id = %s AND step_key = %s AND output_name = %s",
+        (run_id, step_key, output_name),
+    ).fetchone()
+    conn.commit()
+    if row is None:
+        raise KeyError(f"no output {output_name!r} of step {step_key!r} in run {run_id}")
+    return row[0]
+
+
+def of_run(conn: psycopg.Connection, run_id: str, output_name: str) -> list[Any]:
+    """Every step's output of that name in the run, in step order."""
+    rows = conn.execute(
+        "SELECT value FROM run_outputs WHERE run_id = %s AND output_name = %s ORDER BY step_key",
+        (run_id, output_name),
+    ).fetchall()
+    conn.commit()
+    return [row[0] for row in rows]
