@@ -2,7 +2,8 @@
 document that hangs its parser.
 
     .venv/bin/python -m bench.parallel --docs 32 --pages 16 --workers 2
-    .venv/bin/python -m bench.parallel --hang-only --small-docs 100 --timeout 60
+    .venv/bin/python -m bench.parallel --parts hang --small-docs 100 --timeout 60
+    .venv/bin/python -m bench.parallel --parts dask        # the build through Dagster's Dask executor
 
 Part 1 generates `--docs` multi-page PDFs (prose, a figure table per page: what filings look like to the parser)
 and builds them into fresh databases: the parse stage alone, then the whole build (discover, parse, chunk, embed,
@@ -171,6 +172,50 @@ def hang(db, workdir: Path, small_docs: int, timeout: int) -> None:
     print(f"| label change reached every row | {bool(narrowed)} |")
 
 
+def through_dask(db, workdir: Path, docs: int, pages: int) -> None:
+    """The same build through Dagster twice: in one process, and on Dask (a scheduler and two workers here)."""
+    import os
+
+    import dask
+    from dagster import DagsterInstance
+    from dask.distributed import LocalCluster
+
+    from rag_pipeline.runs import run_ingest
+
+    corpus = workdir / "pdfs"
+    if not corpus.exists():
+        write_pdfs(corpus, docs, pages)
+    print(f"## The whole build through Dagster: in one process vs Dagster's Dask executor ({docs} PDFs of {pages} "
+          "pages, two Dask workers on this machine)\n")
+    print("| executor | whole build | documents indexed |")
+    print("|---|---|---|")
+    (workdir / "home").mkdir(exist_ok=True)
+    url = db.create("through_dagster")
+    settings = settings_for(workdir, url, corpus, "through_dagster")
+    with DagsterInstance.local_temp(str(workdir / "home")) as instance:
+        started = time.perf_counter()
+        summary = run_ingest(settings, instance=instance, log_level="WARNING")
+        print(f"| in process (workers: one per core) | {time.perf_counter() - started:.1f} s | "
+              f"{summary['documents_indexed']} |")
+    url = db.create("through_dask")
+    config = workdir / "dask.yaml"
+    os.environ["RAG_CONFIG"] = str(config)
+    with dask.config.set({"distributed.worker.daemon": False}), LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+            silence_logs=40) as cluster:
+        config.write_text(yaml.safe_dump({
+            "database_url": url, "data_dir": str(workdir / "data"),
+            "sources": [{"name": "bench", "root": str(corpus), "acl_labels": ["staff"]}],
+            "execution": {"executor": "dask", "dask_address": cluster.scheduler_address, "steps": 2, "workers": 1},
+        }))
+        with DagsterInstance.local_temp(str(workdir / "home")) as instance:
+            started = time.perf_counter()
+            summary = run_ingest(load_settings(config), instance=instance, log_level="WARNING")
+            print(f"| Dask, 2 workers x 1 step x 1 parse process | {time.perf_counter() - started:.1f} s | "
+                  f"{summary['documents_indexed']} |")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=32)
@@ -179,13 +224,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--small-docs", type=int, default=100)
     parser.add_argument("--timeout", type=int, default=60)
-    parser.add_argument("--hang-only", action="store_true")
-    parser.add_argument("--scaling-only", action="store_true")
+    parser.add_argument("--parts", default="scaling,hang",
+                        help="comma-separated: scaling, hang, dask (the build through Dagster's Dask executor)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     with throwaway_database() as db:
-        if not args.hang_only:
+        if "scaling" in parts:
             scaling(db, db.workdir, args.docs, args.pages, args.workers, args.repeat)
-        if not args.scaling_only:
+        if "dask" in parts:
+            through_dask(db, db.workdir, args.docs, args.pages)
+        if "hang" in parts:
             hang(db, db.workdir, args.small_docs, args.timeout)
 
 

@@ -41,6 +41,8 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "RAG_DAGSTER_DATABASE_URL": ("dagster_database_url",),
     "RAG_DATA_DIR": ("data_dir",),
     "RAG_EMBEDDING_MODEL": ("embedding", "model"),
+    "RAG_EMBEDDING_BACKEND": ("embedding", "backend"),
+    "RAG_EMBEDDING_ENDPOINT": ("embedding", "endpoint"),
     "RAG_EMBEDDING_DEVICE": ("embedding", "device"),
     "RAG_MODELS_DIR": ("embedding", "models_dir"),
 }
@@ -181,8 +183,39 @@ class EmbeddingConfig(_Section):
     batch_size: int = Field(32, ge=1, le=4096, description="inputs per encode batch")
     device: str = Field("cpu", min_length=1, description="torch device: cpu, cuda, cuda:1, mps")
     models_dir: Path = Field(Path(".models"), description="where installed models (e.g. all-mpnet-base-v2) live")
+    backend: Literal["torch", "remote"] = Field("torch", description="torch: the model in this process; remote: "
+                                                "an OpenAI-compatible /v1/embeddings endpoint (no torch needed)")
+    endpoint: str | None = Field(None, description="remote: the endpoint's base URL, e.g. http://tei:8080/v1")
+    endpoint_model: str | None = Field(None, description="remote: the name the endpoint serves the model under "
+                                       "(default: model; model's local tokenizer still sizes the chunks)")
+    api_key_env: str | None = Field(None, description="remote: environment variable holding the API key")
+    timeout_seconds: float = Field(60.0, gt=0, le=3600, description="remote: one request")
+    max_retries: int = Field(5, ge=0, le=20, description="remote: retries of 429, 5xx and network errors")
+    max_concurrency: int = Field(4, ge=1, le=256, description="remote: requests in flight at once")
 
     _resolve_models_dir = field_validator("models_dir", mode="before")(_relative_to_file)
+
+    @model_validator(mode="after")
+    def _remote_needs_an_endpoint(self) -> EmbeddingConfig:
+        if self.backend == "remote" and not self.endpoint:
+            raise ValueError("embedding.endpoint is required when embedding.backend is remote")
+        return self
+
+    @property
+    def identity(self) -> str:
+        """What the index versions and the embedding cache call this model: its weights and its backend, so
+        vectors of another backend never mix with these (a backend change is a new index version)."""
+        return model_identity(self.model, self)
+
+
+REMOTE_PREFIX = "remote:"
+
+
+def model_identity(name: str, config: EmbeddingConfig) -> str:
+    """`name` (a model's weights) as the configured backend runs it: remote ones under their own prefix."""
+    if config.backend == "remote" and not name.startswith(REMOTE_PREFIX):
+        return REMOTE_PREFIX + name
+    return name
 
 
 class ChunkingConfig(_Section):

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from rag_pipeline.config import Settings
+from rag_pipeline.config import Settings, model_identity
 from rag_pipeline.embedding import get_embedder, resolve_model
 from rag_pipeline.evaluation import evaluate, load_golden, paired_differences, regressions
 from rag_pipeline.parsing import parser_version
@@ -67,7 +67,9 @@ def start_build(
 
 
 def start_version_build(db_url: str, settings: Settings, model: str) -> IndexVersion:
-    """Register a version for `model` beside the active one (loading the model for its dimensions)."""
+    """Register a version for `model` (run by the configured backend) beside the active one (loading the model,
+    or asking the endpoint, for its dimensions)."""
+    model = model_identity(model, settings.embedding)
     resolved = resolve_model(model, settings.embedding.models_dir)
     embedder = get_embedder(model, settings.embedding)
     with connect(db_url) as conn, conn.transaction():

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 import psycopg
 
 from rag_pipeline.chunking import Chunk, Chunker, chunker_version, template_prefix, truncate_to_tokens
-from rag_pipeline.config import ConfigError, Settings
+from rag_pipeline.config import REMOTE_PREFIX, ConfigError, Settings
 from rag_pipeline.embedding import max_sequence_length, resolve_model
 from rag_pipeline.language import text_search_config
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
@@ -54,8 +54,11 @@ class ChunkStats(StageStats):
 
 
 def same_model(a: str, b: str, settings: Settings) -> bool:
-    """Two configured model names load the same weights (e.g. a hub name and the folder it resolves to)."""
+    """Two model identities load the same weights (e.g. a hub name and the folder it resolves to) on the same
+    backend: vectors of another backend are another version's."""
     models_dir = settings.embedding.models_dir
+    if a.startswith(REMOTE_PREFIX) != b.startswith(REMOTE_PREFIX):
+        return False
     return a == b or resolve_model(a, models_dir).location == resolve_model(b, models_dir).location
 
 
@@ -63,13 +66,13 @@ def check_configured_model(conn: psycopg.Connection, settings: Settings) -> None
     """Refuse a refresh whose embedding.model differs from the active version's: writing chunks sized and
     vectors embedded for another model into the live index would be a silent swap."""
     active = versions.active_version(conn)
-    configured = settings.embedding.model
+    configured = settings.embedding.identity
     if active is not None and not same_model(configured, active.embedding_model, settings):
         raise ModelMismatchError(
-            f"embedding.model is {configured!r} but the active index version {active.label} uses "
-            f"{active.embedding_model!r}. A model change is a new index version: run "
-            f"`rag-pipeline index build --model {configured}`, then `rag-pipeline index promote`; "
-            f"or set embedding.model back to {active.embedding_model!r}."
+            f"embedding.model (with embedding.backend {settings.embedding.backend}) is {configured!r} but the "
+            f"active index version {active.label} uses {active.embedding_model!r}. A model or backend change is a "
+            f"new index version: run `rag-pipeline index build --model {settings.embedding.model}`, then "
+            f"`rag-pipeline index promote`; or set embedding.model and embedding.backend back."
         )
 
 
@@ -77,7 +80,7 @@ def sizing_model_location(conn: psycopg.Connection, settings: Settings) -> str:
     """The model whose window sizes the chunks: the shortest among the configured model and the versions that
     receive writes."""
     models_dir = settings.embedding.models_dir
-    names = [settings.embedding.model, *(v.embedding_model for v in versions.writable_versions(conn))]
+    names = [settings.embedding.identity, *(v.embedding_model for v in versions.writable_versions(conn))]
     return min((resolve_model(name, models_dir).location for name in names), key=max_sequence_length)
 
 

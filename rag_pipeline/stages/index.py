@@ -35,6 +35,10 @@ D = DocumentStatus
 EMBED_BATCHES = 4
 
 
+class DimensionMismatchError(RuntimeError):
+    """The model gave vectors of another size than the version it writes to was made for."""
+
+
 @dataclass
 class IndexStats(StageStats):
     documents_indexed: int = 0
@@ -58,8 +62,8 @@ def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
         current = versions.active_version(conn)
     if current is not None:
         return current
-    model = resolve_model(settings.embedding.model, settings.embedding.models_dir)
-    embedder = get_embedder(settings.embedding.model, settings.embedding)
+    model = resolve_model(settings.embedding.identity, settings.embedding.models_dir)
+    embedder = get_embedder(settings.embedding.identity, settings.embedding)
     with connect(db_url) as conn, conn.transaction():
         chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
         bm25 = settings.retrieval.bm25
@@ -297,7 +301,13 @@ def embed_inputs(
         # Loaded on first use (then kept per process): a refresh whose inputs are all cached never loads it.
         embedder = get_embedder(version.embedding_model, settings.embedding)
         part = missing[start:start + step]
-        fresh = dict(zip(part, embedder.embed_documents([inputs[sha] for sha in part]), strict=True))
+        embedded = embedder.embed_documents([inputs[sha] for sha in part])
+        if embedded.shape[1] != version.dimensions:  # e.g. an endpoint now serving another model under the name
+            raise DimensionMismatchError(
+                f"{version.embedding_model} returned {embedded.shape[1]}-dimensional vectors; index version "
+                f"{version.label} holds {version.dimensions}: nothing was written. A different model is a new "
+                "index version (rag-pipeline index build).")
+        fresh = dict(zip(part, embedded, strict=True))
         if commit:
             with conn.transaction():
                 chunk_store.store_embeddings(conn, version.embedding_model, fresh)
