@@ -1,0 +1,64 @@
+"""The ONNX Runtime int8 backend: exported once from the packaged MiniLM (file named by its weights), close to
+torch's vectors, its own model identity, and an index built with it is searchable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+from dagster import DagsterInstance
+
+from rag_pipeline.config import EmbeddingConfig, load_settings
+from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.onnx_embedding import OnnxEmbedder, quantized_model_path
+from rag_pipeline.retrieval import SearchOptions, search
+from rag_pipeline.runs import run_ingest
+from rag_pipeline.store import versions
+
+TEXTS = [
+    "The warehouse robot charges at dock seven after every shift.",
+    "Travel expenses above 500 euros need a manager's approval.",
+    "Quarterly revenue rose by twelve percent on higher service margins.",
+    "Ein Satz auf Deutsch über Sicherheitsregeln im Lager.",
+    "Picking stations must be cleared before the welding arm starts. " * 30,
+]
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+def test_int8_vectors_stay_close_to_torchs_and_the_export_is_reused(models_dir):
+    model = resolve_model("all-MiniLM-L6-v2")
+    onnx = OnnxEmbedder("onnx-int8:all-MiniLM-L6-v2", model, models_dir)
+    path = quantized_model_path(model, models_dir)
+    assert path.exists() and path.parent == models_dir / "onnx"
+    exported_at = path.stat().st_mtime_ns
+    theirs, ours = onnx.embed_documents(TEXTS), get_embedder("all-MiniLM-L6-v2").embed_documents(TEXTS)
+    assert theirs.shape == ours.shape == (len(TEXTS), 384)
+    cosines = np.sum(theirs * ours, axis=1)
+    assert cosines.min() > 0.97 and cosines.mean() > 0.985, cosines
+    assert np.allclose(np.linalg.norm(theirs, axis=1), 1, atol=1e-5)
+    OnnxEmbedder("onnx-int8:all-MiniLM-L6-v2", model, models_dir)  # a second process would find the file
+    assert path.stat().st_mtime_ns == exported_at
+
+
+def test_an_index_built_with_int8_weights_is_its_own_version(models_dir, db, db_url, corpus, tmp_path):
+    config = tmp_path / "rag.yaml"
+    config.write_text(yaml.safe_dump({
+        "database_url": db_url, "data_dir": str(tmp_path / "data"),
+        "sources": [{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}],
+        "embedding": {"backend": "onnx-int8", "models_dir": str(models_dir)},
+    }))
+    settings = load_settings(config)
+    assert settings.embedding.identity == "onnx-int8:all-MiniLM-L6-v2"
+    with DagsterInstance.ephemeral() as instance:
+        summary = run_ingest(settings, instance=instance)
+    assert summary["success"], summary.get("errors")
+    assert versions.active_version(db).embedding_model == "onnx-int8:all-MiniLM-L6-v2"
+    assert db.execute("SELECT DISTINCT model FROM embedding_cache").fetchall() == [("onnx-int8:all-MiniLM-L6-v2",)]
+    hits = search(db, "how long does the robot battery last", ["staff"], k=3,
+                  options=SearchOptions.from_settings(settings))
+    assert hits and "battery" in " ".join(h.text.lower() for h in hits)
+    assert EmbeddingConfig().identity == "all-MiniLM-L6-v2"  # torch keeps the plain name: existing indexes stay
