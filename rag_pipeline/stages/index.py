@@ -101,7 +101,10 @@ def index_documents(
                     if more_coming():
                         time.sleep(IDLE_POLL_SECONDS)
                         continue
-                    break
+                    # Once more: a document may have been queued between the look above and the end of parsing.
+                    leased = work.lease_next(conn, [D.PENDING_INDEX], lease, lease_seconds)
+                    if leased is None:
+                        break
                 _, doc = leased
                 try:
                     if not touched:

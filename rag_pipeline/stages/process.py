@@ -226,10 +226,11 @@ def process_pending(
                        if index else None)
             index_reporter = Reporter("index", "chunks", execution.progress_seconds, progress)
             try:
+                if statuses:
+                    parsing.set()  # before the indexer starts: it must not take an empty queue for the end
                 if indexer is not None:
                     indexer.start()
                 if statuses:
-                    parsing.set()
                     try:
                         _work_documents(db_url, settings, lease, statuses, plan, runner or DocumentRunner(), result,
                                         progress, indexer, index_reporter)
