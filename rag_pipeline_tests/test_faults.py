@@ -215,7 +215,7 @@ def test_database_restart_mid_run_fails_clearly_and_the_next_run_recovers(notes,
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def test_two_refreshes_at_once_are_serialised_and_leave_a_clean_index(crash_env, clean_build):
+def test_two_refreshes_at_once_share_the_work_and_leave_a_clean_index(crash_env, clean_build):
     url, dagster_url, config, home = crash_env
     first = IngestProcess(config, dagster_url, home)
     second = IngestProcess(config, dagster_url, home)
