@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -64,7 +65,22 @@ class Failed:
 Event = Finished | Failed
 
 
+def _exit_with_parent() -> None:
+    """A worker outlives no supervisor: if it is killed (SIGKILL), the worker exits at once, whatever it is doing,
+    rather than parse on without a budget after the run's locks are gone."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+
+
 def _worker_main(channel: Connection, runner: Runner, setup_args: tuple[Any, ...]) -> None:
+    _exit_with_parent()
     budget.attach(channel)
     state = None
     ready = False
@@ -75,9 +91,13 @@ def _worker_main(channel: Connection, runner: Runner, setup_args: tuple[Any, ...
             return  # the supervisor is gone
         if item is None:
             return
-        try:
-            if not ready:  # set up on the first item, so a worker that is never used loads nothing
+        if not ready:  # set up on the first item, so a worker that is never used loads nothing
+            try:
                 state, ready = runner.setup(*setup_args), True
+            except Exception as exc:  # the environment, not the item: the run must stop, not dead-letter
+                channel.send(("fatal", f"worker setup failed: {type(exc).__name__}: {exc}"))
+                continue
+        try:
             result = runner.run(state, item)
         except Exception as exc:
             kind = "fatal" if isinstance(exc, getattr(runner, "fatal", ())) else "error"
@@ -147,7 +167,13 @@ class WorkerPool:
         if slot.process is None or not slot.process.is_alive():
             self._spawn(slot)
         assert slot.channel is not None
-        slot.channel.send(item)
+        try:
+            slot.channel.send(item)
+        except (BrokenPipeError, OSError):  # it died between the check and the send: a new one takes the item
+            self._kill(slot)
+            self._spawn(slot)
+            assert slot.channel is not None
+            slot.channel.send(item)
         now = time.monotonic()
         slot.key, slot.started, slot.paused_total, slot.paused_since, slot.waiting, slot.pages = key, now, 0.0, None, 0, 0
 
@@ -165,9 +191,13 @@ class WorkerPool:
         slot.process, slot.channel = process, parent_end
 
     def _run_inline(self, key: str, item: Any) -> None:
-        try:
-            if not self._inline_ready:
+        if not self._inline_ready:
+            try:
                 self._inline_state, self._inline_ready = self.runner.setup(*self.setup_args), True
+            except Exception as exc:
+                self._inline_events.append(Failed(key, "fatal", f"setup failed: {type(exc).__name__}: {exc}"))
+                return
+        try:
             self._inline_events.append(Finished(key, self.runner.run(self._inline_state, item)))
         except Exception as exc:
             log.exception("work on %s failed", key)

@@ -55,7 +55,8 @@ def export_quantized(model: ResolvedModel, target: Path) -> Path:
     network = AutoModel.from_pretrained(model.location).eval()
     sample = tokenizer(["an example sentence"], return_tensors="pt")
     names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in sample]
-    floating = target.with_suffix(".float.onnx")
+    # Names of this process's own: two processes exporting at once must not write into one file.
+    floating = target.with_suffix(f".{os.getpid()}.float.onnx")
 
     class ByName(torch.nn.Module):  # the model's forward takes these by keyword; its positional order varies
         def __init__(self) -> None:
@@ -72,7 +73,7 @@ def export_quantized(model: ResolvedModel, target: Path) -> Path:
             dynamic_axes={**{name: {0: "batch", 1: "tokens"} for name in names},
                           "last_hidden_state": {0: "batch", 1: "tokens"}},
         )
-    partial = target.with_suffix(".partial.onnx")
+    partial = target.with_suffix(f".{os.getpid()}.partial.onnx")
     # Per output channel: one scale per column kept cosine to the float model at 0.99 here; one per tensor, 0.95.
     quantize_dynamic(str(floating), str(partial), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
                      per_channel=True)

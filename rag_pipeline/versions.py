@@ -27,7 +27,8 @@ from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_loca
 from rag_pipeline.stages.common import Progress, locked_stage, log_progress
 from rag_pipeline.stages.index import EMBED_BATCHES, IndexStats, rebalance_bm25, vectors_ahead, write_document
 from rag_pipeline.status import DocumentStatus, VersionStatus, check_version_transition
-from rag_pipeline.store import documents, versions
+from rag_pipeline.store import chunks as chunk_store
+from rag_pipeline.store import documents, groups, versions
 from rag_pipeline.store.database import connect
 from rag_pipeline.store.documents import PendingDocument
 from rag_pipeline.store.versions import IndexVersion
@@ -110,8 +111,11 @@ def backfill_version(
             for batch, (chunks_by_doc, vectors) in vectors_ahead(db_url, fetch, [version], settings, stats):
                 for doc in batch:
                     with conn.transaction():
+                        groups.lock_assignment(conn)  # before the row lock (see store.groups)
                         if not documents.claim(conn, doc.doc_id, DocumentStatus.INDEXED):
                             continue  # changed meanwhile: the index stage writes it to every writable version
+                        if chunk_store.chunk_ids_of(conn, doc.doc_id) != [c.chunk_id for c in chunks_by_doc[doc.doc_id]]:
+                            continue  # re-chunked and re-indexed since its chunks were read: already in this version
                         write_document(conn, doc, chunks_by_doc[doc.doc_id], [version], vectors, settings, stats)
                     stats.documents_indexed += 1
                     stats.chunks_indexed += len(chunks_by_doc[doc.doc_id])

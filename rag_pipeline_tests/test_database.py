@@ -182,17 +182,17 @@ def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg
         assert migrate(url)[0] == "016_work_units.sql"
         queue = [D.PENDING_PARSE, D.PENDING_CHUNK]
         with connect(url) as keeper, connect(url) as worker:
-            lease = work.open_lease(keeper, "test")
-            first = work.lease_next(worker, queue, lease, 60)
-            second = work.lease_next(worker, queue, lease, 60)
+            lease = work.open_lease(keeper, "test", 60)
+            first = work.lease_next(worker, queue, lease)
+            second = work.lease_next(worker, queue, lease)
             assert (first[0], first[1].doc_id, second[0], second[1].doc_id) == (
                 D.PENDING_PARSE, "a", D.PENDING_CHUNK, "b")
-            assert work.lease_next(worker, queue, lease, 60) is None  # both held
+            assert work.lease_next(worker, queue, lease) is None  # both held
         # The keeper's session ended: its leases are void without waiting for them to lapse.
         with connect(url) as conn:
-            other = work.open_lease(conn, "other")
+            other = work.open_lease(conn, "other", 60)
             deadline = time.monotonic() + 10  # the ended session's backend exits a moment after its client
-            while (taken := work.lease_next(conn, queue, other, 60)) is None:
+            while (taken := work.lease_next(conn, queue, other)) is None:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             assert taken[1].doc_id == "a"

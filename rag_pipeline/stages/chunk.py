@@ -22,7 +22,7 @@ from rag_pipeline.safety import injection_flags
 from rag_pipeline.stages.common import Progress, StageStats, log_progress
 from rag_pipeline.status import DocumentStatus
 from rag_pipeline.store import chunks as chunk_store
-from rag_pipeline.store import documents, pages, versions
+from rag_pipeline.store import documents, groups, pages, versions
 from rag_pipeline.store.documents import PendingDocument
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,7 @@ def chunk_one(
     # The document's language decides how its words are stemmed for BM25.
     text_config = text_search_config("\n".join(text for _, text in document_pages))
     with conn.transaction():
+        groups.lock_assignment(conn)  # before the row lock (see store.groups)
         if not documents.claim(conn, doc.doc_id, D.PENDING_CHUNK):
             return
         chunk_store.replace_chunks(conn, doc.doc_id, chunks, prefixes, flags, chunker.version,

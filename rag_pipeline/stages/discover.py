@@ -13,7 +13,7 @@ import psycopg
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.sources import ScanReport, scan_source
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
-from rag_pipeline.store import documents
+from rag_pipeline.store import documents, groups
 from rag_pipeline.store.database import connect
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,9 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         return
     with connect(db_url) as conn, conn.transaction():
         documents.lock_source_scan(conn, source.name)  # two scans of one source at once would race
+        # Writers take turns with the scan (see store.groups): a scan that narrows labels or deletes is never
+        # half-seen by an index write. Parse and embedding work goes on meanwhile; only their writes wait.
+        groups.lock_assignment(conn)
         documents.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = documents.DeletionGuard(source.max_deletion_share, confirmed)

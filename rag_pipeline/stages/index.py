@@ -91,18 +91,17 @@ def index_documents(
     `stop()` says so, no further document is taken.
     """
     started = time.perf_counter()
-    lease_seconds = settings.execution.lease_seconds
     touched: dict[int, IndexVersion] = {}
     try:
         with connect(db_url) as conn:
             while not stop():
-                leased = work.lease_next(conn, [D.PENDING_INDEX], lease, lease_seconds)
+                leased = work.lease_next(conn, [D.PENDING_INDEX], lease)
                 if leased is None:
                     if more_coming():
                         time.sleep(IDLE_POLL_SECONDS)
                         continue
                     # Once more: a document may have been queued between the look above and the end of parsing.
-                    leased = work.lease_next(conn, [D.PENDING_INDEX], lease, lease_seconds)
+                    leased = work.lease_next(conn, [D.PENDING_INDEX], lease)
                     if leased is None:
                         break
                 _, doc = leased
@@ -140,6 +139,7 @@ def index_document(
     inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input for c in stored}
     vectors = {v.version_id: embed_inputs(conn, v, settings, inputs, stats) for v in targets}
     with conn.transaction():
+        groups.lock_assignment(conn)  # before the row lock (see store.groups)
         if not documents.claim(conn, doc.doc_id, D.PENDING_INDEX):
             return []
         versions.share_registry(conn)

@@ -18,7 +18,7 @@ from rag_pipeline.parsing import DeadLetter
 from rag_pipeline.sources import UnsafePathError, document_password, safe_join
 from rag_pipeline.stages.common import Progress, StageStats, count, log_progress
 from rag_pipeline.status import DocumentStatus
-from rag_pipeline.store import documents, pages
+from rag_pipeline.store import documents, groups, pages
 from rag_pipeline.store.documents import PendingDocument
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ def dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter,
     """Park the document with its reason; its old rows leave the index. It is retried when its file changes.
     Only a document still queued for parsing or chunking, and for the same file, is parked."""
     with conn.transaction():
+        groups.lock_assignment(conn)  # before the row lock (see store.groups)
         status = documents.lock_queued(conn, doc.doc_id, doc.fingerprint)
         if status not in (D.PENDING_PARSE, D.PENDING_CHUNK):
             return False

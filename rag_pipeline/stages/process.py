@@ -41,13 +41,14 @@ from rag_pipeline.stages.common import Progress, log_progress
 from rag_pipeline.stages.index import IndexStats, index_documents
 from rag_pipeline.stages.parse import ParseStats, dead_letter, parse_one
 from rag_pipeline.status import DocumentStatus
-from rag_pipeline.store import documents, work
+from rag_pipeline.store import documents, groups, work
 from rag_pipeline.store.database import connect, index_write_lock
 from rag_pipeline.store.documents import PendingDocument
 
 log = logging.getLogger(__name__)
 D = DocumentStatus
 BUDGET_REASONS = ("timeout", "memory", "crashed")
+RETRIED_ONCE = ("memory", "crashed")  # possibly the worker's state, not the document's: one more try
 
 
 @dataclass
@@ -124,45 +125,38 @@ class DocumentRunner:
     fatal = (psycopg.OperationalError,)  # the database is gone: stop the run, do not dead-letter documents
 
     def setup(self, db_url: str, settings: Settings, plan: ChunkPlan | None) -> _WorkerState:
+        """Everything a document needs, loaded once per worker: a failure here is the machine's (a missing model,
+        an unreachable database), and stops the run instead of dead-lettering every document."""
+        from rag_pipeline.cascade import Cascade
         from rag_pipeline.parsing import parser_version
 
-        return _WorkerState(db_url, settings, plan, connect(db_url), parser_version())
+        state = _WorkerState(db_url, settings, plan, connect(db_url), parser_version())
+        state.cascade = Cascade(settings.parsing)
+        if plan is not None:
+            from rag_pipeline.chunking import Chunker
+            from rag_pipeline.embedding import load_tokenizer
+
+            state.chunker = Chunker(load_tokenizer(plan.model_location), plan.size, plan.overlap)
+        if settings.prefix.mode == "llm":
+            from rag_pipeline.prefixes import LlmPrefixer
+
+            state.prefixer = LlmPrefixer(settings.prefix)
+        return state
 
     def run(self, state: _WorkerState, task: DocumentTask) -> TaskResult:
         result = TaskResult(ParseStats(), ChunkStats())
         doc: PendingDocument | None = task.doc
         if task.status == D.PENDING_PARSE:
-            from rag_pipeline.cascade import Cascade
-
-            state.cascade = state.cascade or Cascade(state.settings.parsing)
             started = time.perf_counter()
             parse_one(state.conn, task.doc, task.source, state.parser_version, state.cascade, result.parse)
             result.parse.seconds = time.perf_counter() - started
             result.parse.tiers_unavailable = dict(state.cascade.unavailable)
             doc = documents.pending_document(state.conn, task.doc.doc_id, D.PENDING_CHUNK) if task.chunk else None
-        if doc is not None and state.plan is not None:
+        if doc is not None and state.chunker is not None:
             started = time.perf_counter()
-            chunk_one(state.conn, doc, self._chunker(state), self._prefixer(state), state.settings, result.chunk)
+            chunk_one(state.conn, doc, state.chunker, state.prefixer, state.settings, result.chunk)
             result.chunk.seconds = time.perf_counter() - started
         return result
-
-    @staticmethod
-    def _chunker(state: _WorkerState) -> Any:
-        if state.chunker is None:
-            from rag_pipeline.chunking import Chunker
-            from rag_pipeline.embedding import load_tokenizer
-
-            assert state.plan is not None
-            state.chunker = Chunker(load_tokenizer(state.plan.model_location), state.plan.size, state.plan.overlap)
-        return state.chunker
-
-    @staticmethod
-    def _prefixer(state: _WorkerState) -> Any:
-        if state.prefixer is None and state.settings.prefix.mode == "llm":
-            from rag_pipeline.prefixes import LlmPrefixer
-
-            state.prefixer = LlmPrefixer(state.settings.prefix)
-        return state.prefixer
 
 
 def lease_owner() -> str:
@@ -175,13 +169,15 @@ def leases_kept(db_url: str, lease_seconds: float) -> Iterator[work.Lease]:
     lease taken under it); every lease still held is released at the block's end. If this process dies, its
     session ends and the leases are void at once."""
     keeper_conn = connect(db_url)
-    lease = work.open_lease(keeper_conn, lease_owner())
+    lease = work.open_lease(keeper_conn, lease_owner(), lease_seconds)
     stop = threading.Event()
 
     def renew() -> None:
-        with contextlib.suppress(psycopg.Error):
-            while not stop.wait(lease_seconds / 3):
-                work.renew_leases(keeper_conn, lease, lease_seconds)
+        while not stop.wait(lease_seconds / 3):
+            try:
+                work.renew(keeper_conn, lease, lease_seconds)
+            except psycopg.Error as exc:  # try again next time; the session itself keeps the leases alive
+                log.warning("could not renew the document leases of %s: %s", lease.owner, exc)
 
     keeper = threading.Thread(target=renew, name="lease-keeper", daemon=True)
     keeper.start()
@@ -219,6 +215,7 @@ def process_pending(
                                  current_chunker_version(settings, location))
                 result.chunk.chunker_version = plan.version
                 with conn.transaction():
+                    groups.lock_assignment(conn)  # before the row locks (see store.groups)
                     result.chunk.requeued_for_new_chunker = documents.requeue_for_chunker(conn, plan.version)
         with leases_kept(db_url, execution.lease_seconds) as lease:
             parsing, stop = threading.Event(), threading.Event()
@@ -288,6 +285,7 @@ def _work_documents(
     reporter = Reporter("parse" if D.PENDING_CHUNK not in statuses else "parse and chunk" if D.PENDING_PARSE
                         in statuses else "chunk", "pages", execution.progress_seconds, progress)
     in_hand: dict[str, DocumentTask] = {}
+    retried: set[str] = set()
     done = 0
     started = time.perf_counter()
     with connect(db_url) as conn:
@@ -300,7 +298,7 @@ def _work_documents(
             exhausted = False
             while True:
                 while not exhausted and pool.idle():
-                    leased = work.lease_next(conn, statuses, lease, execution.lease_seconds)
+                    leased = work.lease_next(conn, statuses, lease)
                     if leased is None:
                         exhausted = True
                         break
@@ -313,6 +311,15 @@ def _work_documents(
                     pool.submit(doc.doc_id, task)
                 for event in pool.collect():
                     task = in_hand.pop(event.key)
+                    if isinstance(event, Failed) and event.reason in RETRIED_ONCE and event.key not in retried:
+                        # The worker may have grown on earlier documents, or been killed from outside: the
+                        # document gets one fresh worker before it is judged.
+                        retried.add(event.key)
+                        log.warning("%s/%s: %s; retrying once in a fresh worker", task.doc.source,
+                                    task.doc.rel_path, event.detail)
+                        in_hand[event.key] = task
+                        pool.submit(event.key, task)
+                        continue
                     _finish(conn, task, event, result)
                     done += 1
                     # Documents that moved on are released (the index worker leases them next); the others keep

@@ -59,6 +59,11 @@ def replace_chunks(
             )
 
 
+def chunk_ids_of(conn: psycopg.Connection, doc_id: str) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT chunk_id FROM chunks WHERE doc_id = %s ORDER BY ordinal", (doc_id,)).fetchall()]
+
+
 def chunks_of(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, list[StoredChunk]]:
     result: dict[str, list[StoredChunk]] = {doc_id: [] for doc_id in doc_ids}
     rows = conn.execute(

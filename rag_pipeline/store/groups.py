@@ -11,8 +11,13 @@ _ASSIGNMENT_LOCK = "rag_pipeline.group_assignment"
 
 
 def lock_assignment(conn: psycopg.Connection) -> None:
-    """Serialise group changes until the transaction ends: two workers writing near-duplicates at once would
-    otherwise both find no group and open two (each transaction cannot see the other's new group)."""
+    """Serialise the transactions that change documents' index state, until the transaction ends.
+
+    Two workers writing near-duplicates at once would otherwise both find no group and open two (neither sees the
+    other's new group), and a writer could give a group's row to a document whose labels a scan is narrowing. Every
+    such transaction (an index write, a chunk write, a dead letter, a scan of a source, a requeue) takes this lock
+    *first*, before any document row lock: one order everywhere, so they never deadlock. Parsing, chunking and
+    embedding run outside these transactions, in parallel; only the writes take turns."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_ASSIGNMENT_LOCK,))
 
 

@@ -1,17 +1,16 @@
 """Per-document work units: leases on queued documents (migration 016).
 
 A worker leases the next queued document with FOR UPDATE SKIP LOCKED, so concurrent workers (threads,
-processes, machines) never take the same one, renews its leases while it works, and releases each when done.
-A lease is void as soon as the database session that keeps it is gone (its process died, the server restarted),
-and lapses `lease_seconds` after its last renewal (its process hangs). The write that finishes a document still
-re-checks the state it was planned for (documents.claim).
+processes, machines) never take the same one, and releases it when its work moved it on. A holder is alive while
+the database session that keeps its leases exists (its process died, or the server restarted: its leases are void
+at once) and it renews them (a process that hangs stops renewing: they lapse after `lease_seconds`). The write
+that finishes a document still re-checks the state it was planned for (documents.claim).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 import psycopg
 from psycopg import sql
@@ -19,75 +18,77 @@ from psycopg import sql
 from rag_pipeline.status import DOCUMENT_QUEUED, DocumentStatus
 from rag_pipeline.store.documents import PENDING_COLUMN_NAMES, PendingDocument, pending_from_rows
 
+FORGET_DEAD_HOLDERS_AFTER = "1 day"
+
 
 @dataclass(frozen=True)
 class Lease:
-    owner: str  # host:pid:nonce, for people reading the table
-    backend_pid: int  # the session that keeps the lease alive
-    backend_start: datetime
+    owner: str  # host:pid:nonce, for people reading the tables
 
 
-def open_lease(conn: psycopg.Connection, owner: str) -> Lease:
-    """A lease kept alive by `conn`'s session: keep the connection open while the leases are in use."""
-    pid, started = conn.execute(
-        "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()
-    conn.commit()
-    return Lease(owner, pid, started)
+def open_lease(conn: psycopg.Connection, owner: str, lease_seconds: float) -> Lease:
+    """Register a holder kept alive by `conn`'s session: keep that connection open while its leases are used."""
+    with conn.transaction():
+        conn.execute(
+            """INSERT INTO work_leases (owner, backend_pid, backend_start, expires_at)
+               SELECT %s, pid, backend_start, now() + make_interval(secs => %s)
+               FROM pg_stat_activity WHERE pid = pg_backend_pid()""",
+            (owner, lease_seconds),
+        )
+        conn.execute("DELETE FROM work_leases WHERE expires_at < now() - %s::interval", (FORGET_DEAD_HOLDERS_AFTER,))
+    return Lease(owner)
 
 
-# A lease is free when nobody holds it, it lapsed, or the session that kept it is gone.
+# A document is free when nobody holds it or its holder is not alive. Another role's session may show a NULL
+# backend_start (without pg_read_all_stats): then the pid alone tells.
 _FREE = sql.SQL(
-    """(lease_owner IS NULL OR lease_expires_at < now()
-        OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                       WHERE a.pid = lease_backend_pid AND a.backend_start = lease_backend_start))""")
+    """(d.lease_owner IS NULL OR NOT EXISTS (
+          SELECT 1 FROM work_leases l JOIN pg_stat_activity a ON a.pid = l.backend_pid
+          WHERE l.owner = d.lease_owner AND l.expires_at >= now()
+            AND (a.backend_start IS NULL OR a.backend_start = l.backend_start)))""")
 
 
 def lease_next(
-    conn: psycopg.Connection, statuses: Sequence[DocumentStatus], lease: Lease, lease_seconds: float,
+    conn: psycopg.Connection, statuses: Sequence[DocumentStatus], lease: Lease,
 ) -> tuple[DocumentStatus, PendingDocument] | None:
     """Lease the first free document in one of `statuses`, in doc_id order, with its status; commits at once so
     other workers see the lease."""
     with conn.transaction():
         row = conn.execute(
             sql.SQL(
-                """UPDATE documents d SET lease_owner = %s, lease_backend_pid = %s, lease_backend_start = %s,
-                          lease_expires_at = now() + make_interval(secs => %s)
-                   FROM (SELECT doc_id FROM documents WHERE status = ANY(%s) AND {free}
-                         ORDER BY doc_id LIMIT 1 FOR UPDATE SKIP LOCKED) next
-                   WHERE d.doc_id = next.doc_id
-                   RETURNING d.status, {columns}"""
-            ).format(free=_FREE,
-                     columns=sql.SQL(", ").join(sql.Identifier("d", name) for name in PENDING_COLUMN_NAMES)),
-            (lease.owner, lease.backend_pid, lease.backend_start, lease_seconds, [str(s) for s in statuses]),
+                """UPDATE documents SET lease_owner = %s
+                   FROM (SELECT d.doc_id FROM documents d WHERE d.status = ANY(%s) AND {free}
+                         ORDER BY d.doc_id LIMIT 1 FOR UPDATE OF d SKIP LOCKED) next
+                   WHERE documents.doc_id = next.doc_id
+                   RETURNING documents.status, {columns}"""
+            ).format(free=_FREE, columns=sql.SQL(", ").join(
+                sql.Identifier("documents", name) for name in PENDING_COLUMN_NAMES)),
+            (lease.owner, [str(s) for s in statuses]),
         ).fetchone()
     return (DocumentStatus(row[0]), pending_from_rows([row[1:]])[0]) if row else None
 
 
-def renew_leases(conn: psycopg.Connection, lease: Lease, lease_seconds: float) -> int:
+def renew(conn: psycopg.Connection, lease: Lease, lease_seconds: float) -> None:
     with conn.transaction():
-        return conn.execute(
-            "UPDATE documents SET lease_expires_at = now() + make_interval(secs => %s) WHERE lease_owner = %s",
-            (lease_seconds, lease.owner),
-        ).rowcount
-
-
-_RELEASE = sql.SQL("lease_owner = NULL, lease_expires_at = NULL, lease_backend_pid = NULL, lease_backend_start = NULL")
+        conn.execute("UPDATE work_leases SET expires_at = now() + make_interval(secs => %s) WHERE owner = %s",
+                     (lease_seconds, lease.owner))
 
 
 def release_moved_on(conn: psycopg.Connection, doc_id: str, lease: Lease, statuses: Sequence[DocumentStatus]) -> None:
     """Release a document whose work moved it out of `statuses` (to the next stage's queue, or done)."""
     with conn.transaction():
         conn.execute(
-            sql.SQL("UPDATE documents SET {} WHERE doc_id = %s AND lease_owner = %s AND NOT status = ANY(%s)").format(
-                _RELEASE),
+            "UPDATE documents SET lease_owner = NULL WHERE doc_id = %s AND lease_owner = %s AND NOT status = ANY(%s)",
             (doc_id, lease.owner, [str(s) for s in statuses]),
         )
 
 
 def release_all(conn: psycopg.Connection, lease: Lease) -> int:
     with conn.transaction():
-        return conn.execute(sql.SQL("UPDATE documents SET {} WHERE lease_owner = %s").format(_RELEASE),
-                            (lease.owner,)).rowcount
+        released = conn.execute("UPDATE documents SET lease_owner = NULL WHERE lease_owner = %s",
+                                (lease.owner,)).rowcount
+        conn.execute("DELETE FROM work_leases WHERE owner = %s", (lease.owner,))
+    return released
 
 
 def queued(conn: psycopg.Connection, statuses: Sequence[DocumentStatus] = DOCUMENT_QUEUED) -> dict[str, int]:
