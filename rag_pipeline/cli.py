@@ -105,7 +105,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 
 @contextlib.contextmanager
-def _progress_bar() -> Iterator[None]:
+def _progress_bar() -> Iterator[Any]:
     """A bar per long stage (documents done / total, rate, ETA), drawn from the stages' progress reports."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -122,7 +122,7 @@ def _progress_bar() -> Iterator[None]:
                     rate=f"{snapshot.rate:,.1f} {snapshot.unit}/s")
 
     with bars, listening(draw):
-        yield
+        yield bars
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:

@@ -156,7 +156,7 @@ def test_deletions_and_label_changes_reach_the_index_while_a_document_hangs(make
     for index in range(4):
         (corpus / f"note-{index}.md").write_text(_note(index))
     source = {"name": "port", "root": str(corpus), "acl_labels": ["staff"]}
-    settings = make_settings(sources=[source], execution={"workers": 1, "document_timeout": 40, "page_timeout": 0})
+    settings = make_settings(sources=[source], execution={"workers": 1, "document_timeout": 15, "page_timeout": 0})
     discover(db_url, settings.sources)
     process_pending(db_url, settings)
     (corpus / "hang.md").write_text(_note(90))
@@ -346,3 +346,16 @@ def test_a_run_of_two_document_steps_reports_both_and_builds_the_index(make_sett
                        (summary["run_id"],)).fetchall()
     assert [s for (s,) in steps if "work_documents" in s] == [
         "parsed_documents.work_documents_0", "parsed_documents.work_documents_1"]
+
+
+def test_the_cli_draws_a_bar_per_stage_from_the_progress_reports():
+    from rag_pipeline.cli import _progress_bar
+
+    with _progress_bar() as bars:
+        parse = Reporter("parse and chunk", "pages", 1, lambda _: None)
+        parse.report(done=5, left=15, units=40)
+        parse.report(done=9, left=11, units=70)
+        Reporter("index", "chunks", 1, lambda _: None).report(done=2, left=3, units=30)
+    shown = {task.description: (task.completed, task.total, task.fields["rate"]) for task in bars.tasks}
+    assert shown["parse and chunk"][:2] == (9, 20) and shown["parse and chunk"][2].endswith("pages/s")
+    assert shown["index"][:2] == (2, 5)
