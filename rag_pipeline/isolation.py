@@ -13,6 +13,7 @@ With `isolated=False` items run in the caller's process, one after another and u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -138,10 +139,8 @@ class _Slot:
 def _rss(process: psutil.Process) -> int:
     total = 0
     for proc in (process, *process.children(recursive=True)):
-        try:
+        with contextlib.suppress(psutil.Error):  # a child that exited between the listing and the read
             total += proc.memory_info().rss
-        except psutil.Error:
-            pass
     return total
 
 
@@ -259,7 +258,7 @@ class WorkerPool:
                 elif kind in ("error", "fatal"):
                     return self._free(slot, Failed(slot.key, kind, value))
         except (EOFError, OSError):
-            pass
+            pass  # the worker's end closed: it died, which the check below reports
         if not slot.process.is_alive():
             code = slot.process.exitcode
             why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
@@ -300,11 +299,9 @@ class WorkerPool:
     def _kill(self, slot: _Slot) -> None:
         if slot.process is None:
             return
-        try:
+        with contextlib.suppress(psutil.Error):  # already gone, with its children
             for child in psutil.Process(slot.process.pid).children(recursive=True):
                 child.kill()
-        except psutil.Error:
-            pass
         slot.process.kill()
         slot.process.join(10)
         if slot.channel is not None:
@@ -316,11 +313,9 @@ class WorkerPool:
             if slot.process is None:
                 continue
             if slot.key is None and slot.process.is_alive() and slot.channel is not None:
-                try:
+                with contextlib.suppress(OSError):  # it died while idle: killed below if still there
                     slot.channel.send(None)
                     slot.process.join(5)
-                except (OSError, BrokenPipeError):
-                    pass
             if slot.process.is_alive():
                 self._kill(slot)
 
