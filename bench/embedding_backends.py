@@ -90,14 +90,14 @@ def main() -> None:
                         result = run_index_build(settings, MODEL, instance=instance)
                         assert result["success"], result
                         build_seconds = time.perf_counter() - started
-                    embedder = get_embedder(settings.embedding.identity, settings.embedding)
+                    embedder = get_embedder(settings.embedding.backend_model, settings.embedding)
                     embedder.embed_documents(inputs[:64])  # warm up (and load or export)
                     started = time.perf_counter()
                     embedder.embed_documents(inputs)
                     speeds[name] = len(inputs) / (time.perf_counter() - started)
                     with connect(url) as conn:
                         version = {v.embedding_model: v for v in version_store.index_versions(conn)}[
-                            settings.embedding.identity]
+                            settings.embedding.backend_model]
                         reports[name] = evaluate(conn, questions, labels, k=10, mode="dense", version=version,
                                                  options=SearchOptions.from_settings(settings))
                         if name != "torch":  # one version builds at a time: drop this one once measured

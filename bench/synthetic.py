@@ -17,7 +17,9 @@ from pgvector import HalfVector
 from psycopg import sql
 
 from bench.common import WORDS, paragraph
-from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.config import EmbeddingConfig
+from rag_pipeline.embedding import get_embedder
+from rag_pipeline.model_identity import configured_identity
 from rag_pipeline.store import versions as version_store
 
 RARE_LABEL = "rare"  # on 2% of the documents: the selective ACL filter
@@ -66,7 +68,6 @@ def synthetic_vectors(count: int, passages: int, seed: int = 3) -> tuple[list[st
 def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, chunks_per_document: int = 50,
                rare_share: float = 0.02) -> tuple[version_store.IndexVersion, dict[str, float]]:
     """Documents, chunks and one active index version holding every row; returns it and load timings."""
-    model = resolve_model("all-MiniLM-L6-v2")
     timings: dict[str, float] = {}
     documents = -(-len(texts) // chunks_per_document)
     rare_every = round(1 / rare_share)
@@ -78,7 +79,8 @@ def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, 
             for d in range(documents):
                 labels = [RARE_LABEL] if d % rare_every == 0 else [COMMON_LABEL]
                 copy.write_row((f"doc{d:06d}", "synthetic", f"doc{d:06d}.md", "f", 1, "2026-01-01", labels, "indexed"))
-        version = version_store.ensure_active(conn, model.name, model.location, vectors.shape[1], "synthetic", "synthetic")
+        version = version_store.ensure_active(conn, configured_identity(EmbeddingConfig()), vectors.shape[1], "synthetic",
+                                               "synthetic")
     table = sql.Identifier(version.table_name)
     started = time.perf_counter()
     with conn.transaction():

@@ -58,10 +58,13 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _index_url(settings: Settings) -> str:
     """The index database, started if embedded and migrated to the schema this code expects."""
-    from rag_pipeline.store.database import migrate, resolve_urls
+    from rag_pipeline.model_identity import adopt_model_identities
+    from rag_pipeline.store.database import connect, migrate, resolve_urls
 
     url = resolve_urls(settings).index
     migrate(url)
+    with connect(url) as conn:
+        adopt_model_identities(conn, settings.embedding)  # versions from before model identities (migration 018)
     return url
 
 
@@ -333,7 +336,8 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     rows = [
         {
             "version": v.version_id, "status": v.status, "active": active is not None and v.version_id == active.version_id,
-            "embedding_model": v.embedding_model, "model_revision": v.model_revision, "dimensions": v.dimensions,
+            "embedding_model": v.embedding_model, "model_revision": v.model_revision,
+            "model_identity": v.model_identity, "dimensions": v.dimensions,
             "chunker_version": v.chunker_version, "parser_version": v.parser_version, "rows": v.row_count,
             "table": v.table_name, "created_at": times[v.version_id].created_at,
             "promoted_at": times[v.version_id].promoted_at, "retired_at": times[v.version_id].retired_at,

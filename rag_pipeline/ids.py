@@ -9,6 +9,10 @@
 - embedding input: the sha256 of the exact text that goes into the model (prefix and chunk); the embedding
   cache is keyed by it and the model, so identical inputs are embedded once.
 - version table: index version N lives in table `index_v<N>`.
+- model: the vectors' maker is its weights and the backend that ran them (`torch:sha256:…`,
+  `onnx-int8:sha256:…`, `remote:<served name>`), never a folder: the embedding cache and every index version are
+  keyed by it, so int8 vectors never mix with float ones and two machines with the same weights in different
+  folders agree.
 
 Ids are hex digests truncated to 128 bits where they are keys (collisions are out of reach at any corpus
 size); text hashes are full sha256.
@@ -17,6 +21,7 @@ size); text hashes are full sha256.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 
 def _digest(*parts: str) -> str:
@@ -47,3 +52,28 @@ def embedding_input_sha(text: str) -> str:
 
 def version_table(version_id: int) -> str:
     return f"index_v{int(version_id)}"
+
+
+def weights_digest(files: list[tuple[str, str]]) -> str:
+    """The weights of a model folder: `files` is (path relative to the folder, sha256 of the file) for every file
+    that decides the vectors; order does not matter."""
+    return "sha256:" + _digest(*(f"{name}={sha}" for name, sha in sorted(files)))[:32]
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """An embedding model as the index knows it (made by rag_pipeline.model_identity)."""
+
+    backend: str  # torch | onnx-int8 | remote
+    name: str  # as configured, a hub or package name or a folder: where it loads from, not part of the identity
+    weights: str  # weights_digest of its files; for remote, the name the endpoint serves it under
+
+    @property
+    def key(self) -> str:
+        """What the embedding cache and the index versions are keyed by: backend and weights."""
+        return f"{self.backend}:{self.weights}"
+
+    @property
+    def backend_model(self) -> str:
+        """The name as the configuration and get_embedder take it: the backend's prefix, then the name."""
+        return self.name if self.backend == "torch" else f"{self.backend}:{self.name}"

@@ -22,23 +22,12 @@ _export_lock = threading.Lock()
 
 
 def quantized_model_path(model: ResolvedModel, models_dir: Path) -> Path:
+    """Named by the weights (rag_pipeline.model_identity), not the folder they sit in: two machines with the same
+    weights share the file name, and new weights in the same folder get a file of their own."""
+    from rag_pipeline.model_identity import weights_digest
+
     folder = Path(model.location)
-    return Path(models_dir) / "onnx" / f"{folder.name}-{_weights_digest(folder)}-int8.onnx"
-
-
-def _weights_digest(folder: Path) -> str:
-    """Names the weights, not the folder they sit in: two machines with the same weights share the file name."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for name in ("model.safetensors", "pytorch_model.bin", "config.json"):
-        path = folder / name
-        if path.exists():
-            digest.update(name.encode())
-            digest.update(str(path.stat().st_size).encode())
-            with path.open("rb") as handle:
-                digest.update(handle.read(1 << 20))  # the first MiB and the size tell weight files apart
-    return digest.hexdigest()[:12]
+    return Path(models_dir) / "onnx" / f"{folder.name}-{weights_digest(folder).removeprefix('sha256:')[:16]}-int8.onnx"
 
 
 def export_quantized(model: ResolvedModel, target: Path) -> Path:
@@ -85,7 +74,7 @@ def export_quantized(model: ResolvedModel, target: Path) -> Path:
 class OnnxEmbedder:
     """Sentence embeddings from the int8 ONNX transformer: tokenise, run, pool as the model says, normalise."""
 
-    def __init__(self, identity: str, model: ResolvedModel, models_dir: Path, batch_size: int = 32):
+    def __init__(self, name: str, model: ResolvedModel, models_dir: Path, batch_size: int = 32):
         import onnxruntime
 
         folder = Path(model.location)
@@ -96,7 +85,7 @@ class OnnxEmbedder:
         with _export_lock:
             if not path.exists():
                 export_quantized(model, path)
-        self.identity = identity
+        self.name = name
         self.batch_size = batch_size
         self.tokenizer = load_tokenizer(model.location)
         self.max_seq_length = max_sequence_length(model.location)

@@ -23,6 +23,7 @@ from rag_pipeline.config import (
     parse_labels,
 )
 from rag_pipeline.embedding import get_embedder, get_reranker
+from rag_pipeline.model_identity import model_for_version
 from rag_pipeline.store import search as search_query
 from rag_pipeline.store import versions
 from rag_pipeline.store.versions import IndexVersion
@@ -118,7 +119,8 @@ def search(
                                           min_terms=routing.min_terms)
              if routing.enabled else [])
     if use_dense:
-        vector = HalfVector(get_embedder(version.embedding_model, options.embedding).embed_query(query))
+        vector = HalfVector(get_embedder(model_for_version(version, options.embedding), options.embedding)
+                            .embed_query(query))
     else:
         vector = HalfVector([0.0] * version.dimensions)  # unused: the dense list is switched off
     reranker = options.reranker

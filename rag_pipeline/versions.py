@@ -17,9 +17,11 @@ from typing import Any
 
 import psycopg
 
-from rag_pipeline.config import Settings, model_identity
-from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.config import Settings, backend_model_name
+from rag_pipeline.embedding import get_embedder
 from rag_pipeline.evaluation import evaluate, load_golden, paired_differences, regressions
+from rag_pipeline.ids import ModelIdentity
+from rag_pipeline.model_identity import identity_of
 from rag_pipeline.parsing import parser_version
 from rag_pipeline.progress import Reporter
 from rag_pipeline.retrieval import SearchOptions
@@ -55,29 +57,29 @@ def _record(conn: psycopg.Connection, version_id: int, event: str, forced: bool 
 
 
 def start_build(
-    conn: psycopg.Connection, model: str, location: str, dimensions: int, chunker_version: str, parser: str,
+    conn: psycopg.Connection, model: ModelIdentity, dimensions: int, chunker_version: str, parser: str,
     bm25_k1: float = 1.2, bm25_b: float = 0.75,
 ) -> IndexVersion:
     """A new version in status 'building'; from now on every write reaches it too."""
     versions.lock_registry(conn)
     if versions.index_versions(conn, (V.BUILDING, V.READY)):
         raise VersionError("another index version is already building (or ready): promote or retire it first")
-    version = versions.create_version(conn, model, location, dimensions, chunker_version, parser, bm25_k1, bm25_b)
-    _record(conn, version.version_id, "build", model=model, dimensions=dimensions)
+    version = versions.create_version(conn, model, dimensions, chunker_version, parser, bm25_k1, bm25_b)
+    _record(conn, version.version_id, "build", model=model.backend_model, model_identity=model.key,
+            dimensions=dimensions)
     return version
 
 
 def start_version_build(db_url: str, settings: Settings, model: str) -> IndexVersion:
     """Register a version for `model` (run by the configured backend) beside the active one (loading the model,
     or asking the endpoint, for its dimensions)."""
-    model = model_identity(model, settings.embedding)
-    resolved = resolve_model(model, settings.embedding.models_dir)
+    model = backend_model_name(model, settings.embedding)
+    identity = identity_of(model, settings.embedding)
     embedder = get_embedder(model, settings.embedding)
     with connect(db_url) as conn, conn.transaction():
         chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
         bm25 = settings.retrieval.bm25
-        return start_build(conn, resolved.name, resolved.location, embedder.dimensions, chunker, parser_version(),
-                           bm25.k1, bm25.b)
+        return start_build(conn, identity, embedder.dimensions, chunker, parser_version(), bm25.k1, bm25.b)
 
 
 def backfill_version(

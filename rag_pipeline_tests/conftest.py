@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -57,6 +58,28 @@ def pg_admin_url() -> Iterator[str]:
 
 def _with_database(admin_url: str, name: str) -> str:
     return psycopg.conninfo.make_conninfo(admin_url, dbname=name)
+
+
+@contextmanager
+def database_before(admin_url: str, workdir: Path, first_new: str) -> Iterator[str]:
+    """A new database migrated up to (not including) migration `first_new`, e.g. "018": the schema an earlier
+    release left, for upgrade tests. Dropped afterwards."""
+    from rag_pipeline.store.database import MIGRATIONS_DIR
+
+    name = f"before{first_new}_{uuid.uuid4().hex[:8]}"
+    ensure_database(admin_url, name)
+    previous = workdir / f"migrations_before_{first_new}"
+    previous.mkdir()
+    for path in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"):
+        if path.name < first_new:
+            shutil.copy(path, previous / path.name)
+    try:
+        url = _with_database(admin_url, name)
+        assert len(migrate(url, previous)) == int(first_new) - 1
+        yield url
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 from pgvector import HalfVector
 from psycopg import sql
 
-from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.config import EmbeddingConfig
+from rag_pipeline.embedding import get_embedder
+from rag_pipeline.model_identity import configured_identity
 from rag_pipeline.retrieval import SearchError, search
 from rag_pipeline.store import versions as version_store
 
@@ -68,11 +70,11 @@ def _load_corpus(db, version: version_store.IndexVersion, corpus, seed: int) -> 
     k=st.integers(1, 10),
 )
 def test_no_search_returns_a_chunk_the_caller_may_not_read(db, model_dims, corpus, seed, caller, query, mode, k):
-    model = resolve_model("all-MiniLM-L6-v2")
+    model = configured_identity(EmbeddingConfig())
     with db.transaction():
         db.execute("""INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)
                       VALUES ('fuzz', '/nonexistent', '{}', 3600) ON CONFLICT DO NOTHING""")
-        version = version_store.ensure_active(db, model.name, model.location, model_dims, "c", "p")
+        version = version_store.ensure_active(db, model, model_dims, "c", "p")
     _load_corpus(db, version, corpus, seed)
     if not caller:
         with pytest.raises(SearchError):

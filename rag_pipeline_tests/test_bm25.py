@@ -11,10 +11,12 @@ import pytest
 from pgvector import HalfVector
 from psycopg import sql
 
+from rag_pipeline import ids
 from rag_pipeline.store import search as search_store
 from rag_pipeline.store import versions as version_store
 
 K1, B = 1.2, 0.75
+FAKE_MODEL = ids.ModelIdentity("torch", "m", "sha256:m")  # these tests write their own vectors
 TOP = 50
 CHUNKS = 2500
 RARE_LABEL_EVERY = 40  # 2.5% of the chunks: a very selective caller
@@ -50,7 +52,7 @@ def corpus_db(pg_admin_url, template_url):
                      " VALUES ('s', '/nonexistent', '{}', 60)")
         conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
                                                acl_labels, status) VALUES ('d', 's', 'd.md', 'f', 1, now(), '{staff}', 'indexed')""")
-        version = version_store.ensure_active(conn, "m", "m", 8, "c", "p", K1, B)
+        version = version_store.ensure_active(conn, FAKE_MODEL, 8, "c", "p", K1, B)
         with conn.cursor().copy(sql.SQL(
             "COPY {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,"
             " content_type, acl_labels, embedding_input_sha, embedding) FROM STDIN").format(
@@ -143,7 +145,7 @@ def test_deletions_and_inserts_keep_the_counters_true(corpus_db):
 
 
 def test_identifiers_are_matched_as_typed(db):
-    version = version_store.ensure_active(db, "m", "m", 8, "c", "p")
+    version = version_store.ensure_active(db, FAKE_MODEL, 8, "c", "p")
     db.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) VALUES ('s', '/x', '{}', 1)")
     db.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels,
                                          status) VALUES ('d', 's', 'd.md', 'f', 1, now(), '{staff}', 'indexed')""")

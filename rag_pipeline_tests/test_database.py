@@ -8,8 +8,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from rag_pipeline import ids
 from rag_pipeline.store import versions as version_store
 from rag_pipeline.store.database import MIGRATIONS_DIR, DatabaseError, EmbeddedPostgres, migrate
+from rag_pipeline_tests.conftest import database_before
 
 SHIPPED = sorted(p.name for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
 
@@ -35,8 +37,8 @@ def test_schema_has_pgvector_and_the_version_table_indexes(db):
     version = db.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
     assert tuple(int(p) for p in version.split(".")[:2]) >= (0, 8)
     with db.transaction():
-        created = version_store.ensure_active(db, "m", "/m", 8, "c1", "p1")
-        again = version_store.ensure_active(db, "m", "/m", 8, "c1", "p1")
+        created = version_store.ensure_active(db, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c1", "p1")
+        again = version_store.ensure_active(db, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c1", "p1")
     assert created.version_id == again.version_id and created.status == "active"
     indexes = dict(
         db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (created.table_name,)).fetchall()
@@ -156,22 +158,12 @@ def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_ur
 def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg_admin_url, tmp_path):
     """A database at 015 (the previous main) with queued documents: after 016 they are leased one at a time, a lease
     whose session is gone is free at once, and pending_chunk may go to dead_letter (a chunk over its budget)."""
-    from psycopg import sql
 
     from rag_pipeline.status import DocumentStatus as D
     from rag_pipeline.store import work
-    from rag_pipeline.store.database import connect, ensure_database
+    from rag_pipeline.store.database import connect
 
-    name = f"upgrade16_{tmp_path.name[-8:].replace('-', '_')}"
-    ensure_database(pg_admin_url, name)
-    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
-    previous = tmp_path / "previous"
-    previous.mkdir()
-    for path in MIGRATIONS_DIR.glob("0[01][0-9]_*.sql"):
-        if path.name < "016":
-            shutil.copy(path, previous / path.name)
-    try:
-        assert len(migrate(url, previous)) == 15
+    with database_before(pg_admin_url, tmp_path, "016") as url:
         with connect(url, autocommit=True) as conn:
             conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)"
                          " VALUES ('s', '/x', '{}', 60)")
@@ -198,6 +190,4 @@ def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg
             assert taken[1].doc_id == "a"
             conn.execute("UPDATE documents SET status = 'dead_letter' WHERE doc_id = 'b'")
             conn.commit()
-    finally:
-        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+

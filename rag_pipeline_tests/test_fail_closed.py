@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from rag_pipeline import health
+from rag_pipeline import health, ids
 from rag_pipeline.config import ChecksConfig, SourceConfig
 from rag_pipeline.retrieval import search
 from rag_pipeline.runs import run_ingest
@@ -284,8 +284,9 @@ def test_a_forced_promotion_needs_a_reason_and_records_it(clone):
 
     conn, _ = clone
     active = version_store.active_version(conn)
-    candidate = version_store.create_version(conn, active.embedding_model, active.model_revision,
-                                             active.dimensions, active.chunker_version, active.parser_version)
+    model = ids.ModelIdentity("torch", active.embedding_model, active.model_revision)
+    candidate = version_store.create_version(conn, model, active.dimensions, active.chunker_version,
+                                             active.parser_version)
     with pytest.raises(versions.VersionError, match="needs a reason"):
         versions.promote(conn, candidate.version_id, None, force=True)
     versions.promote(conn, candidate.version_id, None, force=True, reason="rollback drill, ticket OPS-12")

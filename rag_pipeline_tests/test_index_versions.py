@@ -7,6 +7,7 @@ from psycopg import sql
 
 from rag_pipeline import ids, versions
 from rag_pipeline.embedding import resolve_model
+from rag_pipeline.model_identity import identity_of
 from rag_pipeline.retrieval import search
 from rag_pipeline.runs import run_index_build, run_ingest
 from rag_pipeline.store import versions as version_store
@@ -23,7 +24,7 @@ def _rows(db, version, doc_id=None):
 
 def test_build_promote_rollback_retire(make_settings, corpus, db):
     settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
-    # The same weights named by folder: a different model string, so the candidate embeds afresh.
+    # The same weights named by their folder: the same model identity as v1's.
     candidate_model = resolve_model("all-MiniLM-L6-v2").location
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(settings, instance=instance)["success"]
@@ -31,11 +32,11 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
 
         # A build that has not run its shards yet is incomplete: promotion refuses.
         with db.transaction():
-            draft = versions.start_build(db, candidate_model, candidate_model, 384, v1.chunker_version,
-                                         v1.parser_version)
+            draft = versions.start_build(db, identity_of(candidate_model, settings.embedding), 384,
+                                         v1.chunker_version, v1.parser_version)
         with pytest.raises(versions.VersionError, match="already building"):
             with db.transaction():
-                versions.start_build(db, "other", "other", 8, "c", "p")
+                versions.start_build(db, ids.ModelIdentity("torch", "other", "sha256:0"), 8, "c", "p")
         gates = versions.check_gates(db, draft)
         assert gates.missing_groups > 0 and not gates.passed
         with pytest.raises(versions.VersionError, match="incomplete"):

@@ -10,6 +10,7 @@ from dagster import DagsterInstance
 
 from rag_pipeline.config import EmbeddingConfig, load_settings
 from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.model_identity import configured_identity
 from rag_pipeline.onnx_embedding import OnnxEmbedder, quantized_model_path
 from rag_pipeline.retrieval import SearchOptions, search
 from rag_pipeline.runs import run_ingest
@@ -52,13 +53,18 @@ def test_an_index_built_with_int8_weights_is_its_own_version(models_dir, db, db_
         "embedding": {"backend": "onnx-int8", "models_dir": str(models_dir)},
     }))
     settings = load_settings(config)
-    assert settings.embedding.identity == "onnx-int8:all-MiniLM-L6-v2"
+    assert settings.embedding.backend_model == "onnx-int8:all-MiniLM-L6-v2"
     with DagsterInstance.ephemeral() as instance:
         summary = run_ingest(settings, instance=instance)
     assert summary["success"], summary.get("errors")
-    assert versions.active_version(db).embedding_model == "onnx-int8:all-MiniLM-L6-v2"
-    assert db.execute("SELECT DISTINCT model FROM embedding_cache").fetchall() == [("onnx-int8:all-MiniLM-L6-v2",)]
+    active = versions.active_version(db)
+    int8, torch = configured_identity(settings.embedding), configured_identity(EmbeddingConfig())
+    # The same weights on another backend: the same digest, another key; the cache holds only the int8 vectors.
+    assert int8.weights == torch.weights and int8.key == f"onnx-int8:{torch.weights}" != torch.key
+    assert (active.embedding_model, active.model_revision, active.model_identity) == (
+        "onnx-int8:all-MiniLM-L6-v2", int8.weights, int8.key)
+    assert db.execute("SELECT DISTINCT model FROM embedding_cache").fetchall() == [(int8.key,)]
     hits = search(db, "how long does the robot battery last", ["staff"], k=3,
                   options=SearchOptions.from_settings(settings))
     assert hits and "battery" in " ".join(h.text.lower() for h in hits)
-    assert EmbeddingConfig().identity == "all-MiniLM-L6-v2"  # torch keeps the plain name: existing indexes stay
+    assert EmbeddingConfig().backend_model == "all-MiniLM-L6-v2"  # torch keeps the plain name: existing indexes stay

@@ -238,8 +238,9 @@ def index_metadata(stats: IndexStats, statuses: dict[str, int], all_versions: li
         "seconds": round(stats.seconds, 3),
         "chunks_per_second": round(stats.chunks_indexed / stats.seconds, 2) if stats.seconds else 0.0,
         "index_versions": markdown_table(
-            ("version", "status", "model", "dims", "rows"),
-            [(v.label, v.status, v.embedding_model, v.dimensions, v.row_count) for v in all_versions],
+            ("version", "status", "model", "identity", "dims", "rows"),
+            [(v.label, v.status, v.embedding_model, v.model_identity or "not recorded yet", v.dimensions, v.row_count)
+             for v in all_versions],
         ),
         "documents_by_status": markdown_table(("status", "documents"), sorted(statuses.items())),
         "stats": dg.MetadataValue.json(stats.as_dict()),

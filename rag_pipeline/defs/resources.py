@@ -7,7 +7,8 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from rag_pipeline.config import Settings, load_settings
-from rag_pipeline.store.database import migrate, resolve_urls
+from rag_pipeline.model_identity import adopt_model_identities
+from rag_pipeline.store.database import connect, migrate, resolve_urls
 
 _migrated: set[str] = set()
 _migrated_lock = threading.Lock()
@@ -34,5 +35,7 @@ class RagResource(dg.ConfigurableResource):
         with _migrated_lock:
             if url not in _migrated:
                 migrate(url)
+                with connect(url) as conn:
+                    adopt_model_identities(conn, self.settings().embedding)  # versions from before migration 018
                 _migrated.add(url)
         return url

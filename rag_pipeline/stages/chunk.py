@@ -14,9 +14,10 @@ from pathlib import PurePosixPath
 import psycopg
 
 from rag_pipeline.chunking import Chunk, Chunker, chunker_version, template_prefix, truncate_to_tokens
-from rag_pipeline.config import ConfigError, Settings, split_identity
+from rag_pipeline.config import ConfigError, Settings
 from rag_pipeline.embedding import max_sequence_length, resolve_model
 from rag_pipeline.language import text_search_config
+from rag_pipeline.model_identity import cache_key, configured_identity, model_for_version
 from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.safety import injection_flags
 from rag_pipeline.stages.common import Progress, StageStats, log_progress
@@ -53,35 +54,32 @@ class ChunkStats(StageStats):
                 "mean": round(statistics.fmean(tokens), 1)}
 
 
-def same_model(a: str, b: str, settings: Settings) -> bool:
-    """Two model identities load the same weights (e.g. a hub name and the folder it resolves to) on the same
-    backend: vectors of another backend are another version's."""
-    models_dir = settings.embedding.models_dir
-    if split_identity(a)[0] != split_identity(b)[0]:
-        return False
-    return a == b or resolve_model(a, models_dir).location == resolve_model(b, models_dir).location
-
-
 def check_configured_model(conn: psycopg.Connection, settings: Settings) -> None:
-    """Refuse a refresh whose embedding.model differs from the active version's: writing chunks sized and
-    vectors embedded for another model into the live index would be a silent swap."""
+    """Refuse a refresh whose model (weights or backend) differs from the active version's: writing chunks sized
+    and vectors embedded for another model into the live index would be a silent swap. The same weights in another
+    folder are the same model."""
     active = versions.active_version(conn)
-    configured = settings.embedding.identity
-    if active is not None and not same_model(configured, active.embedding_model, settings):
+    if active is None:
+        return
+    active_key = cache_key(active)
+    configured = configured_identity(settings.embedding)
+    if configured.key != active_key:
         raise ModelMismatchError(
-            f"embedding.model (with embedding.backend {settings.embedding.backend}) is {configured!r} but the "
-            f"active index version {active.label} uses {active.embedding_model!r}. A model or backend change is a "
-            f"new index version: run `rag-pipeline index build --model {settings.embedding.model}`, then "
-            f"`rag-pipeline index promote`; or set embedding.model and embedding.backend back."
+            f"embedding.model (with embedding.backend {settings.embedding.backend}) is {configured.backend_model!r} "
+            f"({configured.key}) but the active index version {active.label} was embedded by "
+            f"{active.embedding_model!r} ({active_key}). A model, weights or backend change is a new index version: "
+            f"run `rag-pipeline index build --model {settings.embedding.model}`, then `rag-pipeline index promote`; "
+            "or set embedding.model and embedding.backend back."
         )
 
 
 def sizing_model_location(conn: psycopg.Connection, settings: Settings) -> str:
     """The model whose window sizes the chunks: the shortest among the configured model and the versions that
-    receive writes."""
-    models_dir = settings.embedding.models_dir
-    names = [settings.embedding.identity, *(v.embedding_model for v in versions.writable_versions(conn))]
-    return min((resolve_model(name, models_dir).location for name in names), key=max_sequence_length)
+    receive writes (each as the model that gives its vectors here)."""
+    names = [settings.embedding.backend_model,
+             *(model_for_version(v, settings.embedding) for v in versions.writable_versions(conn))]
+    locations = {resolve_model(name, settings.embedding.models_dir).location for name in names}
+    return min(sorted(locations), key=max_sequence_length)
 
 
 MIN_CHUNK_TOKENS = 16

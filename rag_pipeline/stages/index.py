@@ -11,13 +11,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import psycopg
 
 from rag_pipeline import dedup, ids
 from rag_pipeline.config import Settings
-from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.embedding import get_embedder
+from rag_pipeline.model_identity import cache_key, configured_identity, model_for_version
 from rag_pipeline.parsing import parser_version
 from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
 from rag_pipeline.stages.common import Progress, StageStats, log_progress
@@ -62,13 +64,12 @@ def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
         current = versions.active_version(conn)
     if current is not None:
         return current
-    model = resolve_model(settings.embedding.identity, settings.embedding.models_dir)
-    embedder = get_embedder(settings.embedding.identity, settings.embedding)
+    identity = configured_identity(settings.embedding)
+    embedder = get_embedder(settings.embedding.backend_model, settings.embedding)
     with connect(db_url) as conn, conn.transaction():
         chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
         bm25 = settings.retrieval.bm25
-        return versions.ensure_active(conn, model.name, model.location, embedder.dimensions, chunker, parser_version(),
-                                      bm25.k1, bm25.b)
+        return versions.ensure_active(conn, identity, embedder.dimensions, chunker, parser_version(), bm25.k1, bm25.b)
 
 
 def index_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> IndexStats:
@@ -227,14 +228,18 @@ def _rehome_groups(
 ) -> None:
     for chunk, labels in versions.rowless_group_occurrences(conn, version, group_ids):
         sha = ids.embedding_input_sha(chunk.embedding_input)
-        vectors = chunk_store.cached_embeddings(conn, version.embedding_model, [sha])
+        vectors = chunk_store.cached_embeddings(conn, cache_key(version), [sha])
         if sha not in vectors:
-            embedder = get_embedder(version.embedding_model, settings.embedding)
-            vectors[sha] = embedder.embed_documents([chunk.embedding_input])[0]
-            chunk_store.store_embeddings(conn, version.embedding_model, vectors)
+            vectors[sha] = _embedder(version, settings).embed_documents([chunk.embedding_input])[0]
+            chunk_store.store_embeddings(conn, cache_key(version), vectors)
             stats.vectors_embedded += 1
         stats.rows_written += versions.insert_group_rows(conn, version, labels, [IndexRow(chunk, sha, vectors[sha])])
     groups.drop_empty(conn, group_ids)
+
+
+def _embedder(version: IndexVersion, settings: Settings) -> Any:
+    """The model that gives `version`'s vectors here (loaded on first use, then kept per process)."""
+    return get_embedder(model_for_version(version, settings.embedding), settings.embedding)
 
 
 Prepared = tuple[dict[str, list[StoredChunk]], dict[int, dict[str, np.ndarray]]]
@@ -294,7 +299,8 @@ def embed_inputs(
 ) -> dict[str, np.ndarray]:
     """Vectors for inputs (by their sha): from the cache where possible, embedded (once) otherwise, each call of
     `execution.embed_batch` inputs cached as soon as it is made (in a transaction of its own when `commit`)."""
-    vectors = chunk_store.cached_embeddings(conn, version.embedding_model, list(inputs))
+    key = cache_key(version)
+    vectors = chunk_store.cached_embeddings(conn, key, list(inputs))
     if commit:
         conn.commit()
     stats.vectors_reused += len(vectors)
@@ -302,7 +308,7 @@ def embed_inputs(
     step = settings.execution.embed_batch
     for start in range(0, len(missing), step):
         # Loaded on first use (then kept per process): a refresh whose inputs are all cached never loads it.
-        embedder = get_embedder(version.embedding_model, settings.embedding)
+        embedder = _embedder(version, settings)
         part = missing[start:start + step]
         embedded = embedder.embed_documents([inputs[sha] for sha in part])
         if embedded.shape[1] != version.dimensions:  # e.g. an endpoint now serving another model under the name
@@ -313,9 +319,9 @@ def embed_inputs(
         fresh = dict(zip(part, embedded, strict=True))
         if commit:
             with conn.transaction():
-                chunk_store.store_embeddings(conn, version.embedding_model, fresh)
+                chunk_store.store_embeddings(conn, key, fresh)
         else:
-            chunk_store.store_embeddings(conn, version.embedding_model, fresh)
+            chunk_store.store_embeddings(conn, key, fresh)
         vectors.update(fresh)
         stats.vectors_embedded += len(part)
     return vectors

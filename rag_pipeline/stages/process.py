@@ -27,6 +27,7 @@ import psycopg
 
 from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.isolation import Failed, Finished, Limits, Runner, WorkerPool, auto_workers
+from rag_pipeline.model_identity import adopt_model_identities
 from rag_pipeline.parsing import DeadLetter
 from rag_pipeline.progress import Reporter
 from rag_pipeline.stages.chunk import (
@@ -208,6 +209,7 @@ def process_pending(
         plan = None
         with connect(db_url) as conn:
             if chunk or index:
+                adopt_model_identities(conn, settings.embedding)  # versions from before model identities
                 check_configured_model(conn, settings)
             if chunk:
                 location = sizing_model_location(conn, settings)

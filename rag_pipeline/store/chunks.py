@@ -128,3 +128,15 @@ def store_embeddings(conn: psycopg.Connection, model: str, vectors: dict[str, np
                ON CONFLICT (model, input_sha) DO NOTHING""",
             [(model, sha, HalfVector(vec)) for sha, vec in vectors.items()],
         )
+
+
+def rekey_embedding_cache(conn: psycopg.Connection, old_model: str, new_model: str) -> int:
+    """Move the cache rows of `old_model` to `new_model` (an entry the new key already has wins); returns how many
+    rows the old key had."""
+    conn.execute(
+        """INSERT INTO embedding_cache (model, input_sha, embedding, created_at)
+           SELECT %s, input_sha, embedding, created_at FROM embedding_cache WHERE model = %s
+           ON CONFLICT (model, input_sha) DO NOTHING""",
+        (new_model, old_model),
+    )
+    return conn.execute("DELETE FROM embedding_cache WHERE model = %s", (old_model,)).rowcount

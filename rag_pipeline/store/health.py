@@ -131,14 +131,15 @@ def vector_column_type(conn: psycopg.Connection, version: IndexVersion) -> str |
 
 
 def foreign_vectors(conn: psycopg.Connection, version: IndexVersion) -> int:
-    """Rows whose vector differs from what the version's model gave for the same input (embedding cache)."""
+    """Rows whose vector differs from what the version's model gave for the same input (embedding cache; a version
+    whose model identity is not recorded yet still has its cache rows under its name)."""
     return conn.execute(
         sql.SQL(
             """SELECT count(*) FROM {} t JOIN embedding_cache c
                    ON c.model = %s AND c.input_sha = t.embedding_input_sha
                WHERE (t.embedding <=> c.embedding) > 0.001"""
         ).format(sql.Identifier(version.table_name)),
-        (version.embedding_model,),
+        (version.model_identity or version.embedding_model,),
     ).fetchone()[0]
 
 

@@ -29,13 +29,16 @@ _REGISTRY_LOCK = "rag_pipeline:index_versions"
 class IndexVersion:
     version_id: int
     table_name: str
-    embedding_model: str
-    model_revision: str | None
+    embedding_model: str  # the model as its backend runs it (ids.ModelIdentity.backend_model)
+    model_revision: str | None  # its weights (ids.ModelIdentity.weights)
     dimensions: int
     chunker_version: str
     parser_version: str
     status: VersionStatus
     row_count: int = 0
+    # ids.ModelIdentity.key: the embedding cache key of its vectors. None: a version from before model identities
+    # whose weights were not identified yet (rag_pipeline.versions.adopt_model_identities).
+    model_identity: str | None = None
 
     @property
     def label(self) -> str:
@@ -44,12 +47,12 @@ class IndexVersion:
 
 _VERSION_COLUMNS = sql.SQL(
     "v.version_id, v.table_name, v.embedding_model, v.model_revision, v.dimensions, v.chunker_version,"
-    " v.parser_version, v.status, v.row_count"
+    " v.parser_version, v.status, v.row_count, v.model_identity"
 )
 
 
 def _version(row: Sequence[Any]) -> IndexVersion:
-    return IndexVersion(*row[:7], VersionStatus(row[7]), row[8])
+    return IndexVersion(*row[:7], VersionStatus(row[7]), row[8], row[9])
 
 
 def index_versions(conn: psycopg.Connection, statuses: Sequence[VersionStatus] | None = None) -> list[IndexVersion]:
@@ -99,8 +102,7 @@ def share_registry(conn: psycopg.Connection) -> None:
 
 def create_version(
     conn: psycopg.Connection,
-    embedding_model: str,
-    model_revision: str | None,
+    model: ids.ModelIdentity,
     dimensions: int,
     chunker_version: str,
     parser_version: str,
@@ -109,10 +111,10 @@ def create_version(
 ) -> IndexVersion:
     """Register a version in status 'building' and create its chunk table with all its indexes."""
     version_id = conn.execute(
-        """INSERT INTO index_versions (table_name, embedding_model, model_revision, dimensions,
+        """INSERT INTO index_versions (table_name, embedding_model, model_revision, model_identity, dimensions,
                                        chunker_version, parser_version, status)
-           VALUES ('pending', %s, %s, %s, %s, %s, %s) RETURNING version_id""",
-        (embedding_model, model_revision, dimensions, chunker_version, parser_version, V.BUILDING),
+           VALUES ('pending', %s, %s, %s, %s, %s, %s, %s) RETURNING version_id""",
+        (model.backend_model, model.weights, model.key, dimensions, chunker_version, parser_version, V.BUILDING),
     ).fetchone()[0]
     table_name = ids.version_table(version_id)
     conn.execute("UPDATE index_versions SET table_name = %s WHERE version_id = %s", (table_name, version_id))
@@ -150,14 +152,13 @@ def create_version(
     # BM25: the row key, the language column, postings, weights, counters and the triggers that keep them
     # (one definition, in migration 009, for new versions and for those that existed before it).
     conn.execute("SELECT rag_bm25_attach(%s, %s, %s)", (table_name, bm25_k1, bm25_b))
-    return IndexVersion(version_id, table_name, embedding_model, model_revision, dimensions, chunker_version,
-                        parser_version, V.BUILDING)
+    return IndexVersion(version_id, table_name, model.backend_model, model.weights, dimensions, chunker_version,
+                        parser_version, V.BUILDING, 0, model.key)
 
 
 def ensure_active(
     conn: psycopg.Connection,
-    embedding_model: str,
-    model_revision: str | None,
+    model: ids.ModelIdentity,
     dimensions: int,
     chunker_version: str,
     parser_version: str,
@@ -169,8 +170,7 @@ def ensure_active(
     current = active_version(conn)
     if current is not None:
         return current
-    version = create_version(conn, embedding_model, model_revision, dimensions, chunker_version, parser_version,
-                             bm25_k1, bm25_b)
+    version = create_version(conn, model, dimensions, chunker_version, parser_version, bm25_k1, bm25_b)
     activate(conn, version.version_id)
     return active_version(conn)  # type: ignore[return-value]
 
@@ -401,3 +401,21 @@ def refresh_stats(conn: psycopg.Connection, version: IndexVersion) -> int:
     count = row_count(conn, version)
     conn.execute("UPDATE index_versions SET row_count = %s WHERE version_id = %s", (count, version.version_id))
     return count
+
+
+# --- model identities of versions from before them (migration 018) ---------------------------------------------
+
+
+def versions_without_identity(conn: psycopg.Connection) -> list[IndexVersion]:
+    query = sql.SQL(
+        "SELECT {} FROM index_versions v WHERE v.model_identity IS NULL AND v.dropped_at IS NULL ORDER BY v.version_id"
+    ).format(_VERSION_COLUMNS)
+    return [_version(row) for row in conn.execute(query).fetchall()]
+
+
+def record_identity(conn: psycopg.Connection, version_id: int, model: ids.ModelIdentity) -> None:
+    conn.execute(
+        """UPDATE index_versions SET embedding_model = %s, model_revision = %s, model_identity = %s
+           WHERE version_id = %s AND model_identity IS NULL""",
+        (model.backend_model, model.weights, model.key, version_id),
+    )

@@ -1,0 +1,141 @@
+"""Model identity: the embedding cache and index versions name the weights and the backend, never a folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from psycopg import sql
+
+from rag_pipeline import ids
+from rag_pipeline.config import EmbeddingConfig
+from rag_pipeline.embedding import resolve_model
+from rag_pipeline.model_identity import (
+    VersionModelError,
+    adopt_model_identities,
+    cache_key,
+    configured_identity,
+    identity_of,
+    model_for_version,
+    weights_digest,
+)
+from rag_pipeline.stages.chunk import ModelMismatchError
+from rag_pipeline.stages.discover import discover
+from rag_pipeline.stages.process import process_pending
+from rag_pipeline.store import versions
+from rag_pipeline.store.database import connect, migrate
+from rag_pipeline_tests.conftest import database_before
+from rag_pipeline_tests.test_execution import _note
+
+PACKAGED = Path(resolve_model("all-MiniLM-L6-v2").location)
+
+
+@pytest.fixture(scope="module")
+def copies(tmp_path_factory) -> dict[str, Path]:
+    """The packaged MiniLM installed in two other folders, and a third copy whose configuration differs (as a
+    fine-tuned checkpoint's would)."""
+    root = tmp_path_factory.mktemp("models")
+    folders = {name: root / name / "minilm" for name in ("a", "b", "changed")}
+    for folder in folders.values():
+        shutil.copytree(PACKAGED, folder)
+    config = folders["changed"] / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "finetuned_from": "all-MiniLM-L6-v2"}))
+    return folders
+
+
+def test_the_same_weights_in_other_folders_are_one_model_and_other_weights_or_backends_are_not(copies):
+    packaged = configured_identity(EmbeddingConfig())
+    a = configured_identity(EmbeddingConfig(model=str(copies["a"])))
+    b = configured_identity(EmbeddingConfig(model=str(copies["b"])))
+    assert a.key == b.key == packaged.key and packaged.key.startswith("torch:sha256:")
+    assert str(copies["a"]) not in a.key and "minilm" not in a.key  # never a path or a folder name
+    assert configured_identity(EmbeddingConfig(model=str(copies["changed"]))).key != packaged.key
+    int8 = configured_identity(EmbeddingConfig(backend="onnx-int8"))
+    assert int8.weights == packaged.weights and int8.key != packaged.key
+    remote = configured_identity(EmbeddingConfig(backend="remote", endpoint="http://127.0.0.1:1/v1",
+                                                 endpoint_model="BAAI/bge-small-en-v1.5"))
+    assert remote.key == "remote:BAAI/bge-small-en-v1.5"
+    # What does not change the vectors does not change the identity: a README, an export for another runtime.
+    (copies["b"] / "README.md").write_text("installed by the platform team")
+    (copies["b"] / "onnx").mkdir(exist_ok=True)
+    (copies["b"] / "onnx" / "model.onnx").write_bytes(b"\0" * 64)
+    assert weights_digest(copies["b"]) == weights_digest(copies["a"])
+
+
+def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_settings, db, db_url, tmp_path, copies):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(3):
+        (corpus / f"note-{index}.md").write_text(_note(index))
+    sources = [{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}]
+
+    def refresh(model: Path, **embedding):
+        settings = make_settings(sources=sources, execution={"isolation": False},
+                                 embedding={"model": str(model), "models_dir": str(tmp_path / "models"), **embedding})
+        discover(db_url, settings.sources)
+        return settings, process_pending(db_url, settings)
+
+    _, first = refresh(copies["a"])
+    assert first.index.vectors_embedded > 0
+    (active,) = versions.index_versions(db)
+    key = configured_identity(EmbeddingConfig()).key
+    assert active.model_identity == key and active.model_revision == key.removeprefix("torch:")
+    # Another machine: the same weights in another folder. Same version, and the unchanged sections' vectors of an
+    # edited note come from the cache the first machine filled.
+    (corpus / "note-0.md").write_text(_note(0) + "\n## Added later\n\nOne more paragraph about the harbour.\n")
+    settings, second = refresh(copies["b"])
+    assert second.index.documents_indexed == 1 and second.index.vectors_reused > 0
+    assert [v.version_id for v in versions.index_versions(db)] == [active.version_id]
+    assert db.execute("SELECT DISTINCT model FROM embedding_cache").fetchall() == [(key,)]
+    assert model_for_version(active, settings.embedding) == str(copies["b"])
+    # A process configured for another model (here: the changed copy) finds the version's weights under the
+    # folder name the version was built from, in its own models folder, after the first machine's folder is gone.
+    shutil.rmtree(copies["a"])
+    elsewhere = EmbeddingConfig(model=str(copies["changed"]), models_dir=copies["b"].parent)
+    assert model_for_version(active, elsewhere) == str(copies["b"].parent / "minilm")
+    # Other weights under the same folder name are another model: refused, pointing at a blue/green build.
+    (corpus / "note-4.md").write_text(_note(4))
+    with pytest.raises(ModelMismatchError, match="new index version"):
+        refresh(copies["changed"])
+    with pytest.raises(VersionModelError, match="no model here has those weights"):
+        model_for_version(active, EmbeddingConfig(model=str(copies["changed"]), models_dir=tmp_path / "none"))
+
+
+def test_versions_and_cache_rows_from_before_model_identities_are_adopted(pg_admin_url, tmp_path):
+    """A database at 017 (the previous main): its versions name a model and an install path, its cache rows the
+    model's configured name. After 018 and adoption they are keyed by the weights; a version whose weights are on
+    no machine here keeps no identity and says how to get one."""
+    with database_before(pg_admin_url, tmp_path, "018") as url:
+        with connect(url, autocommit=True) as conn:
+            for version_id, model, path in ((1, "all-MiniLM-L6-v2", str(PACKAGED)),
+                                            (2, "gone-model", "/nowhere/gone-model")):
+                conn.execute("""INSERT INTO index_versions (version_id, table_name, embedding_model, model_revision,
+                                    dimensions, chunker_version, parser_version, status)
+                                OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, 384, 'c', 'p', %s)""",
+                             (version_id, f"index_v{version_id}", model, path, "active" if version_id == 1 else "retired"))
+                conn.execute(sql.SQL("INSERT INTO embedding_cache (model, input_sha, embedding) VALUES (%s, %s, {})")
+                             .format(sql.Literal("[" + ",".join(["0.5"] * 384) + "]") + sql.SQL("::halfvec")),
+                             (model, f"sha-{version_id}"))
+        assert migrate(url) == ["018_model_identity.sql"]
+        with connect(url) as conn:
+            adopted = adopt_model_identities(conn, EmbeddingConfig())
+            assert len(adopted) == 1 and adopted[0].startswith("v1: all-MiniLM-L6-v2 -> torch:sha256:")
+            assert adopt_model_identities(conn, EmbeddingConfig()) == []  # once only; v2 stays as it was
+            first, second = sorted(versions.index_versions(conn), key=lambda v: v.version_id)
+            key = configured_identity(EmbeddingConfig()).key
+            assert (first.embedding_model, first.model_identity) == ("all-MiniLM-L6-v2", key)
+            assert first.model_revision == key.removeprefix("torch:")  # the weights, no longer a path
+            assert cache_key(first) == key and second.model_identity is None
+            cache = dict(conn.execute("SELECT input_sha, model FROM embedding_cache").fetchall())
+            assert cache == {"sha-1": key, "sha-2": "gone-model"}  # the unknown model's rows wait for their weights
+            with pytest.raises(VersionModelError, match="no model identity yet"):
+                cache_key(second)
+
+
+def test_the_identity_is_minted_in_one_place():
+    model = ids.ModelIdentity("onnx-int8", "all-MiniLM-L6-v2", ids.weights_digest([("b", "2"), ("a", "1")]))
+    assert model.weights == ids.weights_digest([("a", "1"), ("b", "2")])  # order of the walk does not matter
+    assert model.key == f"onnx-int8:{model.weights}" and model.backend_model == "onnx-int8:all-MiniLM-L6-v2"
+    assert identity_of("onnx-int8:all-MiniLM-L6-v2", EmbeddingConfig()).key == f"onnx-int8:{configured_identity(EmbeddingConfig()).weights}"
