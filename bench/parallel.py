@@ -152,9 +152,9 @@ def hang(db, workdir: Path, small_docs: int, timeout: int) -> None:
         stats = discover(url, relabelled.sources, progress=lambda _: None)
         process_pending(url, relabelled, lambda _: None)
         next_refresh = time.perf_counter() - begun
-        gone = not conn.execute("SELECT count(*) FROM active_chunks a JOIN documents d USING (doc_id) "
+        gone = not conn.execute("SELECT count(*) FROM rag.indexed_chunks a JOIN documents d USING (doc_id) "
                                 "WHERE d.rel_path = %s", (str(victim.relative_to(corpus)),)).fetchone()[0]
-        narrowed = conn.execute("SELECT bool_and(acl_labels @> ARRAY['legal']) FROM active_chunks").fetchone()[0]
+        narrowed = conn.execute("SELECT bool_and(acl_labels @> ARRAY['legal']) FROM rag.indexed_chunks").fetchone()[0]
         running = refresh.is_alive()
     refresh.join()
     with connect(url) as conn:

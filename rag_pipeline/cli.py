@@ -58,13 +58,11 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _index_url(settings: Settings) -> str:
     """The index database, started if embedded and migrated to the schema this code expects."""
-    from rag_pipeline.model_identity import adopt_model_identities
-    from rag_pipeline.store.database import connect, migrate, resolve_urls
+    from rag_pipeline.index_database import prepare
+    from rag_pipeline.store.database import resolve_urls
 
     url = resolve_urls(settings).index
-    migrate(url)
-    with connect(url) as conn:
-        adopt_model_identities(conn, settings.embedding)  # versions from before model identities (migration 018)
+    prepare(url, settings)
     return url
 
 
@@ -421,6 +419,18 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     return 0  # not reached
 
 
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.service import serve
+
+    if args.host or args.port:
+        service = settings.service.model_copy(update={k: v for k, v in (("host", args.host), ("port", args.port)) if v})
+        settings = settings.model_copy(update={"service": service})
+    print(f"search service on http://{settings.service.host}:{settings.service.port} (OpenAPI docs at /docs); "
+          "Ctrl-C stops it.", flush=True)
+    serve(settings, _index_url(settings))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rag-pipeline", description=__doc__)
     parser.add_argument("--config", help="YAML configuration (default: $RAG_CONFIG or ./rag_pipeline.yaml)")
@@ -520,6 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--host", help="default: ui.host")
     ui.add_argument("--port", type=int, help="default: ui.port")
     ui.set_defaults(func=cmd_ui)
+
+    serve = sub.add_parser("serve", help="search over HTTP for applications (tokens map to labels: service.tokens)")
+    serve.add_argument("--host", help="default: service.host")
+    serve.add_argument("--port", type=int, help="default: service.port")
+    serve.set_defaults(func=cmd_serve)
     return parser
 
 

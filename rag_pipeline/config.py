@@ -466,6 +466,45 @@ class UiConfig(_Section):
     port: int = Field(3000, ge=1, le=65535)
 
 
+class ServiceToken(_Section):
+    """One API token of the search service and the labels its caller searches with. The token itself is never in
+    this file: give its sha256 (`printf %s "$TOKEN" | sha256sum`) or the environment variable that holds it."""
+
+    name: str = Field(pattern=SOURCE_NAME_PATTERN, description="who holds it, for logs (never the token)")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="hex sha256 of the token")
+    env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                            description="environment variable holding the token")
+    labels: Labels = Field(min_length=1, description="the ACL labels this token's searches carry")
+
+    @model_validator(mode="after")
+    def _one_way_to_know_it(self) -> ServiceToken:
+        if (self.sha256 is None) == (self.env is None):
+            raise ValueError("give exactly one of sha256 or env")
+        return self
+
+
+class ServiceConfig(_Section):
+    """`rag-pipeline serve`: search over HTTP for applications. A caller's labels come from its API token, never
+    from the request."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    tokens: tuple[ServiceToken, ...] = ()
+    max_k: int = Field(50, ge=1, le=1000, description="the most results one request may ask for")
+    max_query_chars: int = Field(2000, ge=1, le=100_000)
+    max_request_bytes: int = Field(16_384, ge=256, le=10_000_000, description="larger request bodies get 413")
+    connections: int = Field(8, ge=1, le=256, description="database connections the service keeps open")
+
+    @field_validator("tokens")
+    @classmethod
+    def _unique_token_names(cls, tokens: tuple[ServiceToken, ...]) -> tuple[ServiceToken, ...]:
+        names = [t.name for t in tokens]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate token names: {duplicates}")
+        return tokens
+
+
 class Settings(_Section):
     data_dir: Path = Field(Path(".rag_data"), description="embedded Postgres data and DAGSTER_HOME live here")
     database_url: str | None = Field(None, description="external Postgres; null starts the embedded server")
@@ -492,6 +531,7 @@ class Settings(_Section):
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
     config_file: Path | None = Field(None, exclude=True, description="set by the loader, not in the file")
 
     _resolve_data_dir = field_validator("data_dir", mode="before")(_relative_to_file)

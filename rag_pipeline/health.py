@@ -2,14 +2,15 @@
 
 Every check returns a `CheckOutcome`: whether it passed, one line saying why, numbers, and tables of the
 worst offenders. Dagster runs them as asset checks (rag_pipeline.defs.checks); they are equally callable
-from a script or a test. All of them are read-only, except `retrieval_quality`, which records its
-evaluations (and the first one as the baseline).
+from a script or a test. All of them only read, except `retrieval_quality`, which records its evaluations
+(and the first one as the baseline); `record` keeps each outcome as the check's latest (the search service's
+readiness report shows them).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -324,16 +325,25 @@ def rebaseline(conn: psycopg.Connection, config: ChecksConfig, options: SearchOp
     return evaluation.metrics
 
 
+def record(conn: psycopg.Connection, name: str, outcome: CheckOutcome) -> CheckOutcome:
+    """Keep `outcome` as the latest of check `name` (the search service's readiness report shows it)."""
+    conn.commit()  # whatever the check read is done; the record is a transaction of its own
+    with conn.transaction():
+        queries.record_check(conn, name, outcome.passed, outcome.summary)
+    return outcome
+
+
 def run_all(conn: psycopg.Connection, settings: Settings) -> dict[str, CheckOutcome]:
-    """All six checks, in the order a person reads them."""
-    return {
-        "staleness": staleness(conn, settings.sources),
-        "deletion_replay": deletion_replay(conn),
-        "acl_coverage": acl_coverage(conn),
-        "index_drift": index_drift(conn),
-        "parse_health": parse_health(conn, settings.checks),
-        "retrieval_quality": retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings)),
+    """All six checks, in the order a person reads them, each outcome recorded."""
+    checks: dict[str, Callable[[], CheckOutcome]] = {
+        "staleness": lambda: staleness(conn, settings.sources),
+        "deletion_replay": lambda: deletion_replay(conn),
+        "acl_coverage": lambda: acl_coverage(conn),
+        "index_drift": lambda: index_drift(conn),
+        "parse_health": lambda: parse_health(conn, settings.checks),
+        "retrieval_quality": lambda: retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings)),
     }
+    return {name: record(conn, name, check()) for name, check in checks.items()}
 
 
 def retrieval_quality(

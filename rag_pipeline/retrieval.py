@@ -61,6 +61,18 @@ class SearchOptions:
         values.update(overrides)
         return cls(**values)
 
+    def sql_options(self) -> dict[str, Any]:
+        """The ranking as rag.search_version takes it (and rag.search_settings keeps it for SQL callers)."""
+        routing = self.routing
+        return {
+            "dense_weight": self.dense_weight, "sparse_weight": self.sparse_weight, "candidates": self.candidates,
+            "ef_search": self.ef_search, "min_similarity": self.min_similarity, "bm25_depth": self.bm25.depth,
+            "bm25_max_terms": self.bm25.max_query_terms,
+            "routing": {"enabled": routing.enabled, "weight": routing.weight, "min_score": routing.min_score,
+                        "ratio": routing.ratio, "max_documents": routing.max_documents,
+                        "min_terms": routing.min_terms},
+        }
+
 
 @dataclass(frozen=True)
 class SearchHit:
@@ -111,36 +123,16 @@ def search(
     version = version or versions.active_version(conn)
     if version is None:
         raise SearchError("there is no active index version yet: run `rag-pipeline ingest` first")
-    candidates = options.candidates or max(4 * k, 40)
     use_dense = mode in ("hybrid", "dense")
-    routing = options.routing
-    named = (search_query.named_documents(conn, query, caller_labels, min_score=routing.min_score,
-                                          ratio=routing.ratio, max_documents=routing.max_documents,
-                                          min_terms=routing.min_terms)
-             if routing.enabled else [])
-    if use_dense:
-        vector = HalfVector(get_embedder(model_for_version(version, options.embedding), options.embedding)
-                            .embed_query(query))
-    else:
-        vector = HalfVector([0.0] * version.dimensions)  # unused: the dense list is switched off
+    vector = (HalfVector(get_embedder(model_for_version(version, options.embedding), options.embedding)
+                         .embed_query(query)) if use_dense else None)
     reranker = options.reranker
+    sql_options = options.sql_options()
+    # Each list's depth follows the k asked for, also when the reranker asks the fusion for more.
+    sql_options["candidates"] = options.candidates or max(4 * k, 40)
     rows = search_query.run(conn, version, search_query.SearchQuery(
-        text=query,
-        vector=vector,
-        labels=caller_labels,
-        k=max(k, reranker.top_n) if reranker.model else k,
-        use_dense=use_dense,
-        use_sparse=mode in ("hybrid", "sparse"),
-        candidates=candidates,
-        ef_search=min(1000, options.ef_search or max(2 * candidates, 100)),  # pgvector accepts 1..1000
-        dense_weight=options.dense_weight,
-        sparse_weight=options.sparse_weight,
-        min_similarity=options.min_similarity if use_dense else None,
-        bm25_depth=options.bm25.depth,
-        bm25_max_terms=options.bm25.max_query_terms,
-        named_documents=tuple(named),
-        routing_weight=routing.weight,
-    ))
+        text=query, vector=vector, labels=caller_labels, k=max(k, reranker.top_n) if reranker.model else k,
+        mode=mode, options=sql_options))
     hits = [
         SearchHit(
             **{key: row[key] for key in ("chunk_id", "doc_id", "source", "path", "page_start", "page_end",

@@ -4,7 +4,7 @@ retire.
 A build registers a version in status `building`; from then on every write reaches it too, and the backfill
 (hash-sharded, so N workers share it) embeds the live documents into it. When no chunk group is missing and no
 deleted document's row is left, the version is `ready`, whichever way the backfill ran (UI or CLI). Promotion is
-one transaction that moves the alias (and the `active_chunks` view); it refuses unless the candidate is complete,
+one transaction that moves the alias (which rag.search and rag.indexed_chunks follow); it refuses unless the candidate is complete,
 has every later deletion replayed, and, when a golden set is given, does not score worse than the active version
 beyond a tolerance. `force` skips the gates and is recorded.
 """

@@ -121,8 +121,8 @@ def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels, few_rows):
     for name, query in _queries(vocabulary).items():
         expected = _reference(conn, version, query, set(labels))
         got = search_store.bm25_ranking(conn, version, query, labels, TOP, max_terms=64, few_rows=few_rows)
-        assert got.exact and len(got.chunk_ids) == len(expected), (name, len(got.chunk_ids), len(expected))
-        assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query, got.depth)
+        assert len(got.chunk_ids) == len(expected), (name, len(got.chunk_ids), len(expected))
+        assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
 
 def test_deletions_and_inserts_keep_the_counters_true(corpus_db):

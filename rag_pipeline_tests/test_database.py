@@ -52,7 +52,7 @@ def test_schema_has_pgvector_and_the_version_table_indexes(db):
     ).fetchone()[0]
     assert column_type == "halfvec(8)"
     # The alias view follows the active version.
-    assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == 0
     with pytest.raises(psycopg.errors.UniqueViolation):
         db.execute(
             "INSERT INTO index_versions (table_name, embedding_model, dimensions, chunker_version, parser_version,"

@@ -112,7 +112,7 @@ def test_progress_reports_totals_rates_and_an_eta():
 
 def _index_rows(conn: psycopg.Connection) -> list[tuple[str, list[str]]]:
     return conn.execute(
-        """SELECT d.rel_path, a.acl_labels FROM active_chunks a JOIN documents d USING (doc_id)
+        """SELECT d.rel_path, a.acl_labels FROM rag.indexed_chunks a JOIN documents d USING (doc_id)
            ORDER BY d.rel_path""").fetchall()
 
 
@@ -231,7 +231,7 @@ def test_parallel_index_writers_put_near_duplicates_in_one_group(make_settings, 
     chunks_per_copy = db.execute("SELECT count(*) FROM chunks WHERE doc_id = (SELECT min(doc_id) FROM chunks)"
                                  ).fetchone()[0]
     assert db.execute("SELECT count(*) FROM chunk_groups").fetchone()[0] == chunks_per_copy
-    assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == chunks_per_copy
+    assert db.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == chunks_per_copy
 
 
 KILL_SCRIPT = """

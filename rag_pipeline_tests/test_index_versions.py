@@ -66,7 +66,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         with db.transaction():
             versions.promote(db, v2.version_id, gates)
         assert version_store.active_version(db).version_id == v2.version_id
-        assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == _rows(db, v2)
+        assert db.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == _rows(db, v2)
         hits = search(db, "how far ahead should flights be booked", ["staff"], k=1)
         assert "21 days" in hits[0].text
 

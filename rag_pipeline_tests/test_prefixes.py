@@ -82,13 +82,13 @@ def test_a_failing_endpoint_leaves_documents_queued_and_the_index_intact(make_se
     source = [{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}]
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(make_settings(source), instance=instance)["success"]
-        rows_before = db.execute("SELECT count(*) FROM active_chunks").fetchone()[0]
+        rows_before = db.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0]
         chat_server.fail_next = 1000
         prefix = {"mode": "llm", "endpoint": chat_server.url, "model": "m", "max_retries": 0}
         broken = run_ingest(make_settings(source, prefix=prefix, chunking={"max_tokens": 150}), instance=instance)
         assert broken["success"] and broken["documents_chunked"] == 0
         assert db.execute("SELECT count(*) FROM documents WHERE status = 'pending_chunk'").fetchone()[0] == 5
-        assert db.execute("SELECT count(*) FROM active_chunks").fetchone()[0] == rows_before
+        assert db.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == rows_before
         chat_server.fail_next = 0
         healed = run_ingest(make_settings(source, prefix=prefix, chunking={"max_tokens": 150}), instance=instance)
         assert healed["documents_chunked"] == 5

@@ -30,7 +30,7 @@ def _result(outcome: health.CheckOutcome, severity: dg.AssetCheckSeverity) -> dg
 )
 def staleness_check(rag: RagResource) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.staleness(conn, rag.settings().sources), dg.AssetCheckSeverity.WARN)
+        return _result(health.record(conn, "staleness", health.staleness(conn, rag.settings().sources)), dg.AssetCheckSeverity.WARN)
 
 
 @dg.asset_check(
@@ -39,7 +39,7 @@ def staleness_check(rag: RagResource) -> dg.AssetCheckResult:
 )
 def deletion_replay_check(rag: RagResource) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.deletion_replay(conn), dg.AssetCheckSeverity.ERROR)
+        return _result(health.record(conn, "deletion_replay", health.deletion_replay(conn)), dg.AssetCheckSeverity.ERROR)
 
 
 @dg.asset_check(
@@ -48,7 +48,7 @@ def deletion_replay_check(rag: RagResource) -> dg.AssetCheckResult:
 )
 def acl_coverage_check(rag: RagResource) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.acl_coverage(conn), dg.AssetCheckSeverity.ERROR)
+        return _result(health.record(conn, "acl_coverage", health.acl_coverage(conn)), dg.AssetCheckSeverity.ERROR)
 
 
 @dg.asset_check(
@@ -58,7 +58,7 @@ def acl_coverage_check(rag: RagResource) -> dg.AssetCheckResult:
 )
 def index_drift_check(rag: RagResource) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.index_drift(conn), dg.AssetCheckSeverity.ERROR)
+        return _result(health.record(conn, "index_drift", health.index_drift(conn)), dg.AssetCheckSeverity.ERROR)
 
 
 @dg.asset_check(
@@ -68,7 +68,7 @@ def index_drift_check(rag: RagResource) -> dg.AssetCheckResult:
 )
 def parse_health_check(rag: RagResource) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.parse_health(conn, rag.settings().checks), dg.AssetCheckSeverity.WARN)
+        return _result(health.record(conn, "parse_health", health.parse_health(conn, rag.settings().checks)), dg.AssetCheckSeverity.WARN)
 
 
 @dg.asset_check(
@@ -79,7 +79,8 @@ def parse_health_check(rag: RagResource) -> dg.AssetCheckResult:
 def retrieval_quality_check(rag: RagResource) -> dg.AssetCheckResult:
     settings = rag.settings()
     with connect(rag.database_url()) as conn:
-        outcome = health.retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings))
+        outcome = health.record(conn, "retrieval_quality",
+                                health.retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings)))
     return _result(outcome, dg.AssetCheckSeverity.ERROR)
 
 

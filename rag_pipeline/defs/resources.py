@@ -1,17 +1,12 @@
 """The one resource every asset, check and sensor uses: the settings (loaded once per run) and the index
 database (started, if embedded, and migrated on first use in a process)."""
 
-import threading
-
 import dagster as dg
 from pydantic import PrivateAttr
 
 from rag_pipeline.config import Settings, load_settings
-from rag_pipeline.model_identity import adopt_model_identities
-from rag_pipeline.store.database import connect, migrate, resolve_urls
-
-_migrated: set[str] = set()
-_migrated_lock = threading.Lock()
+from rag_pipeline.index_database import prepare
+from rag_pipeline.store.database import resolve_urls
 
 
 class RagResource(dg.ConfigurableResource):
@@ -30,12 +25,7 @@ class RagResource(dg.ConfigurableResource):
         return self._settings
 
     def database_url(self) -> str:
-        """The index database, started (embedded) and migrated once per process."""
+        """The index database, started (embedded) and prepared (rag_pipeline.index_database) once per process."""
         url = resolve_urls(self.settings()).index
-        with _migrated_lock:
-            if url not in _migrated:
-                migrate(url)
-                with connect(url) as conn:
-                    adopt_model_identities(conn, self.settings().embedding)  # versions from before migration 018
-                _migrated.add(url)
+        prepare(url, self.settings())
         return url

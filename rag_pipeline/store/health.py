@@ -210,3 +210,21 @@ def parse_counts(conn: psycopg.Connection, near_empty_chars: int) -> ParseCounts
            ORDER BY d.source, d.rel_path, c.ordinal"""
     ).fetchall()
     return ParseCounts(pages, near_empty, zero_text, tiers, dead, live, flagged)
+
+
+# --- the latest check outcomes ----------------------------------------------------------------------------------
+
+
+def record_check(conn: psycopg.Connection, name: str, passed: bool, summary: str) -> None:
+    conn.execute(
+        """INSERT INTO check_results (check_name, passed, summary) VALUES (%s, %s, %s)
+           ON CONFLICT (check_name) DO UPDATE SET passed = EXCLUDED.passed, summary = EXCLUDED.summary,
+                                                  checked_at = now()""",
+        (name, passed, summary),
+    )
+
+
+def latest_checks(conn: psycopg.Connection) -> list[tuple[str, bool, str, Any]]:
+    """(name, passed, summary, checked_at) of every check that has run, by name."""
+    return conn.execute("SELECT check_name, passed, summary, checked_at FROM check_results ORDER BY check_name"
+                        ).fetchall()

@@ -1,5 +1,5 @@
 """Index versions (blue/green): the registry, one chunk table per version with its indexes, its rows, the
-active alias and the `active_chunks` view, and the lifecycle's events."""
+active alias (read by rag.search and the rag.indexed_chunks view), and the lifecycle's events."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from rag_pipeline.store.chunks import StoredChunk
 
 V = VersionStatus
 ACTIVE_ALIAS = "active"
-ACTIVE_VIEW = "active_chunks"
 # Arbitrary text: serialises creating and activating versions across processes.
 _REGISTRY_LOCK = "rag_pipeline:index_versions"
 
@@ -176,10 +175,8 @@ def ensure_active(
 
 
 def activate(conn: psycopg.Connection, version_id: int) -> None:
-    """Point the alias and the `active_chunks` view at a version, retiring the previous active one."""
-    table_name = conn.execute(
-        "SELECT table_name FROM index_versions WHERE version_id = %s", (version_id,)
-    ).fetchone()[0]
+    """Point the alias (and so rag.search and the rag.indexed_chunks view) at a version, retiring the previous
+    active one."""
     conn.execute(
         "UPDATE index_versions SET status = %s, retired_at = now() WHERE status = %s AND version_id <> %s",
         (V.RETIRED, V.ACTIVE, version_id),
@@ -193,11 +190,6 @@ def activate(conn: psycopg.Connection, version_id: int) -> None:
         """INSERT INTO index_alias (alias, version_id) VALUES (%s, %s)
            ON CONFLICT (alias) DO UPDATE SET version_id = EXCLUDED.version_id, updated_at = now()""",
         (ACTIVE_ALIAS, version_id),
-    )
-    # The view's vector type changes with the model, so it is replaced, not altered (same transaction).
-    conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(ACTIVE_VIEW)))
-    conn.execute(
-        sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(sql.Identifier(ACTIVE_VIEW), sql.Identifier(table_name))
     )
 
 

@@ -1,0 +1,62 @@
+"""The HTTP client the retrievers share: POST /search with the caller's API token, JSON errors raised as
+SearchServiceError. The token decides the labels a search carries; a client cannot send labels."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+MODES = ("hybrid", "dense", "sparse")
+
+
+class SearchServiceError(RuntimeError):
+    """The search service refused or failed a request; `status` and `code` say how."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"search service: HTTP {status} {code}: {message}")
+        self.status, self.code = status, code
+
+
+class SearchClient:
+    """`rag-pipeline serve` at `url`, searched with `token` (default: the RAG_SEARCH_TOKEN environment variable).
+
+    `http_client` replaces the connection (e.g. one with your proxy or TLS settings, or a test client)."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0,
+                 http_client: httpx.Client | None = None):
+        token = token or os.environ.get("RAG_SEARCH_TOKEN")
+        if not token:
+            raise ValueError("a search needs an API token (token=... or RAG_SEARCH_TOKEN): it carries the caller's "
+                             "labels, and there is no search without labels")
+        self._client = http_client or httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+        self._headers = {"Authorization": f"Bearer {token}"}
+
+    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[dict[str, Any]]:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        try:
+            response = self._client.post("/search", json={"query": query, "k": k, "mode": mode},
+                                         headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise SearchServiceError(0, "unreachable", f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            try:
+                error = response.json()["error"]
+                code, message = str(error["code"]), str(error["message"])
+            except (ValueError, KeyError, TypeError):
+                code, message = "http_error", response.text[:200]
+            raise SearchServiceError(response.status_code, code, message)
+        return list(response.json()["results"])
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def metadata_of(result: dict[str, Any]) -> dict[str, Any]:
+    """What a retrieved document carries beside its text: where it is, how it ranked, and its flags (a flagged
+    text, e.g. one that looks like a prompt injection, is to be treated as data)."""
+    return {key: result.get(key) for key in ("chunk_id", "doc_id", "source", "path", "page_start", "page_end",
+                                             "section_path", "content_type", "score", "similarity", "flags",
+                                             "occurrences", "rerank_score")}

@@ -1,0 +1,223 @@
+"""The index in applications' hands: the SQL function and its role-bound labels, the stable reporting view, the HTTP
+search service, and the LangChain and LlamaIndex retrievers, on the real database and model."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import uuid
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from pgvector import HalfVector
+from pgvector.psycopg import register_vector
+from psycopg import sql
+
+from rag_pipeline import ids, versions
+from rag_pipeline.config import ServiceConfig, ServiceToken
+from rag_pipeline.embedding import get_embedder
+from rag_pipeline.retrieval import SearchOptions, search
+from rag_pipeline.service import create_app
+from rag_pipeline.store import versions as version_store
+
+QUERY = "how far ahead should flights be booked"
+FINANCE_DOC = "finance/q3-report.pdf"  # labelled finance only (its folder's _meta.json)
+STAFF_TOKEN, FINANCE_TOKEN = "staff-token-" + "x" * 20, "finance-token-" + "y" * 20
+
+
+@pytest.fixture
+def role(clone):
+    """A login role that may only EXECUTE rag.search, bound to the label staff."""
+    conn, _ = clone
+    name = f"app_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA rag TO {}").format(sql.Identifier(name)))
+    conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION rag.search(halfvec, text, text[], integer, text) TO {}")
+                 .format(sql.Identifier(name)))
+    conn.execute("INSERT INTO rag.role_labels (role_name, labels) VALUES (%s, '{staff}')", (name,))
+    yield name
+    conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+    conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def _as(conn: psycopg.Connection, role_name: str) -> psycopg.Connection:
+    app = psycopg.connect(psycopg.conninfo.make_conninfo(conn.info.dsn, user=role_name), autocommit=True)
+    register_vector(app)  # as an application with pgvector's client does (or it sends '[...]'::halfvec text)
+    return app
+
+
+def _vector(text: str) -> HalfVector:
+    return HalfVector(get_embedder("all-MiniLM-L6-v2").embed_query(text))
+
+
+def test_a_role_with_execute_alone_searches_with_its_own_labels_and_reads_nothing_else(clone, role):
+    conn, settings = clone
+    with _as(conn, role) as app:
+        rows = app.execute("SELECT chunk_id, path FROM rag.search(%s, %s, %s, 5, 'hybrid')",
+                           (_vector(QUERY), QUERY, ["staff"])).fetchall()
+        # The same ranking as the pipeline's own search, which runs the same function.
+        expected = search(conn, QUERY, ["staff"], k=5, options=SearchOptions.from_settings(settings))
+        assert [r[0] for r in rows] == [h.chunk_id for h in expected] and rows
+        assert rows[0][1] == "handbook/travel-policy.md"
+        sparse = app.execute("SELECT path FROM rag.search(NULL, 'quarterly revenue', '{staff}', 10, 'sparse')")
+        assert FINANCE_DOC not in {r[0] for r in sparse.fetchall()}
+        # Passing a label the role is not bound to is refused, not widened (nor silently narrowed).
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="may not search with labels"):
+            app.execute("SELECT * FROM rag.search(NULL, 'quarterly revenue', '{staff,finance}', 10, 'sparse')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="no unlabelled search"):
+            app.execute("SELECT * FROM rag.search(NULL, 'quarterly revenue', '{}', 10, 'sparse')")
+        for statement in ("SELECT count(*) FROM documents", "SELECT count(*) FROM index_v1",
+                          "SELECT count(*) FROM rag.indexed_chunks", "SELECT * FROM rag.role_labels",
+                          "SELECT * FROM rag.search_version(1, NULL, 'x', '{staff}', 1, 'sparse', '{}')",
+                          "UPDATE rag.role_labels SET labels = '{finance}'"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(statement)
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="384"):
+            app.execute("SELECT * FROM rag.search(%s, 'x', '{staff}', 5, 'dense')", (HalfVector([0.1] * 8),))
+    # A role without a row in rag.role_labels may not search at all, whatever it passes.
+    conn.execute("DELETE FROM rag.role_labels WHERE role_name = %s", (role,))
+    with _as(conn, role) as app, pytest.raises(psycopg.errors.InsufficientPrivilege, match="no row"):
+        app.execute("SELECT * FROM rag.search(NULL, 'travel', '{staff}', 5, 'sparse')")
+
+
+def test_grants_and_views_on_the_stable_surface_survive_promotion_and_rollback(clone, role):
+    conn, _ = clone
+    admin = f"admin_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(admin)))
+    try:
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA rag TO {0}; GRANT SELECT ON rag.indexed_chunks TO {0};"
+                             " GRANT EXECUTE ON FUNCTION rag.active_rows() TO {0}").format(sql.Identifier(admin)))
+        # A user's own report on the view does not block a promotion (the old active_chunks view did).
+        conn.execute("CREATE VIEW chunks_per_label AS SELECT unnest(acl_labels) AS label, count(*) AS n"
+                     " FROM rag.indexed_chunks GROUP BY 1")
+        before = dict(conn.execute("SELECT label, n FROM chunks_per_label").fetchall())
+        assert before["staff"] > 0 and before["finance"] > 0  # administrators see every row with its labels
+        active = version_store.active_version(conn)
+        model = ids.ModelIdentity("torch", active.embedding_model, active.model_revision)
+        candidate = version_store.create_version(conn, model, active.dimensions, active.chunker_version,
+                                                 active.parser_version)
+        versions.promote(conn, candidate.version_id, None, force=True, reason="grant survival drill")
+        with _as(conn, role) as app:  # the empty new version answers: nothing, but no permission error
+            assert app.execute("SELECT * FROM rag.search(%s, %s, '{staff}', 5, 'hybrid')",
+                               (_vector(QUERY), QUERY)).fetchall() == []
+        with _as(conn, admin) as reader:
+            assert reader.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == 0
+        versions.rollback(conn)
+        with _as(conn, role) as app:
+            assert app.execute("SELECT count(*) FROM rag.search(%s, %s, '{staff}', 5, 'hybrid')",
+                               (_vector(QUERY), QUERY)).fetchone()[0] == 5
+        with _as(conn, admin) as reader:
+            assert reader.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == sum(
+                1 for _ in conn.execute(sql.SQL("SELECT 1 FROM {}").format(sql.Identifier(active.table_name))))
+        assert dict(conn.execute("SELECT label, n FROM chunks_per_label").fetchall()) == before
+    finally:
+        conn.execute("DROP VIEW IF EXISTS chunks_per_label")
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(admin)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(admin)))
+
+
+@pytest.fixture
+def service(clone, monkeypatch):
+    """The search service over the clone: a staff token given by its sha256, a finance token read from the
+    environment."""
+    conn, settings = clone
+    tokens = (ServiceToken(name="handbook-bot", sha256=hashlib.sha256(STAFF_TOKEN.encode()).hexdigest(),
+                           labels=["staff"]),
+              ServiceToken(name="finance-bot", env="FINANCE_BOT_TOKEN", labels=["finance"]))
+    settings = settings.model_copy(update={"service": ServiceConfig(tokens=tokens, max_k=20, max_request_bytes=2048)})
+    app = create_app(settings, conn.info.dsn, environ={"FINANCE_BOT_TOKEN": FINANCE_TOKEN})
+    with TestClient(app) as client:
+        yield client, conn
+
+
+def _search(client, token: str | None, **body):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return client.post("/search", json=body, headers=headers)
+
+
+def test_the_service_searches_with_the_tokens_labels_and_refuses_everything_else(service):
+    client, conn = service
+    answer = _search(client, STAFF_TOKEN, query=QUERY, k=3)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["version"] == "v1" and len(body["results"]) == 3
+    first = body["results"][0]
+    assert first["path"] == "handbook/travel-policy.md" and first["chunk_id"] and "flags" in first
+    staff_paths = {r["path"] for r in _search(client, STAFF_TOKEN, query="quarterly revenue", k=20).json()["results"]}
+    finance = _search(client, FINANCE_TOKEN, query="quarterly revenue", k=20).json()["results"]
+    assert FINANCE_DOC not in staff_paths and finance and {r["path"] for r in finance} == {FINANCE_DOC}
+
+    def refused(response, status: int, code: str) -> None:
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["code"] == code
+
+    refused(_search(client, None, query=QUERY), 401, "unauthenticated")
+    refused(_search(client, "not-a-token", query=QUERY), 401, "unauthenticated")
+    refused(client.post("/search", json={"query": QUERY}, headers={"Authorization": f"Basic {STAFF_TOKEN}"}),
+            401, "unauthenticated")
+    refused(_search(client, STAFF_TOKEN, query=QUERY, labels=["finance"]), 403, "labels_from_token")
+    refused(_search(client, STAFF_TOKEN, query=QUERY, k=21), 422, "invalid_request")
+    refused(_search(client, STAFF_TOKEN, query=QUERY, mode="exhaustive"), 422, "invalid_request")
+    refused(_search(client, STAFF_TOKEN, query=""), 422, "invalid_request")
+    refused(_search(client, STAFF_TOKEN, query="x" * 2001), 422, "invalid_request")
+    refused(_search(client, STAFF_TOKEN, query="x" * 4000), 413, "request_too_large")
+
+    def chunked():  # no Content-Length: the limit holds as the body arrives
+        yield b'{"query": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}'
+
+    refused(client.post("/search", content=chunked(), headers={"Authorization": f"Bearer {STAFF_TOKEN}",
+                                                                "Content-Type": "application/json"}),
+            413, "request_too_large")
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["version"]["label"] == "v1"
+    assert ready["version"]["identity"].startswith("torch:sha256:")
+    assert set(ready["checks"]) >= {"acl_coverage", "deletion_replay"}  # recorded by the ingest's checks
+    assert "/search" in client.get("/openapi.json").json()["paths"]
+
+
+def test_the_service_is_not_ready_without_an_active_version_and_refuses_to_start_without_tokens(service, clone):
+    client, conn = service
+    conn.execute("DELETE FROM index_alias")
+    assert client.get("/readyz").status_code == 503
+    assert _search(client, STAFF_TOKEN, query=QUERY).status_code == 503
+    _, settings = clone
+    from rag_pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no API tokens"):
+        create_app(settings, conn.info.dsn)
+    missing = ServiceConfig(tokens=(ServiceToken(name="bot", env="UNSET_TOKEN_VARIABLE", labels=["staff"]),))
+    with pytest.raises(ConfigError, match=r"service.tokens\[0\].env"):
+        create_app(settings.model_copy(update={"service": missing}), conn.info.dsn, environ={})
+
+
+def test_the_langchain_and_llamaindex_retrievers_return_labelled_documents(service):
+    from rag_pipeline.integrations.client import SearchServiceError
+    from rag_pipeline.integrations.langchain import RagPipelineRetriever as LangChainRetriever
+    from rag_pipeline.integrations.llamaindex import RagPipelineRetriever as LlamaIndexRetriever
+
+    client, _ = service
+    documents = LangChainRetriever(token=STAFF_TOKEN, k=3, http_client=client).invoke(QUERY)
+    assert len(documents) == 3 and documents[0].metadata["path"] == "handbook/travel-policy.md"
+    assert {"chunk_id", "page_start", "page_end", "score", "flags"} <= set(documents[0].metadata)
+    assert documents[0].id == documents[0].metadata["chunk_id"] and "days" in documents[0].page_content
+    nodes = LlamaIndexRetriever(token=FINANCE_TOKEN, k=5, mode="sparse", http_client=client).retrieve(
+        "quarterly revenue")
+    assert nodes and {n.node.metadata["path"] for n in nodes} == {FINANCE_DOC}
+    assert all(n.score > 0 and n.node.node_id == n.node.metadata["chunk_id"] for n in nodes)
+    with pytest.raises(SearchServiceError, match="401"):
+        LangChainRetriever(token="wrong", http_client=client).invoke(QUERY)
+    with pytest.raises(ValueError, match="API token"):
+        LangChainRetriever(http_client=client)
+
+
+def test_the_retrievers_import_neither_dagster_nor_docling_nor_torch():
+    code = ("import sys, rag_pipeline.integrations.langchain, rag_pipeline.integrations.llamaindex; "
+            "print(sorted(m for m in ('dagster', 'docling', 'torch', 'sentence_transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"
