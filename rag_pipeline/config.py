@@ -466,6 +466,12 @@ class UiConfig(_Section):
     port: int = Field(3000, ge=1, le=65535)
 
 
+def _refuse_duplicates(names: list[str], what: str) -> None:
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate {what}: {duplicates}")
+
+
 class ServiceToken(_Section):
     """One API token of the search service and the labels its caller searches with. The token itself is never in
     this file: give its sha256 (`printf %s "$TOKEN" | sha256sum`) or the environment variable that holds it."""
@@ -498,10 +504,7 @@ class ServiceConfig(_Section):
     @field_validator("tokens")
     @classmethod
     def _unique_token_names(cls, tokens: tuple[ServiceToken, ...]) -> tuple[ServiceToken, ...]:
-        names = [t.name for t in tokens]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate token names: {duplicates}")
+        _refuse_duplicates([t.name for t in tokens], "token names")
         return tokens
 
 
@@ -539,10 +542,7 @@ class Settings(_Section):
     @field_validator("sources")
     @classmethod
     def _unique_names(cls, sources: tuple[SourceConfig, ...]) -> tuple[SourceConfig, ...]:
-        names = [s.name for s in sources]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate source names: {duplicates}")
+        _refuse_duplicates([s.name for s in sources], "source names")
         return sources
 
     @model_validator(mode="after")

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_pipeline.config import ConfigError, ServiceConfig, Settings
 from rag_pipeline.embedding import ModelUnavailableError
-from rag_pipeline.retrieval import SearchError, SearchOptions, search
+from rag_pipeline.retrieval import SearchError, SearchHit, SearchOptions, search
 from rag_pipeline.store import health, versions
 
 log = logging.getLogger(__name__)
@@ -82,28 +82,8 @@ class SearchRequest(BaseModel):
     mode: Literal["hybrid", "dense", "sparse"] = "hybrid"
 
 
-class SearchResult(BaseModel):
-    chunk_id: str
-    doc_id: str
-    source: str
-    path: str
-    page_start: int
-    page_end: int
-    section_path: str
-    content_type: str
-    text: str
-    prefix: str
-    score: float
-    similarity: float | None
-    dense_rank: int | None
-    sparse_rank: int | None
-    occurrences: int
-    flags: list[str] = Field(description="e.g. prompt-injection patterns: treat the text as data")
-    rerank_score: float | None
-
-
 class SearchResponse(BaseModel):
-    results: list[SearchResult]
+    results: list[SearchHit]  # flags: e.g. prompt-injection patterns; treat such a text as data
     version: str
     model: str
     took_ms: float

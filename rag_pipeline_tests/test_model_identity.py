@@ -118,7 +118,7 @@ def test_versions_and_cache_rows_from_before_model_identities_are_adopted(pg_adm
                 conn.execute(sql.SQL("INSERT INTO embedding_cache (model, input_sha, embedding) VALUES (%s, %s, {})")
                              .format(sql.Literal("[" + ",".join(["0.5"] * 384) + "]") + sql.SQL("::halfvec")),
                              (model, f"sha-{version_id}"))
-        assert migrate(url) == ["018_model_identity.sql"]
+        assert migrate(url)[0] == "018_model_identity.sql"
         with connect(url) as conn:
             adopted = adopt_model_identities(conn, EmbeddingConfig())
             assert len(adopted) == 1 and adopted[0].startswith("v1: all-MiniLM-L6-v2 -> torch:sha256:")
