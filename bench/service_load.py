@@ -101,7 +101,7 @@ def main() -> None:
         with DagsterInstance.ephemeral() as instance:
             summary = run_ingest(settings, instance=instance)
         assert summary["success"], summary.get("errors")
-        print(f"indexed {args.docs} documents ({summary.get('rows_written', '?')} rows)", flush=True)
+        print(f"indexed {args.docs} documents ({summary.get('chunks_written')} chunks)", flush=True)
         server = subprocess.Popen([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), "serve"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
