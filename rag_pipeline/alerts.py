@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 
 from rag_pipeline.config import AlertsConfig, SmtpConfig
-from rag_pipeline.redaction import keep_out_of_logs, redact
+from rag_pipeline.http_retry import retry_after_seconds
+from rag_pipeline.redaction import keep_out_of_logs, redact, redact_url
 
 log = logging.getLogger("rag_pipeline.alerts")
 
@@ -48,7 +49,9 @@ class Alert:
     at: str
 
     def payload(self) -> dict[str, Any]:
-        return {"source": "rag_pipeline", **asdict(self)}
+        """The structured fields, and `text`: the one human line Slack, Teams and Mattermost incoming webhooks
+        require (they refuse a body without it)."""
+        return {"text": f"{self.subject}: {self.summary}", "source": "rag_pipeline", **asdict(self)}
 
     @property
     def subject(self) -> str:
@@ -76,6 +79,17 @@ class DeliveryError(RuntimeError):
     """A sink did not accept an alert after every attempt."""
 
 
+class RetryLater(Exception):
+    """The receiver is busy (429) or failing (5xx): try again, after `after` seconds if it said so."""
+
+    def __init__(self, message: str, after: float = 0.0):
+        super().__init__(message)
+        self.after = after
+
+
+MAX_RETRY_AFTER = 60.0  # a sensor tick must end: a receiver asking for longer is tried again at the next alert
+
+
 def _with_retries(attempts: int, send: Any, secret_url: str | None = None) -> None:
     for attempt in range(1, attempts + 1):
         try:
@@ -83,11 +97,12 @@ def _with_retries(attempts: int, send: Any, secret_url: str | None = None) -> No
             return
         except DeliveryError:
             raise  # refused for good: retrying cannot help
-        except (httpx.HTTPError, OSError, smtplib.SMTPException) as exc:
+        except (RetryLater, httpx.HTTPError, OSError, smtplib.SMTPException) as exc:
             if attempt == attempts:
                 # httpx names the URL it failed on; a webhook URL is a credential.
                 raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secret_url)) from None
-            time.sleep(0.5 * 2 ** (attempt - 1))
+            asked = exc.after if isinstance(exc, RetryLater) else 0.0
+            time.sleep(min(MAX_RETRY_AFTER, max(asked, 0.5 * 2 ** (attempt - 1))))
 
 
 class AlertSender:
@@ -103,6 +118,7 @@ class AlertSender:
         payload = alert.payload()
         if self.config.ui_base_url and alert.details.get("run_id"):
             payload["url"] = f"{self.config.ui_base_url.rstrip('/')}/runs/{alert.details['run_id']}"
+            payload["text"] += f" ({payload['url']})"
         level = logging.ERROR if alert.state == "failing" else logging.INFO
         self.logger.log(level, json.dumps({"event": "rag_pipeline.alert", **payload}, default=str, sort_keys=True))
         outcome = {"log": "sent", "webhook": "off", "smtp": "off"}
@@ -125,11 +141,12 @@ class AlertSender:
     def _post(self, payload: dict[str, Any], alert: Alert) -> None:
         assert self.config.webhook_url
         response = httpx.post(self.config.webhook_url, json=payload, timeout=self.config.webhook_timeout_seconds)
-        if 400 <= response.status_code < 500 and response.status_code != 429:
-            # The receiver refuses this payload: sending it again will not help.
-            raise DeliveryError(f"webhook answered {response.status_code}: "
-                                f"{redact(response.text[:200], self.config.webhook_url)}")
-        response.raise_for_status()
+        answer = (f"webhook {redact_url(self.config.webhook_url)} answered {response.status_code}: "
+                  f"{redact(response.text[:200], self.config.webhook_url)}")
+        if response.status_code == 429 or response.status_code >= 500:
+            raise RetryLater(answer, retry_after_seconds(response.headers.get("Retry-After")))
+        if response.status_code >= 400:
+            raise DeliveryError(answer)  # the receiver refuses this payload: sending it again will not help
 
     def _mail(self, payload: dict[str, Any], alert: Alert) -> None:
         smtp: SmtpConfig = self.config.smtp  # type: ignore[assignment]

@@ -1,4 +1,14 @@
-"""`rag-pipeline`: the database, ingestion through Dagster, search, and the UI."""
+"""`rag-pipeline`: the database, ingestion through Dagster, search, the search service and the UI.
+
+Every command exits with one of these codes (README, "CLI"):
+
+  0  done
+  1  done, and what it ran or checked failed: a failed run, a failed check, a server that is not running
+  2  usage or configuration error: nothing was done
+  3  refused: a promotion's gates, or a version lifecycle step not allowed now
+  4  deletions held for confirmation: the run finished, a source's deletions wait for --confirm-deletions
+  5  runtime error: the database, a model or an endpoint failed, or an erasure was refused
+"""
 
 from __future__ import annotations
 
@@ -8,11 +18,14 @@ import json
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rag_pipeline.config import ConfigError, Settings, load_settings, parse_labels
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_DELETIONS_HELD, EXIT_ERROR = 0, 1, 2, 3, 4, 5
 
 # Model weights must come from local folders or packages; never hang on a hub that cannot be reached.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,7 +55,7 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
         running = bool(settings.database_url) or server.is_running()
         print(json.dumps({"embedded": not settings.database_url, "running": running,
                           "data_dir": str(settings.pgdata_dir)}))
-        return 0 if running else 3
+        return EXIT_OK if running else EXIT_FAILED
     elif args.action == "url":
         print(resolve_urls(settings, start=False).index)
     return 0
@@ -102,7 +115,13 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         print("  seconds            " + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items()))
         for error in summary.get("errors", []):
             print(f"  error: {error}", file=sys.stderr)
-    return 0 if summary["success"] else 1
+    if not summary["success"]:
+        return EXIT_FAILED
+    if summary.get("deletions_held"):
+        print(f"{summary['deletions_held']} deletions held: see the problems above; rerun with --confirm-deletions "
+              "SOURCE to carry them out", file=sys.stderr)
+        return EXIT_DELETIONS_HELD
+    return EXIT_OK
 
 
 @contextlib.contextmanager
@@ -209,7 +228,7 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     with connect(_index_url(settings)) as conn:
         if args.floors:
             floors = [float(f) for f in args.floors.split(",")]
-            version = _searchable_version(conn, args.version) if args.version is not None else None
+            version = _searchable_version(conn, args.index_version) if args.index_version is not None else None
             points = floor_sweep(conn, questions, labels, floors, k=k, mode=args.mode, version=version,
                                  options=options)
             if args.json:
@@ -220,7 +239,7 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
                     print(f"| {point.floor} | {point.recall} | {point.hit} | {point.abstention} |")
             return 0
         runs = ([(_searchable_version(conn, v), args.mode) for v in args.compare] if args.compare else
-                [(_searchable_version(conn, args.version) if args.version is not None else None, m)
+                [(_searchable_version(conn, args.index_version) if args.index_version is not None else None, m)
                  for m in (args.compare_modes or [args.mode])])
         reports = [evaluate(conn, questions, labels, k=k, mode=mode, version=target, options=options)
                    for target, mode in runs]
@@ -266,8 +285,8 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
     with connect(_index_url(settings)) as conn:
         version = None
-        if args.version is not None:
-            version = _searchable_version(conn, args.version)
+        if args.index_version is not None:
+            version = _searchable_version(conn, args.index_version)
         hits = search(conn, args.query, args.labels, k=args.k or settings.retrieval.k, mode=args.mode,
                       version=version, options=SearchOptions.from_settings(settings))
     if args.json:
@@ -431,13 +450,30 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+JSON_HELP = "print JSON instead of text"
+MODE_HELP = "hybrid (default): dense and BM25 fused; dense or sparse alone"
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rag-pipeline")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rag-pipeline", description=__doc__)
+    parser = argparse.ArgumentParser(prog="rag-pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML configuration (default: $RAG_CONFIG or ./rag_pipeline.yaml)")
+    parser.add_argument("--version", action="version", version=f"rag-pipeline {package_version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     db = sub.add_parser("db", help="the embedded PostgreSQL server")
-    db.add_argument("action", choices=["start", "stop", "status", "url"])
+    db.add_argument("action", choices=["start", "stop", "status", "url"],
+                    help="start (idempotent, migrates), stop, status (exit 1 when not running), or print its URL")
     db.set_defaults(func=cmd_db)
 
     sub.add_parser("migrate", help="apply pending SQL migrations").set_defaults(func=cmd_migrate)
@@ -462,12 +498,13 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.set_defaults(func=cmd_ingest)
 
     search = sub.add_parser("search", help="hybrid search of the active index version")
-    search.add_argument("query")
+    search.add_argument("query", help="the question or keywords")
     search.add_argument("--labels", required=True, help="the caller's ACL labels, comma-separated")
     search.add_argument("-k", type=int, help="results (default: retrieval.k)")
-    search.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
-    search.add_argument("--version", type=int, help="search this index version instead of the active one")
-    search.add_argument("--json", action="store_true")
+    search.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid", help=MODE_HELP)
+    search.add_argument("--index-version", type=int, metavar="V",
+                        help="search this index version instead of the active one")
+    search.add_argument("--json", action="store_true", help=JSON_HELP)
     search.set_defaults(func=cmd_search)
 
     evaluate = sub.add_parser("eval", help="golden-set retrieval metrics")
@@ -475,19 +512,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--labels", help="the ACL labels to evaluate as, comma-separated "
                           "(default: checks.golden_labels)")
     evaluate.add_argument("-k", type=int, help="cut-off (default: checks.k)")
-    evaluate.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid")
-    evaluate.add_argument("--version", type=int)
+    evaluate.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid", help=MODE_HELP)
+    evaluate.add_argument("--index-version", type=int, metavar="V",
+                          help="evaluate this index version instead of the active one")
     evaluate.add_argument("--compare", type=int, nargs=2, metavar=("V1", "V2"),
                           help="two versions, with paired differences, 95%% CIs and p-values")
     evaluate.add_argument("--compare-modes", nargs=2, choices=["hybrid", "dense", "sparse"], metavar=("A", "B"),
                           help="two modes on one version, with paired differences")
     evaluate.add_argument("--floors", help="comma-separated score floors: recall and abstention for each")
     evaluate.add_argument("--min-similarity", type=float, help="score floor (default: retrieval.min_similarity)")
-    evaluate.add_argument("--json", action="store_true")
+    evaluate.add_argument("--json", action="store_true", help=JSON_HELP)
     evaluate.set_defaults(func=cmd_eval)
 
     checks = sub.add_parser("checks", help="run the six index checks; exit 1 if any fails")
-    checks.add_argument("--json", action="store_true")
+    checks.add_argument("--json", action="store_true", help=JSON_HELP)
     checks.add_argument("--set-baseline", action="store_true",
                         help="evaluate the golden set (checks.golden_set) now and make it the active version's baseline")
     checks.set_defaults(func=cmd_checks)
@@ -495,14 +533,14 @@ def build_parser() -> argparse.ArgumentParser:
     index = sub.add_parser("index", help="index versions (blue/green)")
     index_sub = index.add_subparsers(dest="index_command", required=True)
     index_list = index_sub.add_parser("list", help="every index version, the active one marked with *")
-    index_list.add_argument("--json", action="store_true")
+    index_list.add_argument("--json", action="store_true", help=JSON_HELP)
     index_list.set_defaults(func=cmd_index)
     index_build = index_sub.add_parser("build", help="build a version for another model beside the active one")
     index_build.add_argument("--model", required=True, help="sentence-transformers name or local folder")
-    index_build.add_argument("--json", action="store_true")
+    index_build.add_argument("--json", action="store_true", help=JSON_HELP)
     index_build.set_defaults(func=cmd_index)
     index_promote = index_sub.add_parser("promote", help="make a version active, if its gates pass")
-    index_promote.add_argument("version", type=int)
+    index_promote.add_argument("version", type=int, metavar="V", help="the index version to make active")
     index_promote.add_argument("--golden", help="golden set for the quality gate (default: checks.golden_set)")
     index_promote.add_argument("--labels", help="labels to evaluate the golden set as (default: checks.golden_labels)")
     index_promote.add_argument("-k", type=int, help="cut-off (default: checks.k)")
@@ -513,17 +551,18 @@ def build_parser() -> argparse.ArgumentParser:
     index_promote.set_defaults(func=cmd_index)
     index_sub.add_parser("rollback", help="re-activate the previous version").set_defaults(func=cmd_index)
     index_retire = index_sub.add_parser("retire", help="drop a version that is not active")
-    index_retire.add_argument("version", type=int)
+    index_retire.add_argument("version", type=int, metavar="V", help="the index version to drop (not the active one)")
     index_retire.set_defaults(func=cmd_index)
 
     parse = sub.add_parser("parse", help="parse one file through the cascade and show each page")
-    parse.add_argument("file")
+    parse.add_argument("file", help="a document (PDF, Office, HTML, Markdown, text)")
     parse.add_argument("--password", help="password of an encrypted PDF")
-    parse.add_argument("--json", action="store_true")
+    parse.add_argument("--json", action="store_true", help=JSON_HELP)
     parse.set_defaults(func=cmd_parse)
 
     config = sub.add_parser("config", help="the configuration file: its JSON Schema, or the settings as loaded")
-    config.add_argument("config_command", choices=["schema", "show"])
+    config.add_argument("config_command", choices=["schema", "show"],
+                        help="schema: the JSON Schema of the file; show: the settings as loaded")
     config.set_defaults(func=cmd_config)
 
     ui = sub.add_parser("ui", help="serve the Dagster UI (and daemon) on the project's instance")
@@ -545,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, settings)
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except Exception as exc:
         from rag_pipeline.embedding import ModelUnavailableError
         from rag_pipeline.erasure import ErasureError
@@ -555,11 +594,17 @@ def main(argv: list[str] | None = None) -> int:
         from rag_pipeline.store.database import DatabaseError
         from rag_pipeline.versions import VersionError
 
-        if isinstance(exc, DatabaseError | ModelUnavailableError | SearchError | GoldenSetError | VersionError
-                      | ModelMismatchError | ErasureError):
+        if isinstance(exc, SearchError | GoldenSetError | ModelMismatchError):  # the request or settings are wrong
             print(f"error: {exc}", file=sys.stderr)
-            return 2
-        raise
+            return EXIT_USAGE
+        if isinstance(exc, VersionError):
+            print(f"refused: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
+        if isinstance(exc, DatabaseError | ModelUnavailableError | ErasureError):
+            print(f"error: {exc}", file=sys.stderr)
+        else:  # unexpected: the traceback is what a bug report needs
+            traceback.print_exc()
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

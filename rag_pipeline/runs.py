@@ -3,33 +3,61 @@ storage on the project's server) and runs of the code location's jobs, summarise
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import yaml
 
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.ingestion import REFRESH_TAG, STAGE_STATS
 from rag_pipeline.store.database import sqlalchemy_url
 
+log = logging.getLogger(__name__)
+
+
+GENERATED_MARK = "# Written by rag_pipeline for its own Dagster instance; it is rewritten on every run."
+# The variable a generated dagster.yaml reads Dagster's database URL from when the URL holds a password: the file
+# never holds a secret in clear. The CLI sets it for the Dagster processes it starts.
+DAGSTER_URL_VARIABLE = "RAG_DAGSTER_POSTGRES_URL"
+
 
 def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
-    """Write dagster.yaml (runs, event log and schedules in Postgres) and point DAGSTER_HOME at it."""
+    """The Dagster instance runs go to, with DAGSTER_HOME pointing at it.
+
+    The project's own home (`data_dir/dagster_home`, used when DAGSTER_HOME is not set) gets a generated
+    dagster.yaml: runs, event log and schedules in Postgres beside the index, one refresh at a time. A DAGSTER_HOME
+    set by an operator is theirs: its dagster.yaml is never written, whatever it holds (or lacks)."""
     home = settings.dagster_home
-    home.mkdir(parents=True, exist_ok=True)
-    config = {
-        "storage": {"postgres": {"postgres_url": sqlalchemy_url(dagster_url)}},
-        "telemetry": {"enabled": False},
-        "run_queue": {
-            "max_concurrent_runs": 4,
-            "tag_concurrency_limits": [{"key": REFRESH_TAG, "value": "refresh", "limit": 1}],
-        },
-    }
+    own_home = (settings.data_dir / "dagster_home").resolve()
     target = home / "dagster.yaml"
-    text = yaml.safe_dump(config, sort_keys=False)
-    if not target.exists() or target.read_text() != text:
-        target.write_text(text)
+    if home.resolve() != own_home:
+        if not target.exists():
+            log.warning("DAGSTER_HOME=%s has no dagster.yaml: Dagster keeps runs in its default storage there. "
+                        "Unset DAGSTER_HOME to use the project's instance (runs in Postgres beside the index).", home)
+        os.environ["DAGSTER_HOME"] = str(home)
+        return home
+    if target.exists() and not target.read_text().startswith(GENERATED_MARK):
+        log.warning("%s was not written by rag_pipeline: it is left as it is", target)
+    else:
+        home.mkdir(parents=True, exist_ok=True)
+        postgres_url: Any = sqlalchemy_url(dagster_url)
+        if psycopg.conninfo.conninfo_to_dict(dagster_url).get("password"):
+            os.environ[DAGSTER_URL_VARIABLE] = postgres_url
+            postgres_url = {"env": DAGSTER_URL_VARIABLE}
+        config = {
+            "storage": {"postgres": {"postgres_url": postgres_url}},
+            "telemetry": {"enabled": False},
+            "run_queue": {
+                "max_concurrent_runs": 4,
+                "tag_concurrency_limits": [{"key": REFRESH_TAG, "value": "refresh", "limit": 1}],
+            },
+        }
+        text = f"{GENERATED_MARK}\n{yaml.safe_dump(config, sort_keys=False)}"
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
     os.environ["DAGSTER_HOME"] = str(home)
     _create_dagster_storage(dagster_url)
     return home

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 import time
+import uuid
 from email import message_from_bytes
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dagster as dg
+import psycopg
 import pytest
 from aiosmtpd.controller import Controller
 from psycopg import sql
@@ -34,7 +37,9 @@ class WebhookReceiver:
 
     def __init__(self) -> None:
         self.received: list[dict] = []
+        self.received_at: list[float] = []
         self.fail_next = 0
+        self.failure_headers: dict[str, str] = {}
         self.status_for_failures = 500
         receiver = self
 
@@ -44,9 +49,12 @@ class WebhookReceiver:
                 if receiver.fail_next:
                     receiver.fail_next -= 1
                     self.send_response(receiver.status_for_failures)
+                    for name, value in receiver.failure_headers.items():
+                        self.send_header(name, value)
                     self.end_headers()
                     return
                 receiver.received.append(json.loads(body))
+                receiver.received_at.append(time.monotonic())
                 self.send_response(204)
                 self.end_headers()
 
@@ -122,6 +130,8 @@ def test_sender_logs_posts_and_mails_each_alert(webhook, smtp, caplog):
     assert outcome == {"log": "sent", "webhook": "sent", "smtp": "sent"}
     (posted,) = webhook.received
     assert posted["key"] == "job:ingest" and posted["state"] == "failing" and posted["url"] == "http://ui:3000/runs/abc"
+    # The human line chat webhooks (Slack, Teams, Mattermost) require, beside the structured fields.
+    assert posted["text"] == "[rag_pipeline] FAILING: job:ingest: run abc failed: boom (http://ui:3000/runs/abc)"
     (line,) = [json.loads(r.message) for r in caplog.records if "rag_pipeline.alert" in r.message]
     assert line["event"] == "rag_pipeline.alert" and line["summary"] == "run abc failed: boom"
     ((recipients, mail),) = smtp.messages
@@ -131,8 +141,18 @@ def test_sender_logs_posts_and_mails_each_alert(webhook, smtp, caplog):
     # A receiver that refuses the payload (4xx) is not retried, and the other sinks still get the alert.
     webhook.fail_next, webhook.status_for_failures = 5, 400
     outcome = AlertSender(config).send(alert)
-    assert outcome["webhook"].startswith("failed: webhook answered 400") and webhook.fail_next == 4
-    assert outcome["smtp"] == "sent" and len(smtp.messages) == 2
+    assert outcome["webhook"].startswith("failed: webhook http://127.0.0.1:") and "answered 400" in outcome["webhook"]
+    assert webhook.fail_next == 4 and outcome["smtp"] == "sent" and len(smtp.messages) == 2
+
+
+def test_a_busy_webhook_is_tried_again_after_the_wait_it_asks_for(webhook):
+    (alert,), _ = transitions({}, [Observation("job:ingest", True, "run abc failed: boom")])
+    webhook.fail_next, webhook.status_for_failures, webhook.failure_headers = 1, 429, {"Retry-After": "2"}
+    started = time.monotonic()
+    outcome = AlertSender(AlertsConfig(webhook_url=webhook.url, max_attempts=2)).send(alert)
+    assert outcome["webhook"] == "sent" and webhook.received_at[0] - started >= 2.0  # not the 0.5 s backoff
+    webhook.fail_next, webhook.status_for_failures = 1, 503  # 5xx: retried too
+    assert AlertSender(AlertsConfig(webhook_url=webhook.url, max_attempts=2)).send(alert)["webhook"] == "sent"
 
 
 def test_alert_configuration_is_validated(tmp_path, make_settings):
@@ -262,11 +282,54 @@ def test_schedules_and_swap_jobs_are_defined(make_settings):
 
 
 def test_the_run_queue_admits_one_refresh_at_a_time(make_settings, tmp_path, monkeypatch, db_url):
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
-    home = prepare_dagster_home(make_settings(), db_url)
+    settings = make_settings()
+    monkeypatch.setenv("DAGSTER_HOME", str(settings.data_dir / "dagster_home"))  # the project's own home
+    home = prepare_dagster_home(settings, db_url)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
     assert {"key": "rag_pipeline/index_writer", "value": "refresh", "limit": 1} in limits
+
+
+def test_an_operators_dagster_yaml_is_never_written_and_no_password_is_written_in_clear(
+    make_settings, tmp_path, monkeypatch, pg_admin_url
+):
+    from rag_pipeline.runs import DAGSTER_URL_VARIABLE, GENERATED_MARK
+
+    # An operator's instance: its dagster.yaml (a run launcher, compute logs elsewhere) is used as it is.
+    operator_home = tmp_path / "operator_home"
+    operator_home.mkdir()
+    theirs = "run_launcher:\n  module: dagster._core.launcher.sync_in_memory_run_launcher\n  class: SyncInMemoryRunLauncher\n"
+    (operator_home / "dagster.yaml").write_text(theirs)
+    settings = make_settings()
+    monkeypatch.setenv("DAGSTER_HOME", str(operator_home))
+    assert prepare_dagster_home(settings, pg_admin_url) == operator_home
+    assert (operator_home / "dagster.yaml").read_text() == theirs
+    empty_home = tmp_path / "empty_home"  # an operator's home without a file: still theirs, nothing written
+    empty_home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(empty_home))
+    prepare_dagster_home(settings, pg_admin_url)
+    assert list(empty_home.iterdir()) == []
+
+    # The project's own home gets a generated file; a URL's password is read from the environment, never written.
+    own_home = settings.data_dir / "dagster_home"
+    monkeypatch.setenv("DAGSTER_HOME", str(own_home))
+    monkeypatch.delenv(DAGSTER_URL_VARIABLE, raising=False)
+    role = f"dagster_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 's3cr3t-pw'").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("CREATE DATABASE {0} OWNER {0}").format(sql.Identifier(role)))
+    try:
+        with_password = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=role, user=role, password="s3cr3t-pw")
+        prepare_dagster_home(settings, with_password)
+        written = (own_home / "dagster.yaml").read_text()
+        assert written.startswith(GENERATED_MARK) and "s3cr3t-pw" not in written
+        assert f"env: {DAGSTER_URL_VARIABLE}" in written and "s3cr3t-pw" in os.environ[DAGSTER_URL_VARIABLE]
+        with dg.DagsterInstance.from_config(str(own_home)) as instance:
+            assert instance.get_runs(limit=1) == []  # the instance reads the URL from the environment
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(role)))
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 # --- the index write lock ---------------------------------------------------------------------------------

@@ -74,11 +74,11 @@ def cli_env(tmp_path, db_url, pg_admin_url):
     env.update(
         RAG_DATABASE_URL=db_url,
         RAG_DAGSTER_DATABASE_URL=psycopg.conninfo.make_conninfo(pg_admin_url, dbname=dagster_db),
-        RAG_DATA_DIR=str(tmp_path / "data"),
-        DAGSTER_HOME=str(tmp_path / "dagster_home"),
+        RAG_DATA_DIR=str(tmp_path / "data"),  # the project's own Dagster instance lives under it
         RAG_CONFIG=str(_shipped_config_without_sources(tmp_path)),
         HF_HUB_OFFLINE="1",
     )
+    env.pop("DAGSTER_HOME", None)
     return env
 
 
@@ -117,12 +117,13 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     (version,) = json.loads(listed.stdout)
     assert version["active"] and version["status"] == "active" and version["dimensions"] == 384
     assert version["rows"] == summary["chunks_written"] - summary["near_duplicates"]
-    missing = subprocess.run([*cli, "search", "battery", "--labels", "staff", "--version", "99"], env=cli_env,
+    missing = subprocess.run([*cli, "search", "battery", "--labels", "staff", "--index-version", "99"], env=cli_env,
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "no searchable index version 99" in missing.stderr
 
     # The runs live in Dagster's Postgres storage: the same instance the UI reads.
-    os.environ["DAGSTER_HOME"] = cli_env["DAGSTER_HOME"]
+    home = str(tmp_path / "data" / "dagster_home")  # the project's own instance, under RAG_DATA_DIR
+    os.environ["DAGSTER_HOME"] = home
     try:
         with DagsterInstance.get() as instance:
             runs = instance.get_runs()
@@ -135,7 +136,7 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     server = subprocess.Popen(
         [sys.executable, "-m", "dagster_webserver", "-h", "127.0.0.1", "-p", str(port), "-w",
          str(REPO / "workspace.yaml")],
-        env=cli_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**cli_env, "DAGSTER_HOME": home}, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 120
@@ -182,3 +183,46 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_every_cli_option_has_help_and_the_version_is_not_an_index_version(capsys):
+    import argparse
+
+    from rag_pipeline.cli import build_parser, package_version
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        missing = []
+        for action in parser._actions:  # argparse offers no public walk over its options
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    missing += walk(child, f"{path} {name}")
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        return missing
+
+    assert walk(build_parser(), "rag-pipeline") == []
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"rag-pipeline {package_version()}"
+    assert build_parser().parse_args(["search", "q", "--labels", "a", "--index-version", "2"]).index_version == 2
+
+
+def test_exit_codes_follow_the_documented_table(clone, capsys):
+    from rag_pipeline import cli
+
+    conn, settings = clone
+    config = str(settings.config_file)
+    active = conn.execute("SELECT version_id FROM index_alias WHERE alias = 'active'").fetchone()[0]
+    assert cli.main(["--config", config, "index", "retire", str(active)]) == cli.EXIT_REFUSED  # lifecycle refusal
+    assert "refused:" in capsys.readouterr().err
+    assert cli.main(["--config", config, "search", "x", "--labels", "staff", "--index-version", "99"]) == cli.EXIT_USAGE
+    broken = settings.config_file.with_name("broken.yaml")
+    broken.write_text("retrieval: {k: 0}\n")
+    assert cli.main(["--config", str(broken), "search", "x", "--labels", "staff"]) == cli.EXIT_USAGE
+    assert cli.main(["--config", config, "checks"]) in (cli.EXIT_OK, cli.EXIT_FAILED)
+    unreachable = settings.config_file.with_name("unreachable.yaml")
+    unreachable.write_text(yaml.safe_dump({"database_url": "postgresql://nobody@127.0.0.1:1/none"}))
+    assert cli.main(["--config", str(unreachable), "index", "list"]) == cli.EXIT_ERROR
+    # The table in the module's help is the one these constants implement.
+    for code in (cli.EXIT_OK, cli.EXIT_FAILED, cli.EXIT_USAGE, cli.EXIT_REFUSED, cli.EXIT_DELETIONS_HELD, cli.EXIT_ERROR):
+        assert f"\n  {code}  " in cli.__doc__

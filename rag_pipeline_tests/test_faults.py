@@ -104,10 +104,10 @@ def clean_build(notes, pg_admin_url, template_url, tmp_path_factory) -> dict:
 class IngestProcess:
     """`rag-pipeline ingest` in a process of its own, as the scheduler would start it."""
 
-    def __init__(self, config: Path, dagster_url: str, home: Path):
-        env = dict(os.environ, RAG_CONFIG=str(config), RAG_DAGSTER_DATABASE_URL=dagster_url,
-                   DAGSTER_HOME=str(home), HF_HUB_OFFLINE="1")
+    def __init__(self, config: Path, dagster_url: str):
+        env = dict(os.environ, RAG_CONFIG=str(config), RAG_DAGSTER_DATABASE_URL=dagster_url, HF_HUB_OFFLINE="1")
         env.pop("RAG_DATABASE_URL", None)
+        env.pop("DAGSTER_HOME", None)  # the project's own instance, under the configuration's data_dir
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rag_pipeline.cli", "ingest", "--json"], env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -165,17 +165,17 @@ def crash_env(notes, pg_admin_url, template_url, tmp_path):
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE rag_test_template").format(sql.Identifier(names[0])))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(names[1])))
     url, dagster_url = (psycopg.conninfo.make_conninfo(pg_admin_url, dbname=n) for n in names)
-    yield url, dagster_url, _config(tmp_path / "rag.yaml", url, notes), tmp_path / "dagster_home"
+    yield url, dagster_url, _config(tmp_path / "rag.yaml", url, notes)
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
         for name in names:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_sigkill_mid_parse_mid_embed_and_mid_write_then_rerun_equals_a_clean_build(crash_env, clean_build):
-    url, dagster_url, config, home = crash_env
+    url, dagster_url, config = crash_env
     for point in (mid_parse, mid_embed, mid_write):
-        IngestProcess(config, dagster_url, home).kill_when(url, point)
-    code, out, err = IngestProcess(config, dagster_url, home).finish()
+        IngestProcess(config, dagster_url).kill_when(url, point)
+    code, out, err = IngestProcess(config, dagster_url).finish()
     assert code == 0, err[-3000:]
     assert json.loads(out)["success"]
     assert_same_index(snapshot(url), clean_build)
@@ -191,7 +191,7 @@ def test_database_restart_mid_run_fails_clearly_and_the_next_run_recovers(notes,
         url = server.url("rag")
         migrate(url)
         config = _config(tmp_path / "rag.yaml", url, notes)
-        run = IngestProcess(config, server.url("dagster"), tmp_path / "dagster_home")
+        run = IngestProcess(config, server.url("dagster"))
         with psycopg.connect(url, autocommit=True) as conn:
             deadline = time.monotonic() + 240
             while not mid_embed(conn):
@@ -207,7 +207,7 @@ def test_database_restart_mid_run_fails_clearly_and_the_next_run_recovers(notes,
         (error,) = summary["errors"]
         assert error.startswith("parsed_documents.work_documents: lost the database connection"), error
 
-        code, out, err = IngestProcess(config, server.url("dagster"), tmp_path / "dagster_home").finish()
+        code, out, err = IngestProcess(config, server.url("dagster")).finish()
         assert code == 0, err[-3000:]
         assert_same_index(snapshot(url), clean_build)
     finally:
@@ -216,9 +216,9 @@ def test_database_restart_mid_run_fails_clearly_and_the_next_run_recovers(notes,
 
 
 def test_two_refreshes_at_once_share_the_work_and_leave_a_clean_index(crash_env, clean_build):
-    url, dagster_url, config, home = crash_env
-    first = IngestProcess(config, dagster_url, home)
-    second = IngestProcess(config, dagster_url, home)
+    url, dagster_url, config = crash_env
+    first = IngestProcess(config, dagster_url)
+    second = IngestProcess(config, dagster_url)
     results = [first.finish(), second.finish()]
     for code, _out, err in results:
         assert code == 0, err[-3000:]
