@@ -367,10 +367,14 @@ def retrieval_quality(
         problems.append("the baseline predates per-question results: re-baseline (rag-pipeline checks "
                         "--set-baseline) so differences can be tested")
     reused = 0
+    current: dict[str, float] = {}
     for version in candidates:
         evaluation, cached = _evaluate_version(conn, version, config, golden_sha, options)
         reused += cached
         overall = evaluation.metrics.get("overall", {})
+        if version.version_id == active.version_id:  # numbers the UI plots over time
+            current = {name.replace("@k", "_at_k"): float(overall[name])
+                       for name in ("recall@k", "ndcg@k", "hit@k", "mrr") if overall.get(name) is not None}
         if "recall@k" in overall and overall["recall@k"] == 0:
             # Nothing found for any answerable question: a failure whatever the baseline says (a baseline
             # taken on an empty index is 0 too, and "no fall from 0" must not pass).
@@ -401,7 +405,7 @@ def retrieval_quality(
         f"{active.label} recall@{config.k} {headline.get('recall@k')} ndcg@{config.k} {headline.get('ndcg@k')}; "
         "no significant fall beyond the tolerance",
         numbers={"configured": "yes", "versions_evaluated": len(candidates), "evaluations_reused": reused,
-                 "questions": int(headline.get("questions", 0)), "tolerance": config.quality_tolerance},
+                 "questions": int(headline.get("questions", 0)), "tolerance": config.quality_tolerance, **current},
         tables={"against_baseline": Table(("version", "status", "metric", "baseline", "now", "delta", "95% CI",
                                            "p", "state"), rows)},
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import dagster as dg
 import psycopg
 import pytest
 from dagster import AssetCheckKey, AssetKey, DagsterInstance
@@ -232,8 +233,14 @@ def test_check_results_in_dagster_and_blocking_failures_fail_the_run(clone):
         assert result.success
         evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
         assert set(evaluations) == set(CHECK_NAMES) and all(e.passed for e in evaluations.values())
-        assert "| sample |" in evaluations["staleness"].metadata["freshness_per_source"].value
-        assert "| recall@k |" in evaluations["retrieval_quality"].metadata["against_baseline"].value
+        # Typed tables (sortable, numbers as numbers) and metrics the UI plots.
+        freshness = evaluations["staleness"].metadata["freshness_per_source"]
+        assert isinstance(freshness, dg.TableMetadataValue) and freshness.records[0].data["source"] == "sample"
+        quality = evaluations["retrieval_quality"].metadata
+        against = {r.data["metric"]: r.data for r in quality["against_baseline"].records}
+        assert isinstance(against["recall@k"]["now"], float)
+        assert {c.name: c.type for c in quality["against_baseline"].schema.columns}["now"] == "float"
+        assert isinstance(quality["recall_at_k"], dg.FloatMetadataValue) and 0 < quality["recall_at_k"].value <= 1
 
         # Labels out of step with the document: acl_coverage fails with ERROR and, being blocking, fails the run.
         table = _table(conn)
@@ -273,3 +280,17 @@ def test_checks_from_the_cli(clone, capsys):
     assert "baseline recorded" in capsys.readouterr().out
     assert evaluations.baseline(conn, version_id, golden_sha).metrics["overall"]["recall@k"] < 1.0
     assert health.retrieval_quality(conn, settings.checks).passed
+
+
+def test_a_no_op_refresh_still_shows_the_index_totals_on_every_asset(clone):
+    conn, settings = clone
+    with DagsterInstance.ephemeral() as instance:
+        summary = run_ingest(settings, instance=instance)
+        assert summary["success"] and summary["parsed"] == 0  # nothing changed since the template's ingest
+        for asset in ("source_documents", "parsed_documents", "document_chunks", "search_index"):
+            event = instance.get_latest_materialization_event(AssetKey(asset))
+            metadata = event.asset_materialization.metadata
+            assert metadata["index_documents_indexed"].value == 5, asset
+            assert metadata["index_vectors"].value > 0 and metadata["index_dead_letters"].value == 1, asset
+            tiers = {r.data["tier"]: r.data["pages"] for r in metadata["index_pages_by_tier"].records}
+            assert sum(tiers.values()) == metadata["index_pages"].value > 0, asset

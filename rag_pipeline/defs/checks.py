@@ -9,7 +9,7 @@ ERROR but blocks nothing (a version swap has its own promotion gates).
 import dagster as dg
 
 from rag_pipeline import health
-from rag_pipeline.defs.metadata import markdown_table
+from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.store.database import connect
@@ -17,7 +17,7 @@ from rag_pipeline.store.database import connect
 
 def _result(outcome: health.CheckOutcome, severity: dg.AssetCheckSeverity) -> dg.AssetCheckResult:
     metadata: dict = {"summary": outcome.summary, **outcome.numbers}
-    metadata.update({name: markdown_table(t.header, t.rows) for name, t in outcome.tables.items()})
+    metadata.update({name: typed_table(t.header, t.rows) for name, t in outcome.tables.items()})
     return dg.AssetCheckResult(
         passed=outcome.passed, severity=severity, description=outcome.summary, metadata=metadata
     )

@@ -4,7 +4,7 @@ Dagster's executors, run launchers and backfills can spread it over N workers.""
 import dagster as dg
 
 from rag_pipeline import versions
-from rag_pipeline.defs.metadata import markdown_table
+from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.status import VersionStatus
@@ -94,7 +94,7 @@ def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: 
         gates = versions.check_gates(conn, candidate, checks.golden_set, list(checks.golden_labels) or None,
                                      k=checks.k, tolerance=checks.quality_tolerance,
                                      options=SearchOptions.from_settings(settings))
-        context.add_output_metadata({"gate_failures": markdown_table(("failure",), [(f,) for f in gates.failures]),
+        context.add_output_metadata({"gate_failures": typed_table(("failure",), [(f,) for f in gates.failures]),
                                      "forced": config.force, "quality": dg.MetadataValue.json(gates.quality)})
         if gates.failures and not config.force:
             raise dg.Failure(f"v{config.version_id} not promoted: " + "; ".join(gates.failures))

@@ -9,7 +9,7 @@ import dagster as dg
 
 from rag_pipeline.config import ConfigError, Settings, SourceConfig
 from rag_pipeline.defs.io import RUN_OUTPUTS
-from rag_pipeline.defs.metadata import markdown_table
+from rag_pipeline.defs.metadata import index_totals, typed_table
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
@@ -99,16 +99,23 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
             "newly_held": stats.held,
             "deletions_held": stats.deletions_held,
             "seconds": round(stats.seconds, 3),
-            "per_source": markdown_table(
+            "per_source": typed_table(
                 ("source", "seen", "new", "changed", "deleted", "relabelled", "held", "deletions held"),
                 [(name, *counts.values()) for name, counts in stats.per_source.items()],
             ),
-            "problems": markdown_table(
+            "problems": typed_table(
                 ("source", "path", "problem"), [tuple(p.values()) for p in stats.problems]
             ),
             "stats": dg.MetadataValue.json(stats.as_dict()),
+            **_totals(db_url),
         }
     )
+
+
+def _totals(db_url: str) -> dict:
+    """The whole index beside what this run did: a no-op refresh still shows what the index holds."""
+    with connect(db_url) as conn:
+        return index_totals(conn)
 
 
 WORK_STATS = "stats"  # the output name of every document step
@@ -134,8 +141,9 @@ def report_documents(context: dg.OpExecutionContext, rag: RagResource):
     for report in reports:  # none on a re-execution that skipped the document steps
         stats.add(ProcessStats.from_dict(report))
     hosts = sorted({r["host"] for r in reports})
-    return dg.Output(stats.as_dict(), metadata=parse_metadata(stats.parse, dead, stats.workers,
-                                                              stats.workers_replaced, hosts))
+    return dg.Output(stats.as_dict(), metadata={
+        **parse_metadata(stats.parse, dead, stats.workers, stats.workers_replaced, hosts),
+        **_totals(rag.database_url())})
 
 
 def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
@@ -167,7 +175,7 @@ def document_chunks(context: dg.AssetExecutionContext, rag: RagResource, parsed_
                                index=False).chunk
     stats.add(leftover)
     stats.seconds += leftover.seconds
-    return dg.Output(parsed_documents, metadata=chunk_metadata(stats))
+    return dg.Output(parsed_documents, metadata={**chunk_metadata(stats), **_totals(rag.database_url())})
 
 
 @dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS,
@@ -180,7 +188,7 @@ def search_index(context: dg.AssetExecutionContext, rag: RagResource, document_c
     with connect(db_url) as conn:
         statuses = documents.status_counts(conn)
         all_versions = versions.index_versions(conn)
-    return dg.Output(document_chunks, metadata=index_metadata(stats, statuses, all_versions))
+    return dg.Output(document_chunks, metadata={**index_metadata(stats, statuses, all_versions), **_totals(db_url)})
 
 
 def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: int,
@@ -194,15 +202,15 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
         "pages_per_second": round(stats.pages / stats.seconds, 2) if stats.seconds else 0.0,
         "workers": workers,
         "workers_replaced": replaced,
-        "steps": markdown_table(("step process",), [(host,) for host in hosts]),
-        "tier_mix": markdown_table(("tier", "pages"), sorted(stats.tiers.items())),
+        "steps": typed_table(("step process",), [(host,) for host in hosts]),
+        "tier_mix": typed_table(("tier", "pages"), sorted(stats.tiers.items())),
         "pages_escalated": stats.escalated,
         "pages_unresolved": stats.unresolved_pages,
-        "escalations": markdown_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
-        "tiers_unavailable": markdown_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
-        "chars_removed_by_cleaning": markdown_table(("rule", "characters"), sorted(stats.chars_removed.items())),
-        "dead_letters_this_run": markdown_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
-        "dead_letters_all": markdown_table(
+        "escalations": typed_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
+        "tiers_unavailable": typed_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
+        "chars_removed_by_cleaning": typed_table(("rule", "characters"), sorted(stats.chars_removed.items())),
+        "dead_letters_this_run": typed_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
+        "dead_letters_all": typed_table(
             ("source", "path", "reason", "attempts"),
             [(d["source"], d["rel_path"], d["reason"], d["attempts"]) for d in dead[:50]],
         ),
@@ -222,7 +230,7 @@ def chunk_metadata(stats: ChunkStats) -> dict:
         "llm_prefixes_cached": stats.prefixes_cached,
         "llm_prefix_failures": stats.prefix_failures,
         "worker_seconds": round(stats.seconds, 3),
-        "chunk_tokens": markdown_table(("statistic", "tokens"), list(stats.token_distribution().items())),
+        "chunk_tokens": typed_table(("statistic", "tokens"), list(stats.token_distribution().items())),
         "stats": dg.MetadataValue.json(summary),
     }
 
@@ -237,12 +245,12 @@ def index_metadata(stats: IndexStats, statuses: dict[str, int], all_versions: li
         "dedup_rate": stats.dedup_rate,
         "seconds": round(stats.seconds, 3),
         "chunks_per_second": round(stats.chunks_indexed / stats.seconds, 2) if stats.seconds else 0.0,
-        "index_versions": markdown_table(
+        "index_versions": typed_table(
             ("version", "status", "model", "identity", "dims", "rows"),
             [(v.label, v.status, v.embedding_model, v.model_identity or "not recorded yet", v.dimensions, v.row_count)
              for v in all_versions],
         ),
-        "documents_by_status": markdown_table(("status", "documents"), sorted(statuses.items())),
+        "documents_by_status": typed_table(("status", "documents"), sorted(statuses.items())),
         "stats": dg.MetadataValue.json(stats.as_dict()),
     }
 

@@ -1,12 +1,47 @@
-"""Metadata a person can read at a glance in the UI."""
+"""Metadata a person can read at a glance in the UI: typed tables (sortable columns, numbers as numbers), and the
+index's totals beside what a run did."""
 
 from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
+import psycopg
+
+from rag_pipeline.store import health
+
+_COLUMN_TYPES = ((bool, "bool"), (int, "int"), (float, "float"))
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> dg.MetadataValue:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return dg.MetadataValue.md("\n".join(lines) if rows else "_none_")
+def _column_type(values: list[Any]) -> str:
+    present = [v for v in values if v is not None]
+    for kind, name in _COLUMN_TYPES:
+        if present and all(isinstance(v, kind) and (kind is bool or not isinstance(v, bool)) for v in present):
+            return name
+    if present and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present):
+        return "float"
+    return "string"
+
+
+def typed_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> dg.MetadataValue:
+    """A table the UI shows with typed columns; cells that are not numbers or booleans become text."""
+    columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in header]
+    types = [_column_type(values) for values in columns]
+
+    def cell(value: Any, kind: str) -> Any:
+        if value is None or kind != "string":
+            return value
+        return str(value)
+
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({name: cell(value, kind) for name, value, kind in zip(header, row, types, strict=True)})
+                 for row in rows],
+        schema=dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in zip(header, types, strict=True)]),
+    )
+
+
+def index_totals(conn: psycopg.Connection) -> dict[str, Any]:
+    """The whole index, whatever this run did: numbers the UI plots over time, and pages by tier."""
+    totals = health.index_totals(conn)
+    metadata: dict[str, Any] = {f"index_{name}": dg.MetadataValue.int(value) for name, value in totals.counts.items()}
+    metadata["index_pages_by_tier"] = typed_table(("tier", "pages"), sorted(totals.pages_by_tier.items()))
+    return metadata

@@ -228,3 +228,34 @@ def latest_checks(conn: psycopg.Connection) -> list[tuple[str, bool, str, Any]]:
     """(name, passed, summary, checked_at) of every check that has run, by name."""
     return conn.execute("SELECT check_name, passed, summary, checked_at FROM check_results ORDER BY check_name"
                         ).fetchall()
+
+
+# --- the index's totals --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexTotals:
+    counts: dict[str, int]  # documents, documents_indexed, documents_queued, documents_held, dead_letters, pages,
+    #                         chunks, vectors (rows of the active version)
+    pages_by_tier: dict[str, int]
+
+
+def index_totals(conn: psycopg.Connection) -> IndexTotals:
+    row = conn.execute(
+        """SELECT count(*),
+                  count(*) FILTER (WHERE status = %(indexed)s),
+                  count(*) FILTER (WHERE status = ANY(%(queued)s)),
+                  count(*) FILTER (WHERE status = ANY(%(held)s)),
+                  count(*) FILTER (WHERE status = %(dead)s),
+                  (SELECT count(*) FROM document_pages),
+                  (SELECT count(*) FROM chunks),
+                  (SELECT coalesce(max(v.row_count), 0) FROM index_alias a JOIN index_versions v USING (version_id)
+                   WHERE a.alias = %(alias)s)
+           FROM documents""",
+        {"indexed": DocumentStatus.INDEXED, "queued": list(DOCUMENT_QUEUED), "held": list(DOCUMENT_HELD),
+         "dead": DocumentStatus.DEAD_LETTER, "alias": ACTIVE_ALIAS},
+    ).fetchone()
+    names = ("documents", "documents_indexed", "documents_queued", "documents_held", "dead_letters", "pages",
+             "chunks", "vectors")
+    tiers = dict(conn.execute("SELECT tier, count(*) FROM document_pages GROUP BY tier").fetchall())
+    return IndexTotals(dict(zip(names, (int(v) for v in row), strict=True)), {t: int(n) for t, n in tiers.items()})
