@@ -32,6 +32,15 @@ def test_definitions_load_from_the_workspace_module(make_settings):
     defs = build_definitions(settings)
     keys = {key for assets in ingestion_assets(settings) for key in assets.keys}
     assert keys == {AssetKey(name) for name in ASSET_NAMES}
+    specs = {spec.key.to_user_string(): spec for assets in ingestion_assets(settings) for spec in assets.specs}
+    assert all(spec.kinds == {"python", "postgres"} for spec in specs.values())
+    # Code versions name what the output depends on, so the UI can mark what a parser or chunker change leaves stale.
+    assert specs["parsed_documents"].code_version.startswith("rp") and "pdfplumber=" in specs["parsed_documents"].code_version
+    assert specs["document_chunks"].code_version.endswith(";overlap=0")
+    assert specs["search_index"].code_version.endswith("|all-MiniLM-L6-v2")
+    other = make_settings(chunking={"max_tokens": 128})
+    assert {s.key.to_user_string(): s for a in ingestion_assets(other) for s in a.specs}[
+        "document_chunks"].code_version != specs["document_chunks"].code_version
     schedule = defs.resolve_schedule_def("incremental_refresh")
     assert schedule.cron_schedule == "0 * * * *"
     workspace = yaml.safe_load((REPO / "workspace.yaml").read_text())

@@ -255,8 +255,31 @@ def index_metadata(stats: IndexStats, statuses: dict[str, int], all_versions: li
     }
 
 
+def code_versions(settings: Settings) -> dict[str, str]:
+    """What each asset's output depends on besides its inputs, known without loading a model: the parser's version,
+    the chunker's (chunk size from the configured model's window, overlap), and the model that embeds. The UI marks
+    an asset whose code version changed since its last materialization."""
+    from rag_pipeline.embedding import ModelUnavailableError, resolve_model
+    from rag_pipeline.parsing import parser_version
+    from rag_pipeline.stages.chunk import current_chunker_version
+
+    versions = {"parsed_documents": parser_version()}
+    try:
+        location = resolve_model(settings.embedding.backend_model, settings.embedding.models_dir).location
+        versions["document_chunks"] = current_chunker_version(settings, location)
+    except (ModelUnavailableError, OSError, ValueError, ConfigError):
+        pass  # the model cannot be read here: no code version, the run itself will say why
+    versions["search_index"] = f"{versions.get('document_chunks', '?')}|{settings.embedding.backend_model}"
+    return versions
+
+
 def ingestion_assets(settings: Settings) -> list[dg.AssetsDefinition]:
-    return [source_documents, parsed_documents_asset(settings.execution.steps), document_chunks, search_index]
+    assets = [source_documents, parsed_documents_asset(settings.execution.steps), document_chunks, search_index]
+    versions = code_versions(settings)
+    return list(dg.map_asset_specs(
+        lambda spec: spec.replace_attributes(kinds={"python", "postgres"},
+                                             code_version=versions.get(spec.key.to_user_string())),
+        assets))
 
 
 def ingest_job(settings: Settings):  # an asset job, resolved by Definitions
