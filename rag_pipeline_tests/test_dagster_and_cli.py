@@ -1,13 +1,16 @@
 """The code location loads, and the CLI runs the job against a real Postgres-backed Dagster instance
 whose runs and materializations the webserver (the UI) then serves."""
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import psycopg
@@ -189,9 +192,55 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
         quality = checks["retrieval_quality"]["executionForLatestMaterialization"]["evaluation"]
         assert "against_baseline" in {entry["label"] for entry in quality["metadataEntries"]}
         assert "recall@10" in quality["description"]
+        _look_in_a_browser(port, again)
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+SCREENSHOTS = REPO / ".test-artifacts" / "browser"
+
+
+def _look_in_a_browser(port: int, summary: dict) -> None:
+    """The UI as a person sees it, in headless Chromium (Debian's package, driven by Playwright): the asset graph,
+    the search_index checks, and the latest materialization of search_index with the index's totals. Screenshots
+    are kept in .test-artifacts/browser/."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed: .ci/run installs Debian's chromium package")
+        warnings.warn("chromium is not installed (apt-get install chromium): the browser part of this test did not run",
+                      stacklevel=1)
+        return
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect, sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    base = f"http://127.0.0.1:{port}"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(f"{base}/locations/rag_pipeline/asset-groups/ingestion")
+            skip = page.get_by_role("button", name="Skip")  # the UI's one-time community invitation
+            with contextlib.suppress(PlaywrightTimeout):  # not every Dagster release shows it
+                skip.click(timeout=15_000)
+            for name in ASSET_NAMES:
+                expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text("5 / 5 Passed").first).to_be_visible()  # search_index's checks, on the graph
+            page.screenshot(path=SCREENSHOTS / "asset-graph.png")
+
+            page.goto(f"{base}/assets/search_index?view=checks")
+            for name in set(CHECK_NAMES) - {"parse_health"}:  # parse_health is parsed_documents' check
+                expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=60_000)
+            page.screenshot(path=SCREENSHOTS / "search-index-checks.png", full_page=True)
+
+            page.goto(f"{base}/assets/search_index?view=events")
+            for label in ("index_documents_indexed", "index_vectors", "index_pages_by_tier"):
+                expect(page.get_by_text(label, exact=True).first).to_be_visible(timeout=60_000)
+            page.screenshot(path=SCREENSHOTS / "search-index-latest-materialization.png", full_page=True)
+        finally:
+            browser.close()
 
 
 def test_every_cli_option_has_help_and_the_version_is_not_an_index_version(capsys):
