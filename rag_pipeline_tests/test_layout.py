@@ -167,3 +167,34 @@ def test_the_wheel_holds_the_package_and_its_migrations_and_installs_and_migrate
         assert "008_status_transitions.sql" in started.stdout  # migrated from the wheel's own files
     finally:
         subprocess.run([str(venv / "bin" / "rag-pipeline"), "db", "stop"], cwd=work, env=env, timeout=120)
+
+
+def test_a_users_dg_project_loads_the_pipeline_as_a_component(tmp_path):
+    """A minimal project of the user's own, as `dg` scaffolds one, with the pipeline in a defs.yaml block."""
+    package = tmp_path / "src" / "user_project"
+    (package / "defs" / "rag").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "user-project"\nversion = "0.1.0"\n\n'
+        '[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "user_project"\n')
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "__init__.py").write_text("")
+    (package / "definitions.py").write_text(
+        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs() -> dg.Definitions:\n"
+        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n")
+    (package / "defs" / "rag" / "defs.yaml").write_text(
+        "type: rag_pipeline.defs.component.RagPipelineComponent\nattributes:\n  config_file: rag_pipeline.yaml\n")
+    (package / "defs" / "rag" / "rag_pipeline.yaml").write_text(yaml.safe_dump({
+        "database_url": "postgresql://rag@db.internal/rag", "refresh_cron": "*/15 * * * *",
+        "sources": [{"name": "docs", "root": str(tmp_path), "acl_labels": ["staff"]}]}))
+    dg = Path(sys.executable).with_name("dg")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src")}  # as `pip install -e .` of the user's project would
+    env.pop("RAG_CONFIG", None)
+    checked = subprocess.run([str(dg), "check", "defs"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                             timeout=300)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+    listed = subprocess.run([str(dg), "list", "defs", "--json"], capture_output=True, text=True, cwd=tmp_path,
+                            env=env, timeout=300)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    defs = json.loads(listed.stdout)
+    assert {a["asset_key"] for a in defs["assets"]} >= {"source_documents", "parsed_documents", "search_index"}
+    assert any(s["cron_schedule"] == "*/15 * * * *" for s in defs["schedules"])  # the configuration it was given
