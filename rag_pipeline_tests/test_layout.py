@@ -146,6 +146,9 @@ def test_the_wheel_holds_the_package_and_its_migrations_and_installs_and_migrate
     assert [n.rsplit("/", 1)[1] for n in names if n.startswith("rag_pipeline/store/migrations/")] == migrations
     assert not [n for n in names if n.startswith(("rag_pipeline_tests", "bench", "torture_set", "sample_corpus"))]
     assert "rag_pipeline/definitions.py" in names
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()  # SPDX, not the deprecated license table
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
     # A venv that sees the project's dependencies (not its editable checkout) and holds the wheel.
     venv = tmp_path / "venv"
