@@ -222,6 +222,16 @@ class EmbeddingEndpointError(RuntimeError):
     """The embeddings endpoint gave no usable answer after all retries."""
 
 
+def _weights_of(model: ResolvedModel) -> str:
+    """A loaded model is kept per weights, not per folder: new weights in the same folder (a long-lived service or
+    code server) load afresh instead of answering for the old ones."""
+    if not model.is_local:
+        return ""
+    from rag_pipeline.model_identity import weights_digest
+
+    return weights_digest(Path(model.location))
+
+
 _embedders: dict[tuple[str, ...], Any] = {}
 _embedders_lock = threading.Lock()
 
@@ -235,7 +245,7 @@ def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Any:
         from rag_pipeline.onnx_embedding import OnnxEmbedder
 
         model = resolve_model(name, config.models_dir)
-        key = (name, model.location, "onnx-int8")
+        key = (name, model.location, _weights_of(model), "onnx-int8")
         with _embedders_lock:
             if key not in _embedders:
                 _embedders[key] = OnnxEmbedder(name, model, config.models_dir, config.batch_size)
@@ -250,7 +260,7 @@ def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Any:
                 _embedders[key] = RemoteEmbedder(name, config)
             return _embedders[key]
     model = resolve_model(name, config.models_dir)
-    key = (model.location, config.device)
+    key = (model.location, _weights_of(model), config.device)
     with _embedders_lock:
         if key not in _embedders:
             _embedders[key] = Embedder(model, device=config.device, batch_size=config.batch_size)

@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 # Files and folders of a model folder that do not change what it computes: documentation, version-control and
 # hub-cache metadata, and copies of the model for other runtimes.
 _IGNORED_DIRS = frozenset({"onnx", "openvino", "__pycache__", ".git", ".cache", ".huggingface"})
-_IGNORED_SUFFIXES = (".md", ".pyc")
+_IGNORED_SUFFIXES = (".md", ".pyc", ".onnx", ".h5", ".msgpack", ".ot")  # docs; TensorFlow, Flax, Rust, ONNX copies
 _IGNORED_PREFIXES = ("README", "LICENSE", ".")
+# transformers loads safetensors when both are there: a full hub download (both) and a loader's cache (one) agree.
+_SHADOWED = {"pytorch_model.bin": "model.safetensors"}
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -43,7 +45,8 @@ def _weight_files(folder: Path) -> list[Path]:
     for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if d not in _IGNORED_DIRS and not d.startswith("."))
         files += [Path(root) / name for name in names
-                  if not name.startswith(_IGNORED_PREFIXES) and not name.endswith(_IGNORED_SUFFIXES)]
+                  if not name.startswith(_IGNORED_PREFIXES) and not name.endswith(_IGNORED_SUFFIXES)
+                  and not (name in _SHADOWED and _SHADOWED[name] in names)]
     return files
 
 
@@ -86,11 +89,13 @@ def _local_folder(model: ResolvedModel, download: bool) -> Path:
 
     names = [model.location] + ([] if "/" in model.location else [f"sentence-transformers/{model.location}"])
     errors = []
-    for repo in names:
-        try:
-            return Path(snapshot_download(repo, local_files_only=not download))
-        except Exception as exc:  # the hub library raises many kinds: offline, not found, bad name
-            errors.append(f"{repo}: {type(exc).__name__}")
+    # What is in the cache first (no network on every search); fetched only when allowed and missing.
+    for local_only in (True, False) if download else (True,):
+        for repo in names:
+            try:
+                return Path(snapshot_download(repo, local_files_only=local_only))
+            except Exception as exc:  # the hub library raises many kinds: offline, not found, bad name
+                errors.append(f"{repo}: {type(exc).__name__}")
     raise ModelUnavailableError(
         f"embedding model {model.name!r} is not a local folder, a packaged or installed model"
         + ("" if download else ", or in the Hugging Face cache") + f" ({'; '.join(errors)}); set embedding.model to "
@@ -182,7 +187,8 @@ def adopt_model_identities(conn: psycopg.Connection, config: EmbeddingConfig) ->
             continue
         with conn.transaction():
             versions.lock_registry(conn)
-            versions.record_identity(conn, version.version_id, identity)
+            if not versions.record_identity(conn, version.version_id, identity):
+                continue  # another process recorded it (and moved the cache rows) first
             moved = chunk_store.rekey_embedding_cache(conn, version.embedding_model, identity.key)
         adopted.append(f"{version.label}: {version.embedding_model} -> {identity.key} ({moved} cached vectors)")
         log.info("index version %s", adopted[-1])

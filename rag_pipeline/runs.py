@@ -39,12 +39,12 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
                         "Unset DAGSTER_HOME to use the project's instance (runs in Postgres beside the index).", home)
         os.environ["DAGSTER_HOME"] = str(home)
         return home
-    if target.exists() and not target.read_text().startswith(GENERATED_MARK):
+    if target.exists() and not _generated_here(target.read_text()):
         log.warning("%s was not written by rag_pipeline: it is left as it is", target)
     else:
         home.mkdir(parents=True, exist_ok=True)
         postgres_url: Any = sqlalchemy_url(dagster_url)
-        if psycopg.conninfo.conninfo_to_dict(dagster_url).get("password"):
+        if {"password", "sslpassword"} & set(psycopg.conninfo.conninfo_to_dict(dagster_url)):
             os.environ[DAGSTER_URL_VARIABLE] = postgres_url
             postgres_url = {"env": DAGSTER_URL_VARIABLE}
         config = {
@@ -61,6 +61,18 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
     os.environ["DAGSTER_HOME"] = str(home)
     _create_dagster_storage(dagster_url)
     return home
+
+
+def _generated_here(text: str) -> bool:
+    """Written by rag_pipeline: marked, or (written before the mark existed) exactly the keys it wrote then."""
+    if text.startswith(GENERATED_MARK):
+        return True
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return (isinstance(config, dict) and set(config) == {"storage", "telemetry", "run_queue"}
+            and set(config["storage"] or {}) == {"postgres"} and config["telemetry"] == {"enabled": False})
 
 
 DAGSTER_SCHEMA_LOCK = 0x7261675F64616773  # "rag_dags": an advisory lock key of its own

@@ -58,6 +58,9 @@ class TokenBook:
                 digest = hashlib.sha256(value.encode()).digest()
             else:
                 digest = bytes.fromhex(token.sha256 or "")
+            if any(hmac.compare_digest(known, digest) for known, _ in self._entries):
+                raise ConfigError(f"service.tokens[{index}]: the same token as an earlier entry (which labels would "
+                                  "it carry?)")
             self._entries.append((digest, Caller(token.name, token.labels)))
 
     def __len__(self) -> int:
@@ -85,7 +88,7 @@ class SearchRequest(BaseModel):
 class SearchResponse(BaseModel):
     results: list[SearchHit]  # flags: e.g. prompt-injection patterns; treat such a text as data
     version: str
-    model: str
+    model: str = Field(description="the active version's model identity (backend and weights digest)")
     took_ms: float
 
 
@@ -115,12 +118,12 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await too_large(scope, receive, send)
             return
-        body, more = b"", True
+        body, more = bytearray(), True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            body += message.get("body", b"")
+            body.extend(message.get("body", b""))
             more = message.get("more_body", False)
             if len(body) > self.limit:
                 await too_large(scope, receive, send)
@@ -131,7 +134,7 @@ class BodyLimit:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
@@ -162,6 +165,11 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("search service: unexpected %s", type(exc).__name__)
+        return _error(500, "internal_error", "the search failed; the service's log says why")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -205,14 +213,15 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
             log.error("search service: %s", exc)
             raise ApiError(503, "model_unavailable", "the query model is not available here") from None
         return {"results": [hit.to_dict() for hit in hits], "version": version.label,
-                "model": version.embedding_model, "took_ms": round((time.perf_counter() - started) * 1000, 2)}
+                "model": version.model_identity or "", "took_ms": round((time.perf_counter() - started) * 1000, 2)}
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/readyz", responses={503: {}})
-    def readyz() -> JSONResponse:
+    def readyz(request: Request) -> JSONResponse:
+        """Ready or not for anyone (a load balancer's probe); the version and the checks only for a token holder."""
         try:
             with pool.connection(timeout=5) as conn:
                 version = versions.active_version(conn)
@@ -222,6 +231,10 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
             return _error(503, "not_ready", "the index database does not answer")
         if version is None:
             return _error(503, "not_ready", "there is no active index version yet")
+        try:
+            caller(request)
+        except ApiError:
+            return JSONResponse({"status": "ready"})
         return JSONResponse({
             "status": "ready",
             "version": {"label": version.label, "model": version.embedding_model, "identity": version.model_identity,

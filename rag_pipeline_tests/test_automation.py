@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import dagster as dg
 import psycopg
 import pytest
+import yaml
 from aiosmtpd.controller import Controller
 from psycopg import sql
 
@@ -320,6 +321,11 @@ def test_an_operators_dagster_yaml_is_never_written_and_no_password_is_written_i
         admin.execute(sql.SQL("CREATE DATABASE {0} OWNER {0}").format(sql.Identifier(role)))
     try:
         with_password = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=role, user=role, password="s3cr3t-pw")
+        # A file an earlier release generated there (unmarked, the password in clear) is recognised and replaced.
+        own_home.mkdir(parents=True, exist_ok=True)
+        (own_home / "dagster.yaml").write_text(yaml.safe_dump({
+            "storage": {"postgres": {"postgres_url": "postgresql://u:s3cr3t-pw@h/d"}}, "telemetry": {"enabled": False},
+            "run_queue": {"max_concurrent_runs": 4}}))
         prepare_dagster_home(settings, with_password)
         written = (own_home / "dagster.yaml").read_text()
         assert written.startswith(GENERATED_MARK) and "s3cr3t-pw" not in written

@@ -36,7 +36,7 @@ def role(clone):
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA rag TO {}").format(sql.Identifier(name)))
     conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION rag.search(halfvec, text, text[], integer, text) TO {}")
                  .format(sql.Identifier(name)))
-    conn.execute("INSERT INTO rag.role_labels (role_name, labels) VALUES (%s, '{staff}')", (name,))
+    conn.execute("INSERT INTO rag.role_labels (role_name, labels) VALUES (%s::regrole, '{staff}')", (name,))
     yield name
     conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
     conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
@@ -76,8 +76,13 @@ def test_a_role_with_execute_alone_searches_with_its_own_labels_and_reads_nothin
                 app.execute(statement)
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="384"):
             app.execute("SELECT * FROM rag.search(%s, 'x', '{staff}', 5, 'dense')", (HalfVector([0.1] * 8),))
+    # A role that could plant an operator or function where the definer resolves names is refused.
+    conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+    with _as(conn, role) as app, pytest.raises(psycopg.errors.InsufficientPrivilege, match="may create objects"):
+        app.execute("SELECT * FROM rag.search(NULL, 'travel', '{staff}', 5, 'sparse')")
+    conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(sql.Identifier(role)))
     # A role without a row in rag.role_labels may not search at all, whatever it passes.
-    conn.execute("DELETE FROM rag.role_labels WHERE role_name = %s", (role,))
+    conn.execute("DELETE FROM rag.role_labels WHERE role_name = %s::regrole", (role,))
     with _as(conn, role) as app, pytest.raises(psycopg.errors.InsufficientPrivilege, match="no row"):
         app.execute("SELECT * FROM rag.search(NULL, 'travel', '{staff}', 5, 'sparse')")
 
@@ -142,7 +147,7 @@ def test_the_service_searches_with_the_tokens_labels_and_refuses_everything_else
     answer = _search(client, STAFF_TOKEN, query=QUERY, k=3)
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert body["version"] == "v1" and len(body["results"]) == 3
+    assert body["version"] == "v1" and len(body["results"]) == 3 and body["model"].startswith("torch:sha256:")
     first = body["results"][0]
     assert first["path"] == "handbook/travel-policy.md" and first["chunk_id"] and "flags" in first
     staff_paths = {r["path"] for r in _search(client, STAFF_TOKEN, query="quarterly revenue", k=20).json()["results"]}
@@ -174,7 +179,8 @@ def test_the_service_searches_with_the_tokens_labels_and_refuses_everything_else
                                                                 "Content-Type": "application/json"}),
             413, "request_too_large")
     assert client.get("/healthz").json() == {"status": "ok"}
-    ready = client.get("/readyz").json()
+    assert client.get("/readyz").json() == {"status": "ready"}  # details only for a token holder
+    ready = client.get("/readyz", headers={"Authorization": f"Bearer {STAFF_TOKEN}"}).json()
     assert ready["status"] == "ready" and ready["version"]["label"] == "v1"
     assert ready["version"]["identity"].startswith("torch:sha256:")
     assert set(ready["checks"]) >= {"acl_coverage", "deletion_replay"}  # recorded by the ingest's checks
@@ -194,6 +200,10 @@ def test_the_service_is_not_ready_without_an_active_version_and_refuses_to_start
     missing = ServiceConfig(tokens=(ServiceToken(name="bot", env="UNSET_TOKEN_VARIABLE", labels=["staff"]),))
     with pytest.raises(ConfigError, match=r"service.tokens\[0\].env"):
         create_app(settings.model_copy(update={"service": missing}), conn.info.dsn, environ={})
+    twice = ServiceConfig(tokens=(ServiceToken(name="a", env="T1", labels=["staff"]),
+                                  ServiceToken(name="b", env="T2", labels=["finance"])))
+    with pytest.raises(ConfigError, match=r"service.tokens\[1\]: the same token"):
+        create_app(settings.model_copy(update={"service": twice}), conn.info.dsn, environ={"T1": "x" * 20, "T2": "x" * 20})
 
 
 def test_the_langchain_and_llamaindex_retrievers_return_labelled_documents(service):

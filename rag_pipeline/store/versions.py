@@ -405,9 +405,10 @@ def versions_without_identity(conn: psycopg.Connection) -> list[IndexVersion]:
     return [_version(row) for row in conn.execute(query).fetchall()]
 
 
-def record_identity(conn: psycopg.Connection, version_id: int, model: ids.ModelIdentity) -> None:
-    conn.execute(
+def record_identity(conn: psycopg.Connection, version_id: int, model: ids.ModelIdentity) -> bool:
+    """Record a version's identity unless one is recorded already; True when this call recorded it."""
+    return conn.execute(
         """UPDATE index_versions SET embedding_model = %s, model_revision = %s, model_identity = %s
            WHERE version_id = %s AND model_identity IS NULL""",
         (model.backend_model, model.weights, model.key, version_id),
-    )
+    ).rowcount == 1

@@ -13,9 +13,10 @@
 
 CREATE SCHEMA IF NOT EXISTS rag;
 
--- Which labels each database role may search with. A role without a row may not search at all.
+-- Which labels each database role may search with. A role without a row may not search at all. Keyed by the
+-- role itself (its OID), not its name: a role dropped and re-created under the same name has no row.
 CREATE TABLE rag.role_labels (
-    role_name  name PRIMARY KEY,
+    role_name  regrole PRIMARY KEY,
     labels     text[] NOT NULL CHECK (cardinality(labels) > 0 AND array_position(labels, NULL) IS NULL),
     updated_at timestamptz NOT NULL DEFAULT now()
 );
@@ -113,6 +114,7 @@ DECLARE
     kept_ids text[];
     kept_scores double precision[];
     slack double precision[];
+    slack_terms integer[];
     labelled text;
     impact text;
 BEGIN
@@ -164,22 +166,23 @@ BEGIN
         SELECT greatest((SELECT unseen FROM total),
                         coalesce((SELECT max(upper) FROM ranked WHERE position > $5), 0))::double precision,
                (SELECT array_agg((idf * last)::double precision ORDER BY term_id) FROM last),
+               (SELECT array_agg(term_id ORDER BY term_id) FROM last),
                (SELECT array_agg(chunk_id ORDER BY score DESC, chunk_id) FROM rescored),
                (SELECT array_agg(score::double precision ORDER BY score DESC, chunk_id) FROM rescored)$q$,
         t || '_postings', t || '_bm25docs', t);
     depths := array_fill(p_depth, ARRAY[cardinality(ids)]);
     FOR attempt IN 1..5 LOOP
-        EXECUTE impact INTO bound, slack, kept_ids, kept_scores
+        EXECUTE impact INTO bound, slack, slack_terms, kept_ids, kept_scores
             USING ids, idfs, depths, qvec, pool, p_labels, p_want;
         IF (coalesce(cardinality(kept_ids), 0) = p_want AND kept_scores[p_want] >= bound) OR bound = 0 THEN
             RETURN QUERY SELECT k.c, k.s FROM unnest(kept_ids, kept_scores) WITH ORDINALITY AS k(c, s, n) ORDER BY k.n;
             RETURN;
         END IF;
         -- Read deeper where the bound comes from: the terms whose unread postings could add the most.
-        SELECT array_agg(CASE WHEN s.pos IN (SELECT w.pos FROM unnest(slack) WITH ORDINALITY AS w(v, pos)
-                                             WHERE w.v > 0 ORDER BY w.v DESC, w.pos LIMIT 2)
-                              THEN s.d * 4 ELSE s.d END ORDER BY s.pos)
-            INTO depths FROM unnest(depths) WITH ORDINALITY AS s(d, pos);
+        SELECT array_agg(CASE WHEN s.term IN (SELECT w.term FROM unnest(slack, slack_terms) AS w(v, term)
+                                              WHERE w.v > 0 ORDER BY w.v DESC, w.term LIMIT 2)
+                              THEN s.d * 4 ELSE s.d END ORDER BY s.term)
+            INTO depths FROM unnest(depths, ids) AS s(d, term);
         pool := pool * 2;
     END LOOP;
     RETURN QUERY EXECUTE labelled USING qvec, p_labels, p_want, p_documents;
@@ -284,17 +287,20 @@ BEGIN
     -- A caller whose labels reach few rows gets them ranked exactly (HNSW would walk most of the graph to find them).
     exact_dense := use_dense AND rag.label_rows(p_version, p_labels) < 5000;
     IF use_sparse THEN
-        SELECT coalesce(array_agg(b.chunk_id), '{}') INTO sparse_ids
-            FROM rag.bm25_ranking(p_version, p_text, p_labels, candidates, depth, max_terms) b;
+        SELECT coalesce(array_agg(b.chunk_id ORDER BY b.n), '{}') INTO sparse_ids
+            FROM rag.bm25_ranking(p_version, p_text, p_labels, candidates, depth, max_terms)
+                 WITH ORDINALITY AS b(chunk_id, score, n);
         IF cardinality(named) > 0 THEN
-            SELECT coalesce(array_agg(b.chunk_id), '{}') INTO routed_sparse_ids
-                FROM rag.bm25_ranking(p_version, p_text, p_labels, candidates, depth, max_terms, named) b;
+            SELECT coalesce(array_agg(b.chunk_id ORDER BY b.n), '{}') INTO routed_sparse_ids
+                FROM rag.bm25_ranking(p_version, p_text, p_labels, candidates, depth, max_terms, named)
+                     WITH ORDINALITY AS b(chunk_id, score, n);
         END IF;
     END IF;
     -- Iterative scan keeps filtered HNSW queries returning enough rows when few chunks match the labels.
     PERFORM set_config('hnsw.iterative_scan', 'relaxed_order', true);
     PERFORM set_config('hnsw.ef_search',
-                       least(1000, coalesce((o ->> 'ef_search')::integer, greatest(2 * candidates, 100)))::text, true);
+                       least(1000, coalesce(nullif((o ->> 'ef_search')::integer, 0), greatest(2 * candidates, 100)))::text,
+                       true);
     RETURN QUERY EXECUTE format($q$
         WITH readable AS MATERIALIZED (  -- used only when the caller's labels reach few rows: exact, no HNSW
             SELECT chunk_id, embedding FROM %1$I WHERE $2 AND $3 AND acl_labels && $4
@@ -350,6 +356,24 @@ BEGIN
               coalesce((routing ->> 'weight')::double precision, 0.5), score_floor, p_k;
 END $$;
 
+-- Refuses a caller (the session's login role) that may CREATE in a schema the definer functions resolve names in.
+CREATE FUNCTION rag.refuse_writable_search_path() RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    writable text;
+BEGIN
+    -- Everything here is schema-qualified: this runs before anything a caller could have planted is ruled out.
+    SELECT pg_catalog.string_agg(n.nspname::text, ', ') INTO writable
+    FROM pg_catalog.pg_namespace n
+    WHERE n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(false))
+      AND pg_catalog.has_schema_privilege(session_user, n.oid, 'CREATE')
+      AND NOT pg_catalog.pg_has_role(session_user, n.nspowner, 'USAGE');
+    IF writable IS NOT NULL THEN
+        RAISE EXCEPTION 'role % may create objects in schema % that rag.search resolves names in: revoke that '
+            '(REVOKE CREATE ON SCHEMA % FROM PUBLIC, %) before it may search', session_user, writable, writable,
+            session_user USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
+
 -- The stable entry point for applications. Runs as its owner (the pipeline's role), so a caller needs only
 -- EXECUTE on it (and USAGE on schema rag). The caller is the session's login role: it must have a row in
 -- rag.role_labels, and may pass only labels that row allows (a label it is not allowed is refused, never
@@ -368,7 +392,10 @@ DECLARE
     active_id integer;
     active_dims integer;
 BEGIN
-    SELECT r.labels INTO allowed FROM rag.role_labels r WHERE r.role_name = session_user;
+    -- A caller that may create objects where this function resolves names could plant an operator or function
+    -- that runs with the owner's rights (an exact-type `&&` beats pg_catalog's): such a caller is refused.
+    PERFORM rag.refuse_writable_search_path();
+    SELECT r.labels INTO allowed FROM rag.role_labels r WHERE r.role_name = session_user::regrole;
     IF allowed IS NULL THEN
         RAISE EXCEPTION 'role % may not search: it has no row in rag.role_labels', session_user
             USING ERRCODE = 'insufficient_privilege';
@@ -411,6 +438,7 @@ CREATE FUNCTION rag.active_rows() RETURNS TABLE (
 DECLARE
     active_id integer;
 BEGIN
+    PERFORM rag.refuse_writable_search_path();
     SELECT a.version_id INTO active_id FROM index_alias a WHERE a.alias = 'active';
     IF active_id IS NULL THEN
         RETURN;
@@ -424,8 +452,9 @@ END $$;
 
 CREATE VIEW rag.indexed_chunks AS SELECT * FROM rag.active_rows();
 
--- Functions are executable by PUBLIC unless revoked: only what is granted explicitly may run.
+-- Functions are executable by PUBLIC unless revoked: only what is granted explicitly may run, now and later.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rag FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES IN SCHEMA rag REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 
 -- The definer functions resolve names only in the schema the pipeline's tables are in (and pgvector's), never in a
 -- caller's temporary schema.
