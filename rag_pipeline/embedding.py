@@ -152,7 +152,7 @@ class RemoteEmbedder:
         from rag_pipeline.redaction import keep_out_of_logs
 
         self.name = name
-        self.served_name = config.endpoint_model or name.removeprefix(REMOTE_PREFIX)
+        self.served_name = served_model_name(name, config)
         self.endpoint = (config.endpoint or "").rstrip("/")
         keep_out_of_logs(self.endpoint)  # its path or query may carry a key
         self.batch_size = config.batch_size
@@ -216,6 +216,14 @@ class RemoteEmbedder:
 
     def close(self) -> None:
         self._client.close()
+
+
+def served_model_name(name: str, config: EmbeddingConfig) -> str:
+    """The name the endpoint is asked for: embedding.endpoint_model when the remote backend is configured, else the
+    model's own name. The model identity (rag_pipeline.model_identity) is keyed by the same name."""
+    if config.backend == "remote" and config.endpoint_model:
+        return config.endpoint_model
+    return name.removeprefix(REMOTE_PREFIX)
 
 
 class EmbeddingEndpointError(RuntimeError):

@@ -23,7 +23,7 @@ import psycopg
 
 from rag_pipeline import ids
 from rag_pipeline.config import EmbeddingConfig, split_backend
-from rag_pipeline.embedding import ModelUnavailableError, ResolvedModel, resolve_model
+from rag_pipeline.embedding import ModelUnavailableError, ResolvedModel, resolve_model, served_model_name
 from rag_pipeline.ids import ModelIdentity
 from rag_pipeline.store import chunks as chunk_store
 from rag_pipeline.store import versions
@@ -107,8 +107,7 @@ def identity_of(backend_model: str, config: EmbeddingConfig, *, download: bool =
     remote name is served by the configured endpoint under embedding.endpoint_model (default: the name)."""
     backend, name = split_backend(backend_model)
     if backend == "remote":
-        served = config.endpoint_model if config.backend == "remote" and config.endpoint_model else name
-        return ModelIdentity("remote", name, served)
+        return ModelIdentity("remote", name, served_model_name(backend_model, config))
     folder = _local_folder(resolve_model(name, config.models_dir), download)
     return ModelIdentity(backend, name, weights_digest(folder))
 
