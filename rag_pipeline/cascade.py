@@ -113,6 +113,10 @@ def render_page(path: Path, page_number: int, dpi: int, password: str | None,
 
 @lru_cache(maxsize=1)
 def _rapidocr() -> Any:
+    from rag_pipeline.extras import missing_modules
+
+    if missing_modules("ocr"):
+        raise TierUnavailable("OCR needs rag-pipeline's 'ocr' extra (rapidocr): pip install 'rag-pipeline[ocr]'")
     from rapidocr import RapidOCR
 
     return RapidOCR(params={"Global.log_level": "warning"})

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_pipeline.config import ConfigError, Settings, load_settings, parse_labels
+from rag_pipeline.extras import MissingExtraError, require
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_DELETIONS_HELD, EXIT_ERROR = 0, 1, 2, 3, 4, 5
 
@@ -81,6 +82,7 @@ def _index_url(settings: Settings) -> str:
 
 def _prepare_instance(settings: Settings) -> Path:
     """The index database ready, and DAGSTER_HOME pointing at Dagster's storage on the same server."""
+    require("pipeline", "ingestion and the Dagster UI")
     from rag_pipeline.runs import prepare_dagster_home
     from rag_pipeline.store.database import resolve_urls
 
@@ -89,9 +91,9 @@ def _prepare_instance(settings: Settings) -> Path:
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
+    _prepare_instance(settings)
     from rag_pipeline.runs import run_ingest
 
-    _prepare_instance(settings)
     bar = _progress_bar() if sys.stdout.isatty() and not args.json else contextlib.nullcontext()
     with bar:
         summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
@@ -375,6 +377,7 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
     """Parse one file through the cascade, as ingestion would (cleaning included), and report every page."""
+    require("pipeline", "rag-pipeline parse")
     from rag_pipeline.cascade import Cascade, parse_document
     from rag_pipeline.cleaning import clean_parsed_pages
     from rag_pipeline.parsing import DeadLetter, parser_version
@@ -428,17 +431,29 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     home = _prepare_instance(settings)
     host, port = args.host or settings.ui.host, args.port or settings.ui.port
-    command = [sys.executable, "-m", "dagster", "dev", "-h", host, "-p", str(port), "-m", "rag_pipeline.definitions"]
+    # `dg dev` (dagster-dg-cli), the current way to run Dagster locally: webserver and daemon, on this code location.
+    dg_cli = Path(sys.executable).with_name("dg")
+    if not dg_cli.exists():
+        raise MissingExtraError("the `dg` command of dagster-dg-cli is not installed beside this Python: "
+                                "pip install 'rag-pipeline[pipeline]'")
+    # A workspace file of our own (not the operator's DAGSTER_HOME) names the location as `dg dev` in the checkout
+    # and workspace.yaml do: rag_pipeline.
+    workspace = settings.data_dir / "ui_workspace.yaml"
+    workspace.parent.mkdir(parents=True, exist_ok=True)
+    workspace.write_text("load_from:\n  - python_module:\n      module_name: rag_pipeline.definitions\n"
+                         "      location_name: rag_pipeline\n")
+    command = [str(dg_cli), "dev", "-w", str(workspace), "-h", host, "-p", str(port)]
     if settings.config_file:
         os.environ["RAG_CONFIG"] = str(settings.config_file)
     print(f"Dagster UI on http://{host}:{port} (DAGSTER_HOME={home}); Ctrl-C stops it.", flush=True)
     # dagster dev started from a script ignores SIGTERM unless SIGINT is back to its default before exec.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.execv(sys.executable, command)
+    os.execv(command[0], command)
     return 0  # not reached
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    require("serve", "rag-pipeline serve")
     from rag_pipeline.service import serve
 
     if args.host or args.port:
@@ -584,6 +599,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, settings)
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MissingExtraError as exc:  # the install lacks what the command needs: as a configuration error
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
         from rag_pipeline.embedding import ModelUnavailableError

@@ -112,6 +112,7 @@ def _cron(value: Any) -> Any:
 
 Labels = Annotated[tuple[str, ...], BeforeValidator(_label_list)]
 StringList = Annotated[tuple[str, ...], BeforeValidator(_string_list)]
+AssetKeyPart = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")]  # what Dagster accepts in an asset key
 Duration = Annotated[
     int,
     BeforeValidator(parse_duration),
@@ -509,13 +510,17 @@ class ServiceConfig(_Section):
 
 
 class Settings(_Section):
-    data_dir: Path = Field(Path(".rag_data"), description="embedded Postgres data and DAGSTER_HOME live here")
+    data_dir: Path = Field(Path(".rag_data"), validate_default=True,  # made absolute: DAGSTER_HOME must be
+                           description="embedded Postgres data and DAGSTER_HOME live here")
     database_url: str | None = Field(None, description="external Postgres; null starts the embedded server")
     embedded_database: Literal["auto", "never"] | None = Field(
         None, description="auto: start the embedded Postgres when database_url is not set; never: refuse to (a "
         "worker of a distributed executor must never build a private index). Default: never under a distributed "
         "executor, else auto")
     dagster_database_url: str | None = Field(None, description="Dagster's storage; defaults to database_url")
+    asset_key_prefix: Annotated[tuple[AssetKeyPart, ...], BeforeValidator(_string_list)] = Field(
+        (), description="path the Dagster asset keys go under, e.g. [rag] gives rag/search_index (a shared code "
+        "location); empty keeps the plain keys and the history recorded under them")
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
     prefix: PrefixConfig = Field(default_factory=PrefixConfig)

@@ -80,8 +80,17 @@ def _load_error(model: ResolvedModel, exc: Exception) -> ModelUnavailableError:
     return ModelUnavailableError(f"cannot load embedding model {model.name!r} from {model.location}: {exc}.{hint}")
 
 
+def _require_local_models() -> None:
+    from rag_pipeline.extras import missing_modules
+
+    if missing_modules("pipeline"):
+        raise ModelUnavailableError("a local model needs rag-pipeline's 'pipeline' extra (torch, sentence-transformers): "
+                                    "pip install 'rag-pipeline[pipeline]', or use embedding.backend: remote")
+
+
 @lru_cache(maxsize=4)
 def load_tokenizer(location: str) -> Any:
+    _require_local_models()
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(location)
@@ -101,6 +110,7 @@ class Embedder:
     """A loaded sentence-transformers model with asymmetric query/document prompts where it has them."""
 
     def __init__(self, model: ResolvedModel, device: str = "cpu", batch_size: int = 32):
+        _require_local_models()
         from sentence_transformers import SentenceTransformer
 
         try:
@@ -280,6 +290,7 @@ class Reranker:
     fused top-N."""
 
     def __init__(self, folder: Path, device: str = "cpu", batch_size: int = 16):
+        _require_local_models()
         from sentence_transformers import CrossEncoder
 
         if not Path(folder).is_dir():

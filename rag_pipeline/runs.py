@@ -96,7 +96,7 @@ def summarize_run(result: Any) -> dict[str, Any]:
         materialization = event.event_specific_data.materialization
         entry = materialization.metadata.get("stats")
         if entry is not None:
-            reported[materialization.asset_key.to_user_string()] = entry.value
+            reported[materialization.asset_key.path[-1]] = entry.value  # the asset's name, under any prefix
     summary: dict[str, Any] = {"run_id": result.run_id, "success": result.success}
     seconds: dict[str, float] = {}
     for asset, (stage, stats_class) in STAGE_STATS.items():

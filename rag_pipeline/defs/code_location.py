@@ -24,16 +24,34 @@ from rag_pipeline.defs.resources import RagResource
 def build_definitions(settings: Settings) -> dg.Definitions:
     """Bind resources and configuration in one place."""
     config_file = str(settings.config_file) if settings.config_file else None
-    jobs = [ingest_job(settings), index_health_job, build_index_version_job, start_index_build, promote_index_version,
-            housekeeping_job]
+    ingestion, (backfill,), checks = keyed_under(
+        settings.asset_key_prefix, ingestion_assets(settings), [index_version_backfill], index_checks)
+    health_job = index_health_job(checks)
+    jobs = [ingest_job(settings, ingestion), health_job, build_index_version_job(backfill), start_index_build,
+            promote_index_version, housekeeping_job]
     return dg.Definitions(
-        assets=[*ingestion_assets(settings), index_version_backfill],
-        asset_checks=index_checks,
+        assets=[*ingestion, backfill],
+        asset_checks=checks,
         jobs=jobs,
-        schedules=schedules(settings),
-        sensors=[source_changes_sensor(settings), alert_sensor([job.name for job in jobs])],
+        schedules=schedules(settings, health_job),
+        sensors=[source_changes_sensor(settings), alert_sensor([job.name for job in jobs], checks)],
         resources={"rag": (rag := RagResource(config_file=config_file)), RUN_OUTPUTS: RunOutputsIOManager(rag=rag)},
     )
+
+
+def keyed_under(
+    prefix: tuple[str, ...], ingestion: list[dg.AssetsDefinition], versions: list[dg.AssetsDefinition],
+    checks: list[dg.AssetChecksDefinition],
+) -> tuple[list[dg.AssetsDefinition], list[dg.AssetsDefinition], list[dg.AssetChecksDefinition]]:
+    """The assets and checks with every key (and every dependency on one) under `prefix`, so that they cannot
+    collide with a user's own in a shared code location. No prefix keeps the keys, and with them the history an
+    existing deployment has recorded under them."""
+    if not prefix:
+        return ingestion, versions, checks
+    renamed = {key: dg.AssetKey([*prefix, *key.path]) for a in (*ingestion, *versions) for key in a.keys}
+    return ([a.with_attributes(asset_key_replacements=renamed) for a in ingestion],
+            [a.with_attributes(asset_key_replacements=renamed) for a in versions],
+            [c.with_attributes(asset_key_replacements=renamed) for c in checks])
 
 
 def configured_ingest_job() -> dg.JobDefinition:

@@ -1,6 +1,8 @@
 """Index-version assets: the backfill that fills a building version, partitioned by hash shard so that
 Dagster's executors, run launchers and backfills can spread it over N workers."""
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
 
 from rag_pipeline import versions
@@ -10,6 +12,9 @@ from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.status import VersionStatus
 from rag_pipeline.store import versions as version_store
 from rag_pipeline.store.database import connect
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 GROUP = "index_versions"
 SHARDS = 8
@@ -45,12 +50,13 @@ def index_version_backfill(context: dg.AssetExecutionContext, rag: RagResource):
     )
 
 
-build_index_version_job = dg.define_asset_job(
-    "build_index_version",
-    selection=[index_version_backfill],
-    partitions_def=shards,
-    description="Backfill all shards of the building index version (launch as a backfill over every partition).",
-)
+def build_index_version_job(backfill: dg.AssetsDefinition) -> "UnresolvedAssetJobDefinition":
+    return dg.define_asset_job(
+        "build_index_version",
+        selection=dg.AssetSelection.assets(backfill),
+        partitions_def=shards,
+        description="Backfill all shards of the building index version (launch as a backfill over every partition).",
+    )
 
 
 # --- the swap from the UI: start a build, backfill it (above), promote it ---------------------------------

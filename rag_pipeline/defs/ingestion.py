@@ -282,10 +282,11 @@ def ingestion_assets(settings: Settings) -> list[dg.AssetsDefinition]:
         assets))
 
 
-def ingest_job(settings: Settings):  # an asset job, resolved by Definitions
+def ingest_job(settings: Settings, assets: list[dg.AssetsDefinition]):  # an asset job, resolved by Definitions
     return dg.define_asset_job(
         "ingest",
-        selection=dg.AssetSelection.groups(GROUP),
+        # These assets, not their group: in a user's project other assets may share the group's name.
+        selection=dg.AssetSelection.assets(*assets),
         description="Scan sources and bring the index up to date; work is proportional to what changed.",
         # The run queue admits one run with this tag at a time (see prepare_dagster_home); the index write lock
         # in Postgres keeps erasure and housekeeping apart from writers that bypass the queue.

