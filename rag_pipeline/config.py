@@ -384,7 +384,7 @@ class Bm25Config(_Section):
 
     k1: float = Field(1.2, ge=0.0, le=10.0, description="term-frequency saturation")
     b: float = Field(0.75, ge=0.0, le=1.0, description="length normalisation")
-    depth: int = Field(1000, ge=10, le=100_000, description="postings read per query term before the exactness test")
+    depth: int = Field(4000, ge=10, le=100_000, description="postings read per query term before the exactness test")
     max_query_terms: int = Field(12, ge=1, le=256,
                                  description="the rarest terms of a query kept: a long question's filler is dropped")
     reweight_drift: Fraction = Field(0.1, description="re-weight when the corpus's average length moved this much")

@@ -125,6 +125,19 @@ def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels, few_rows):
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
 
+@pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
+@pytest.mark.parametrize("depth", [10, 60])
+def test_shallow_reads_bound_rescore_and_deepen_to_the_same_list(corpus_db, labels, depth):
+    """Postings read only a few deep: most chunks are known by their bounds alone, the threshold decides which are
+    scored exactly, and the terms behind the bound are read deeper; the list is still textbook BM25's."""
+    conn, version, vocabulary = corpus_db
+    for name, query in _queries(vocabulary).items():
+        expected = _reference(conn, version, query, set(labels))
+        got = search_store.bm25_ranking(conn, version, query, labels, TOP, depth=depth, max_terms=64, few_rows=0)
+        assert len(got.chunk_ids) == len(expected), (name, len(got.chunk_ids), len(expected))
+        assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
+
+
 def test_deletions_and_inserts_keep_the_counters_true(corpus_db):
     conn, version, vocabulary = corpus_db
     table = sql.Identifier(version.table_name)

@@ -2,9 +2,10 @@
 applications that search with SQL (`rag.search`) and the pipeline's own search run the same ranking. This module
 calls them; rag_pipeline.retrieval validates the request and embeds the query.
 
-The BM25 list (rag.bm25_ranking) reads impact-ordered postings: the `depth` highest-weighted postings of each
-query term (never every match), rescored exactly from each candidate's weight vector, read deeper while a chunk not
-read could still beat the last one kept; callers whose labels reach few rows have those rows ranked directly. The
+The BM25 list (rag.bm25_ranking, migration 020) reads impact-ordered postings: the `depth` highest-weighted postings
+of each query term (never every match), bounds what each chunk could score, rescores exactly the chunks whose bound
+reaches the k-th exact score, and reads deeper while a chunk not read could still beat the last one kept; callers
+whose labels reach few rows have those rows ranked directly. The
 dense list walks HNSW with the labels inside the query (exactly, for such callers). rag.search_version fuses them.
 """
 
@@ -37,7 +38,7 @@ def bm25_ranking(
     labels: tuple[str, ...],
     want: int,
     *,
-    depth: int = 1000,
+    depth: int = 4000,
     max_terms: int = 12,
     documents: list[str] | None = None,
     few_rows: int = FEW_ROWS,
