@@ -66,17 +66,21 @@ def storage(conn, version) -> dict[str, int]:
     }
 
 
-def churn(conn, version, texts: list[str], vectors, cycle: int, share: float = 0.1) -> None:
-    """Delete `share` of the rows and insert as many new ones, through the triggers, as refreshes do."""
+def churn(conn, version, texts: list[str], vectors, cycle: int, share: float = 0.1, batch: int = 50) -> None:
+    """Delete `share` of the rows and insert as many new ones, through the triggers, `batch` rows to a transaction
+    as refreshes write them (one document at a time)."""
     table = sql.Identifier(version.table_name)
     rng = random.Random(cycle)
-    with conn.transaction():
-        total = version_store.row_count(conn, version)
-        conn.execute(sql.SQL("DELETE FROM {} WHERE chunk_id IN (SELECT chunk_id FROM {} ORDER BY random() LIMIT %s)")
-                     .format(table, table), (int(total * share),))
-        documents = [r[0] for r in conn.execute("SELECT doc_id FROM documents ORDER BY doc_id").fetchall()]
-        with conn.cursor() as cur:
-            for i in range(int(total * share)):
+    total = version_store.row_count(conn, version)
+    count = int(total * share)
+    gone = [r[0] for r in conn.execute(sql.SQL("SELECT chunk_id FROM {} ORDER BY random() LIMIT %s").format(table),
+                                       (count,)).fetchall()]
+    documents = [r[0] for r in conn.execute("SELECT doc_id FROM documents ORDER BY doc_id").fetchall()]
+    conn.commit()
+    for start in range(0, count, batch):
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(sql.SQL("DELETE FROM {} WHERE chunk_id = ANY(%s)").format(table), (gone[start:start + batch],))
+            for i in range(start, min(count, start + batch)):
                 n = rng.randrange(len(texts))
                 cur.execute(sql.SQL(
                     "INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,"

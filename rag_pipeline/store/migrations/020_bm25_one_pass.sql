@@ -12,8 +12,9 @@
 --   4. score exactly every other candidate whose bound reaches the threshold, and keep the best p_want of all.
 -- The result is exact when no chunk left unread can reach the last one kept; otherwise the two terms whose unread
 -- postings could add the most are read four times deeper (at most four passes), then every readable row is ranked.
--- Unchanged: the signature and result, the direct ranking of the rows of callers (or documents) that reach fewer
--- than p_few_rows rows, and of queries of only very common terms. Privileges carry over (CREATE OR REPLACE).
+-- Unchanged: the signature and result, and the direct ranking of queries of only very common terms and of the rows
+-- of named documents. Callers whose labels reach few rows are ranked directly as before, and now also when their
+-- share is so small that checking labels would cost more than ranking their rows. Privileges carry over.
 
 CREATE OR REPLACE FUNCTION rag.bm25_ranking(
     p_version integer, p_text text, p_labels text[], p_want integer, p_depth integer DEFAULT 4000,
@@ -55,7 +56,11 @@ BEGIN
         ORDER BY score DESC, t.chunk_id LIMIT $3$q$, t, t || '_bm25docs');
     reach := rag.label_rows(p_version, p_labels);
     everything := rag.total_rows(p_version);
-    IF p_documents IS NOT NULL OR reach < p_few_rows OR rarest > 0.25 * everything THEN
+    -- Ranked directly: the rows of named documents; queries of only very common terms; and callers whose labels
+    -- reach few rows: fewer than p_few_rows, or so small a share that checking the labels of the best candidates
+    -- would cost more (about 2 x p_want / share candidates, against the reach itself). p_few_rows = 0 never does.
+    IF p_documents IS NOT NULL OR rarest > 0.25 * everything
+       OR (p_few_rows > 0 AND (reach < p_few_rows OR reach::double precision * reach < 4.0 * p_want * everything)) THEN
         RETURN QUERY EXECUTE labelled USING qvec, p_labels, p_want, p_documents;
         RETURN;
     END IF;
