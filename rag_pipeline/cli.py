@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import traceback
@@ -432,7 +433,8 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     home = _prepare_instance(settings)
     host, port = args.host or settings.ui.host, args.port or settings.ui.port
     # `dg dev` (dagster-dg-cli), the current way to run Dagster locally: webserver and daemon, on this code location.
-    dg_cli = Path(sys.executable).with_name("dg")
+    beside = Path(sys.executable).with_name("dg")
+    dg_cli = beside if beside.exists() else Path(shutil.which("dg") or beside)
     if not dg_cli.exists():
         raise MissingExtraError("the `dg` command of dagster-dg-cli is not installed beside this Python: "
                                 "pip install 'rag-pipeline[pipeline]'")
@@ -604,21 +606,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
-        from rag_pipeline.embedding import ModelUnavailableError
-        from rag_pipeline.erasure import ErasureError
-        from rag_pipeline.evaluation import GoldenSetError
-        from rag_pipeline.retrieval import SearchError
-        from rag_pipeline.stages.chunk import ModelMismatchError
-        from rag_pipeline.store.database import DatabaseError
-        from rag_pipeline.versions import VersionError
+        # An error of a class whose module was never imported cannot have been raised: looked up, not imported
+        # (importing them here would load the pipeline extra's modules on an install without it).
+        def raised(*names: str) -> tuple[type, ...]:
+            found = (getattr(sys.modules.get(module), cls, None) for module, cls in (n.rsplit(".", 1) for n in names))
+            return tuple(c for c in found if isinstance(c, type))
 
-        if isinstance(exc, SearchError | GoldenSetError | ModelMismatchError):  # the request or settings are wrong
+        usage = raised("rag_pipeline.retrieval.SearchError", "rag_pipeline.evaluation.GoldenSetError",
+                       "rag_pipeline.stages.chunk.ModelMismatchError")
+        refused = raised("rag_pipeline.versions.VersionError")
+        reported = raised("rag_pipeline.store.database.DatabaseError", "rag_pipeline.embedding.ModelUnavailableError",
+                          "rag_pipeline.erasure.ErasureError", "psycopg.OperationalError")  # e.g. no server there
+        if isinstance(exc, usage):  # the request or settings are wrong
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        if isinstance(exc, VersionError):
+        if isinstance(exc, refused):
             print(f"refused: {exc}", file=sys.stderr)
             return EXIT_REFUSED
-        if isinstance(exc, DatabaseError | ModelUnavailableError | ErasureError):
+        if isinstance(exc, reported):
             print(f"error: {exc}", file=sys.stderr)
         else:  # unexpected: the traceback is what a bug report needs
             traceback.print_exc()

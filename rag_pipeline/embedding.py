@@ -81,9 +81,9 @@ def _load_error(model: ResolvedModel, exc: Exception) -> ModelUnavailableError:
 
 
 def _require_local_models() -> None:
-    from rag_pipeline.extras import missing_modules
+    import importlib.util
 
-    if missing_modules("pipeline"):
+    if any(importlib.util.find_spec(name) is None for name in ("torch", "transformers", "sentence_transformers")):
         raise ModelUnavailableError("a local model needs rag-pipeline's 'pipeline' extra (torch, sentence-transformers): "
                                     "pip install 'rag-pipeline[pipeline]', or use embedding.backend: remote")
 

@@ -293,3 +293,11 @@ def test_a_core_install_reads_the_index_and_names_the_extra_each_command_lacks(t
         assert f"pip install 'rag-pipeline[{extra}]'" in done.stderr, (argv, done.stderr)
     version = _core_install("from rag_pipeline.cli import main\nsys.exit(main(['--version']))", tmp_path)
     assert version.returncode == 0 and "rag-pipeline" in version.stdout
+    # A core command that fails says why in one line, as with every extra installed (no traceback of an import).
+    unreachable = subprocess.run(
+        [sys.executable, "-c", CORE_INSTALL + run, "search", "lighthouse", "--labels", "x"], capture_output=True,
+        text=True, cwd=tmp_path, timeout=120,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("RAG_")},
+             "RAG_DATABASE_URL": "postgresql://rag@127.0.0.1:1/rag?connect_timeout=2"})
+    assert unreachable.returncode == 5 and unreachable.stderr.startswith("error:"), unreachable.stderr[-2000:]
+    assert "Traceback" not in unreachable.stderr

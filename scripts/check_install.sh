@@ -22,6 +22,17 @@ wheel="$(ls "$work"/dist/rag_pipeline-*.whl)"
 "$venv/bin/python" -m pip install --quiet torch==2.13.0
 "$venv/bin/python" -m pip install --quiet "${wheel}[pipeline,embedded-db]"
 
+# The core alone (what an application that only queries installs): the read path imports, and a command that
+# needs an extra names it.
+"$python" -m venv "$work/core"
+"$work/core/bin/python" -m pip install --quiet "$wheel"
+"$work/core/bin/python" -c "import rag_pipeline.retrieval, rag_pipeline.index_database, rag_pipeline.integrations.client"
+if (cd "$work" && "$work/core/bin/rag-pipeline" ingest --source docs="$work" --labels x 2> core.err); then
+    echo "a core install ran ingest" >&2; exit 1
+fi
+grep -q "pip install 'rag-pipeline\[pipeline\]'" "$work/core.err" || { cat "$work/core.err" >&2; exit 1; }
+echo "core install: the read path imports; ingest names the 'pipeline' extra"
+
 mkdir -p "$work/docs"
 cat > "$work/docs/lighthouse.md" <<'DOC'
 # Lighthouse maintenance

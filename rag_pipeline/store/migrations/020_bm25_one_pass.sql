@@ -3,8 +3,8 @@
 -- win, read deeper and started again: at 100,000 chunks with a Zipfian vocabulary most queries took two or three
 -- passes (p95 56 ms). Now, in one statement:
 --   1. read the impact-ordered postings of each query term: p_depth deep, or the whole list when shorter; a term
---      ten times less rare than the query's rarest only to its first posting (its highest weight bounds it: such a
---      term adds little to any score and its list is the longest);
+--      whose idf is under a tenth of the query's highest only to its first posting (its highest weight bounds it:
+--      such a term adds little to any score and its list is among the longest);
 --   2. bound every chunk read (its weights read plus, for each other term, the last weight read of it) and every
 --      chunk not read (the sum of those last weights);
 --   3. score exactly the candidates with the highest bounds (more of them when the caller's labels reach a small
@@ -64,12 +64,13 @@ BEGIN
         RETURN QUERY EXECUTE labelled USING qvec, p_labels, p_want, p_documents;
         RETURN;
     END IF;
-    -- A term ten times less rare than the query's rarest adds little to any score: its highest weight (one
+    -- A term whose idf is under a tenth of the query's highest adds little to any score: its highest weight (one
     -- posting) bounds it. The others are read p_depth deep, or whole when shorter.
     SELECT array_agg(CASE WHEN u.f < 0.1 * top_idf THEN 1 ELSE p_depth END ORDER BY u.i)
         INTO depths FROM unnest(ids, idfs) AS u(i, f);
     -- Labels that reach a share of the rows: as many times more of the best candidates are checked first.
-    pool := least(20000, ceil(2.0 * p_want * everything / greatest(reach, 1)))::integer;
+    -- (At least 2 x p_want: overlapping labels are counted once per label, so the reach can exceed the rows.)
+    pool := greatest(2 * p_want, least(20000, ceil(2.0 * p_want * everything / greatest(reach, 1))))::integer;
     impact := format($q$
         WITH q AS (SELECT * FROM unnest($1::integer[], $2::double precision[], $3::integer[]) AS q(term_id, idf, depth)),
         top AS (  -- the highest-weighted postings of each term (an index-only scan of the impact index)
@@ -98,7 +99,8 @@ BEGIN
         rest AS MATERIALIZED (  -- every other chunk whose bound reaches the k-th exact score so far, scored exactly
             SELECT b.lexical_id, -(d.vec <#> $4) AS score
             FROM bounded b JOIN %2$I d USING (lexical_id), threshold
-            WHERE b.upper >= threshold.theta AND b.lexical_id NOT IN (SELECT lexical_id FROM first)
+            -- (the bounds are double precision, the exact scores pgvector's float: a hair of tolerance for ties)
+            WHERE b.upper * (1 + 1e-5) >= threshold.theta AND b.lexical_id NOT IN (SELECT lexical_id FROM first)
         ),
         kept AS (
             SELECT chunk_id, score FROM (
@@ -116,7 +118,8 @@ BEGIN
     FOR attempt IN 1..4 LOOP
         EXECUTE impact INTO unseen, slack, kept_ids, kept_scores USING ids, idfs, depths, qvec, pool, p_labels, p_want;
         -- Exact when no chunk left unread can beat the last one kept (or nothing was left unread).
-        IF unseen = 0 OR (coalesce(cardinality(kept_ids), 0) = p_want AND kept_scores[p_want] >= unseen) THEN
+        -- (strictly above: an unread chunk that ties the last one kept could win the tie on its chunk id)
+        IF unseen = 0 OR (coalesce(cardinality(kept_ids), 0) = p_want AND kept_scores[p_want] > unseen * (1 + 1e-5)) THEN
             RETURN QUERY SELECT k.c, k.s FROM unnest(kept_ids, kept_scores) WITH ORDINALITY AS k(c, s, n) ORDER BY k.n;
             RETURN;
         END IF;
