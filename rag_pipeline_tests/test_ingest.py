@@ -299,3 +299,23 @@ def test_narrowed_labels_apply_at_once_even_when_the_file_also_changed(ingest, d
     discover(db.info.dsn, [SourceConfig(name="sample", root=corpus, acl_labels=("staff",))])
     assert {tuple(r[2]) for r in _index_rows(db, "handbook/travel-policy.md")} == {("travel-desk",)}
     assert _doc(db, "handbook/travel-policy.md")["status"] == "pending_parse"
+
+
+def test_a_churned_version_is_vacuumed_and_a_quiet_one_is_not(clone):
+    """Deleted rows stay in the HNSW graph and the BM25 postings until a vacuum: a version whose tables hold more
+    dead rows than execution.vacuum_dead_share of their live ones is vacuumed after the index writes."""
+    conn, settings = clone
+    (version,) = version_store.writable_versions(conn)
+    assert version_store.vacuum_churned(conn, version, 0.1) == []  # a fresh build has nothing to collect
+    with conn.transaction():
+        conn.execute(sql.SQL("DELETE FROM {} WHERE chunk_id IN (SELECT chunk_id FROM {} ORDER BY chunk_id LIMIT 5)")
+                     .format(sql.Identifier(version.table_name), sql.Identifier(version.table_name)))
+        conn.execute("SELECT pg_stat_force_next_flush()")  # the counts pg_stat_user_tables reads, at commit
+    vacuumed = version_store.vacuum_churned(conn, version, 0.1)
+    # Five rows are under the fixed allowance of 50; their few hundred postings are not.
+    assert f"{version.table_name}_postings" in vacuumed and version.table_name not in vacuumed
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    last = conn.execute("SELECT last_vacuum FROM pg_stat_user_tables WHERE relname = %s",
+                        (f"{version.table_name}_postings",)).fetchone()[0]
+    assert last is not None
+    assert version_store.vacuum_churned(conn, version, 0.1) == []  # collected: nothing left to do

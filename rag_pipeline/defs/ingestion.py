@@ -251,6 +251,7 @@ def index_metadata(stats: IndexStats, statuses: dict[str, int], all_versions: li
              for v in all_versions],
         ),
         "documents_by_status": typed_table(("status", "documents"), sorted(statuses.items())),
+        "tables_vacuumed": typed_table(("table",), [(name,) for name in stats.tables_vacuumed]),
         "stats": dg.MetadataValue.json(stats.as_dict()),
     }
 

@@ -52,6 +52,7 @@ class IndexStats(StageStats):
     vectors_reused: int = 0
     chunks_indexed: int = 0  # chunks of the documents indexed (the progress reports' rate)
     versions: list[str] = field(default_factory=list)
+    tables_vacuumed: list[str] = field(default_factory=list)  # execution.vacuum_dead_share
     SUMMARY = ("documents_indexed", "vectors_embedded", "vectors_reused", "near_duplicates", "dedup_rate")
 
 
@@ -118,6 +119,10 @@ def index_documents(
                     versions.refresh_stats(conn, version)
             for version in touched.values():
                 rebalance_bm25(conn, version, settings)
+        if settings.execution.vacuum_dead_share > 0:  # deletions by the scan count too, not only this stage's writes
+            with connect(db_url, autocommit=True) as conn:
+                for version in versions.writable_versions(conn):
+                    stats.tables_vacuumed += versions.vacuum_churned(conn, version, settings.execution.vacuum_dead_share)
             stats.versions = [f"{v.label} ({v.status}, {v.embedding_model})" for v in touched.values()]
     finally:
         stats.seconds = time.perf_counter() - started
