@@ -450,7 +450,7 @@ class ExecutionConfig(_Section):
     embed_batch: int = Field(256, ge=1, le=100_000, description="chunks embedded per call; each call's vectors "
                              "are cached at once, so a crash loses at most one call's work")
     vacuum_dead_share: Fraction = Field(0.1, description="after a run's index writes, VACUUM (ANALYZE) a version's "
-                                        "table (and its BM25 tables) whose dead rows exceed this share of its live "
+                                        "table (and its BM25 tables) whose dead rows reach this share of its live "
                                         "ones; 0: leave it to autovacuum")
     steps: int = Field(1, ge=1, le=1024, description="parallel document steps in one ingest run, each with its own "
                        "worker pool; under a distributed executor each may run on another machine")

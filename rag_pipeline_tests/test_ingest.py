@@ -312,7 +312,7 @@ def test_a_churned_version_is_vacuumed_and_a_quiet_one_is_not(clone):
                      .format(sql.Identifier(version.table_name), sql.Identifier(version.table_name)))
         conn.execute("SELECT pg_stat_force_next_flush()")  # the counts pg_stat_user_tables reads, at commit
     vacuumed = version_store.vacuum_churned(conn, version, 0.1)
-    # Five rows are under the fixed allowance of 50; their few hundred postings are not.
+    # Five rows are under the floor of 50 dead rows; their few hundred postings are not.
     assert f"{version.table_name}_postings" in vacuumed and version.table_name not in vacuumed
     conn.execute("SELECT pg_stat_clear_snapshot()")
     last = conn.execute("SELECT last_vacuum FROM pg_stat_user_tables WHERE relname = %s",

@@ -399,15 +399,15 @@ BM25_TABLE_SUFFIXES = ("_postings", "_bm25docs", "_bm25_df", "_bm25_totals")
 
 
 def vacuum_churned(conn: psycopg.Connection, version: IndexVersion, dead_share: float) -> list[str]:
-    """VACUUM (ANALYZE) the version's tables (rows, BM25 postings, weights, counters) that hold more dead rows than
-    `dead_share` of their live ones; returns the tables vacuumed. Deleted rows stay in the HNSW graph and the
+    """VACUUM (ANALYZE) the version's tables (rows, BM25 postings, weights, counters) whose dead rows reach
+    `dead_share` of their live ones (and 50); returns the tables vacuumed. Deleted rows stay in the HNSW graph and the
     postings until a vacuum, and every search walks past them: after a few refreshes of 10% churn, searches were
     several times slower than on a fresh build. `conn` must be in autocommit mode (VACUUM runs outside a
     transaction)."""
     names = [version.table_name, *(version.table_name + suffix for suffix in BM25_TABLE_SUFFIXES)]
     churned = [r[0] for r in conn.execute(
         "SELECT relname FROM pg_stat_user_tables WHERE relname = ANY(%s) AND schemaname = current_schema()"
-        " AND n_dead_tup > 50 + %s * n_live_tup ORDER BY relname", (names, dead_share)).fetchall()]
+        " AND n_dead_tup >= 50 AND n_dead_tup >= %s * n_live_tup ORDER BY relname", (names, dead_share)).fetchall()]
     for name in churned:
         conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(name)))
     return churned
