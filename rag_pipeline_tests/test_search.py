@@ -1,5 +1,7 @@
 """Hybrid search on the real index: ACL inside the SQL, no unlabelled path, filtered HNSW still fills k."""
 
+import re
+
 import pytest
 from dagster import DagsterInstance
 from psycopg import sql
@@ -132,3 +134,93 @@ def test_the_reranker_reorders_the_fused_top_n(indexed, tiny_cross_encoder):
     assert all(h.rerank_score is None for h in fused)  # off by default
     with pytest.raises(ModelUnavailableError, match="does not exist"):
         search(indexed, query, ["staff"], options=SearchOptions(reranker=RerankerConfig(model="/nonexistent/reranker")))
+
+
+@pytest.fixture(scope="module")
+def share_db(pg_admin_url, template_url):
+    """12,000 chunks: 5,200 readable by `rare` only (a 43% share, over the 5,000 rows below which any caller is
+    ranked exactly), 6,800 by `staff` only."""
+    import uuid
+
+    import psycopg
+
+    from rag_pipeline import ids
+    from rag_pipeline.store.database import connect
+
+    name = f"share_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE rag_test_template").format(sql.Identifier(name)))
+    conn = connect(psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name), autocommit=True)
+    with conn.transaction():
+        conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)"
+                     " VALUES ('s', '/nonexistent', '{}', 60)")
+        conn.execute("INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels,"
+                     " status) VALUES ('d', 's', 'd.md', 'f', 1, now(), '{rare,staff}', 'indexed')")
+        version = version_store.ensure_active(conn, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c", "p", 1.2, 0.75)
+        conn.execute("SELECT setseed(0.5)")
+        conn.execute(sql.SQL(
+            """INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,
+                               page_end, content_type, acl_labels, embedding_input_sha, embedding)
+               SELECT format('c%s', lpad(i::text, 5, '0')), format('c%s', lpad(i::text, 5, '0')), 'd', i,
+                      'word' || (i % 97), '', '', 1, 1, 'prose',
+                      CASE WHEN i <= 5200 THEN ARRAY['rare'] ELSE ARRAY['staff'] END, md5(i::text),
+                      (SELECT array_agg(random() - 0.5) FROM generate_series(1, 8) WHERE i > 0)::halfvec
+               FROM generate_series(1, 12000) AS i""").format(sql.Identifier(version.table_name)))
+    conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(version.table_name)))  # as the vacuum policy does
+    yield conn, version
+    conn.close()
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.mark.parametrize(("labels", "exact"), [(["rare"], True), (["staff"], False)],
+                         ids=["a 43% share: exact", "a 57% share: HNSW"])
+def test_the_dense_list_is_exact_when_the_labels_reach_a_small_share(share_db, labels, exact):
+    """Over 5,000 rows, a caller whose share s of the rows makes an exact scan cheaper than a filtered HNSW walk
+    (reach^2 < 75 x candidates x rows) gets its rows ranked exactly; a broader one walks HNSW. Seen in the plan the
+    search function ran, and the exact list equals a brute-force ranking."""
+    import numpy as np
+    from pgvector import HalfVector
+
+    conn, version = share_db
+    table = version.table_name
+    query = np.random.default_rng(3).normal(size=8).astype(np.float32)
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+    for statement in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0", "SET auto_explain.log_analyze = on",
+                      "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice"):
+        conn.execute(statement)
+    try:
+        got = [r[0] for r in conn.execute(
+            "SELECT chunk_id FROM rag.search_version(%s, %s, 'unused', %s, 10, 'dense', '{}')",
+            (version.version_id, HalfVector(query), labels)).fetchall()]
+    finally:
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    plan = next(n for n in notices if "(embedding <=> $1) + 0" in n)
+    hnsw_walked = re.search(rf"Index Scan using {table}_hnsw on {table}[^\n]*\(actual time", plan) is not None
+    assert hnsw_walked is not exact, plan
+    assert len(got) == 10
+    if exact:
+        rows = conn.execute(sql.SQL("SELECT chunk_id, embedding FROM {} WHERE acl_labels && %s").format(
+            sql.Identifier(table)), (labels,)).fetchall()
+        vectors = np.array([r[1].to_list() for r in rows], dtype=np.float32)
+        distance = 1 - vectors @ query / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(query))
+        expected = [rows[i][0] for i in sorted(range(len(rows)), key=lambda i: (round(float(distance[i]), 5), rows[i][0]))]
+        assert got == expected[:10]
+
+
+@pytest.mark.parametrize(("operator_value", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_query_path_loads_torch_with_passive_openmp_threads_unless_the_operator_says(operator_value, expected):
+    """Spinning OpenMP threads take the cores the database backend needs between two queries; the setting only
+    works when it is in the environment before torch loads, so the search path must set it first."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if operator_value:
+        env["OMP_WAIT_POLICY"] = operator_value
+    probe = ("import os, sys; import rag_pipeline.retrieval, rag_pipeline.cli; "
+             "loaded = 'torch' in sys.modules; import torch; print(loaded, os.environ['OMP_WAIT_POLICY'])")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", expected]
