@@ -211,8 +211,9 @@ def test_two_runs_share_one_queue_without_doing_a_document_twice(make_settings, 
 def test_parallel_index_writers_put_near_duplicates_in_one_group(make_settings, db, db_url, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for index in range(6):
-        (corpus / f"copy-{index}.md").write_text(_note(1))  # six copies of one note
+    for index in range(6):  # six copies of one note under one name: their embedding inputs are the same too
+        (corpus / f"team-{index}").mkdir()
+        (corpus / f"team-{index}" / "note.md").write_text(_note(1))
     settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}])
     discover(db_url, settings.sources)
     process_pending(db_url, settings, index=False)
@@ -232,6 +233,10 @@ def test_parallel_index_writers_put_near_duplicates_in_one_group(make_settings, 
                                  ).fetchone()[0]
     assert db.execute("SELECT count(*) FROM chunk_groups").fetchone()[0] == chunks_per_copy
     assert db.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == chunks_per_copy
+    # The copies share their embedding inputs: each was embedded by one writer only (the other waited for it).
+    assert db.execute("SELECT count(*) FROM embedding_cache").fetchone()[0] == chunks_per_copy
+    assert sum(s.vectors_embedded for s in stats) == chunks_per_copy
+    assert sum(s.vectors_embedded + s.vectors_reused for s in stats) == 6 * chunks_per_copy
 
 
 KILL_SCRIPT = """

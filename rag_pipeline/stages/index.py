@@ -7,6 +7,8 @@ vectors are born.
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -235,9 +237,7 @@ def _rehome_groups(
         sha = ids.embedding_input_sha(chunk.embedding_input)
         vectors = chunk_store.cached_embeddings(conn, cache_key(version), [sha])
         if sha not in vectors:
-            vectors[sha] = _embedder(version, settings).embed_documents([chunk.embedding_input])[0]
-            chunk_store.store_embeddings(conn, cache_key(version), vectors)
-            stats.vectors_embedded += 1
+            vectors = _embed_once(conn, version, settings, {sha: chunk.embedding_input}, stats)
         stats.rows_written += versions.insert_group_rows(conn, version, labels, [IndexRow(chunk, sha, vectors[sha])])
     groups.drop_empty(conn, group_ids)
 
@@ -312,21 +312,33 @@ def embed_inputs(
     missing = [sha for sha in inputs if sha not in vectors]
     step = settings.execution.embed_batch
     for start in range(0, len(missing), step):
-        # Loaded on first use (then kept per process): a refresh whose inputs are all cached never loads it.
-        embedder = _embedder(version, settings)
-        part = missing[start:start + step]
-        embedded = embedder.embed_documents([inputs[sha] for sha in part])
-        if embedded.shape[1] != version.dimensions:  # e.g. an endpoint now serving another model under the name
-            raise DimensionMismatchError(
-                f"{version.embedding_model} returned {embedded.shape[1]}-dimensional vectors; index version "
-                f"{version.label} holds {version.dimensions}: nothing was written. A different model is a new "
-                "index version (rag-pipeline index build).")
-        fresh = dict(zip(part, embedded, strict=True))
-        if commit:
-            with conn.transaction():
-                chunk_store.store_embeddings(conn, key, fresh)
-        else:
-            chunk_store.store_embeddings(conn, key, fresh)
-        vectors.update(fresh)
-        stats.vectors_embedded += len(part)
+        part = {sha: inputs[sha] for sha in missing[start:start + step]}
+        with conn.transaction() if commit else contextlib.nullcontext():
+            vectors.update(_embed_once(conn, version, settings, part, stats))
     return vectors
+
+
+def _embed_once(
+    conn: psycopg.Connection, version: IndexVersion, settings: Settings, inputs: dict[str, str], stats: IndexStats,
+) -> dict[str, np.ndarray]:
+    """Vectors for inputs the cache lacked a moment ago, each embedded by one run only: the inputs are locked until
+    the caller's transaction ends, so a run that wants the same ones (another document with the same text, or a
+    refresh started at the same time) waits, then finds them cached. Cached as soon as they are made."""
+    key = cache_key(version)
+    chunk_store.lock_inputs(conn, key, list(inputs))
+    vectors = chunk_store.cached_embeddings(conn, key, list(inputs))  # made meanwhile by whoever held the locks
+    stats.vectors_reused += len(vectors)
+    missing = [sha for sha in inputs if sha not in vectors]
+    if not missing:
+        return vectors
+    # Loaded on first use (then kept per process): a refresh whose inputs are all cached never loads it.
+    embedded = _embedder(version, settings).embed_documents([inputs[sha] for sha in missing])
+    if embedded.shape[1] != version.dimensions:  # e.g. an endpoint now serving another model under the name
+        raise DimensionMismatchError(
+            f"{version.embedding_model} returned {embedded.shape[1]}-dimensional vectors; index version "
+            f"{version.label} holds {version.dimensions}: nothing was written. A different model is a new "
+            "index version (rag-pipeline index build).")
+    fresh = dict(zip(missing, embedded, strict=True))
+    chunk_store.store_embeddings(conn, key, fresh)
+    stats.vectors_embedded += len(missing)
+    return {**vectors, **fresh}

@@ -121,6 +121,20 @@ def cached_embeddings(conn: psycopg.Connection, model: str, shas: Sequence[str])
     return {sha: np.asarray(vec.to_numpy(), dtype=np.float32) for sha, vec in rows}
 
 
+# Namespace of the per-input advisory locks (the two-key form: never confused with the one-key locks elsewhere).
+EMBEDDING_INPUT_LOCK_SPACE = 0x52414745
+
+
+def lock_inputs(conn: psycopg.Connection, model: str, shas: Sequence[str]) -> None:
+    """Lock each input to be embedded until the transaction ends, in one order (no two runs can deadlock on them).
+    Keys are 32-bit hashes: two inputs that share one only make one run wait for the other, never skip work."""
+    conn.execute(
+        """SELECT pg_advisory_xact_lock(%s, k) FROM (
+               SELECT DISTINCT hashtext(%s || ':' || sha) AS k FROM unnest(%s::text[]) AS sha ORDER BY k) AS keys""",
+        (EMBEDDING_INPUT_LOCK_SPACE, model, list(shas)),
+    ).fetchall()
+
+
 def store_embeddings(conn: psycopg.Connection, model: str, vectors: dict[str, np.ndarray]) -> None:
     with conn.cursor() as cur:
         cur.executemany(

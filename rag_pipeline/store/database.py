@@ -202,8 +202,9 @@ def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
 
 # --- the index write lock ----------------------------------------------------------------------------
 
-# Arbitrary constant: every stage that writes the index holds it (refreshes exclusively, the shards of a
-# version backfill shared), so two refreshes never write at once while backfill shards run in parallel.
+# Arbitrary constant: every stage that writes the index holds it. Refreshes and the shards of a version backfill
+# hold it shared (they claim documents one at a time, so they share the queue); erasure and housekeeping hold it
+# exclusively, so they never run while documents are being written.
 INDEX_WRITE_LOCK_KEY = 0x52414702
 LOCK_HOLDER_PREFIX = "rag_pipeline: "
 

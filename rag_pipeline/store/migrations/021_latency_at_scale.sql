@@ -51,13 +51,16 @@ BEGIN
     SELECT format('{%s}/1000000000', string_agg(format('%s:%s', u.i, u.f), ',' ORDER BY u.i))::sparsevec
         INTO qvec FROM unnest(ids, idfs) AS u(i, f);
     labelled := format($q$
-        SELECT r.chunk_id, -(d.vec <#> $1)::double precision AS score
-        FROM (SELECT chunk_id, lexical_id FROM %1$I
-              WHERE acl_labels && $2 AND ($4::text[] IS NULL OR doc_id = ANY($4))
-              ORDER BY lexical_id OFFSET 0) r  -- weights looked up in key order
-        JOIN %2$I d USING (lexical_id)
-        WHERE -(d.vec <#> $1) > 0
-        ORDER BY score DESC, r.chunk_id LIMIT $3$q$, t, t || '_bm25docs');
+        SELECT chunk_id, score FROM (
+            -- each row's weights looked up by key, in key order (a subquery per row: the planner cannot turn it into
+            -- a scan of every weight vector, which it did for a caller reaching 2,000 of 100,000 rows when its estimates tipped)
+            SELECT r.chunk_id, (SELECT -(d.vec <#> $1) FROM %2$I d WHERE d.lexical_id = r.lexical_id)::double precision
+                   AS score
+            FROM (SELECT chunk_id, lexical_id FROM %1$I
+                  WHERE acl_labels && $2 AND ($4::text[] IS NULL OR doc_id = ANY($4))
+                  ORDER BY lexical_id OFFSET 0) r) AS scored
+        WHERE score > 0
+        ORDER BY score DESC, chunk_id LIMIT $3$q$, t, t || '_bm25docs');
     reach := rag.label_rows(p_version, p_labels);
     everything := rag.total_rows(p_version);
     -- Labels that reach a share of the rows: as many times more of the best candidates are checked first.
@@ -92,9 +95,9 @@ BEGIN
             SELECT top.lexical_id, sum(top.idf * top.weight - l.slack) + total.unseen AS upper
             FROM top JOIN last l USING (term_id), total GROUP BY top.lexical_id, total.unseen
         ),
-        first AS MATERIALIZED (  -- exact scores of the candidates with the highest bounds
-            SELECT b.lexical_id, -(d.vec <#> $4) AS score
-            FROM (SELECT lexical_id FROM bounded ORDER BY upper DESC, lexical_id LIMIT $5) b JOIN %2$I d USING (lexical_id)
+        first AS MATERIALIZED (  -- exact scores of the candidates with the highest bounds (looked up by key, as below)
+            SELECT b.lexical_id, (SELECT -(d.vec <#> $4) FROM %2$I d WHERE d.lexical_id = b.lexical_id) AS score
+            FROM (SELECT lexical_id FROM bounded ORDER BY upper DESC, lexical_id LIMIT $5) b
         ),
         first_kept AS MATERIALIZED (
             SELECT t.chunk_id, f.score FROM first f JOIN %3$I t USING (lexical_id)
@@ -102,12 +105,11 @@ BEGIN
         ),
         threshold AS (SELECT CASE WHEN count(*) = $7 THEN min(score) ELSE 0 END AS theta FROM first_kept),
         rest AS MATERIALIZED (  -- every other chunk whose bound reaches the k-th exact score so far, scored exactly
-            SELECT b.lexical_id, -(d.vec <#> $4) AS score
+            SELECT b.lexical_id, (SELECT -(d.vec <#> $4) FROM %2$I d WHERE d.lexical_id = b.lexical_id) AS score
             FROM (SELECT b.lexical_id FROM bounded b, threshold
                   -- (the bounds are double precision, the exact scores pgvector's float: a hair of tolerance for ties)
                   WHERE b.upper * (1 + 1e-5) >= threshold.theta AND b.lexical_id NOT IN (SELECT lexical_id FROM first)
-                  ORDER BY b.lexical_id) b  -- looked up in key order: a quarter faster than in bound order
-            JOIN %2$I d USING (lexical_id)
+                  ORDER BY b.lexical_id OFFSET 0) b  -- looked up in key order: a quarter faster than in bound order
         ),
         kept AS (
             SELECT chunk_id, score FROM (
