@@ -5,8 +5,9 @@
 --     short of their end: their last weight read stayed in every chunk's bound, and thousands of candidates were
 --     rescored (one query: 6,196 candidates at depth 8,000 for a list of 8,240; 916 when it is read whole);
 --   * the first exact scoring takes 4 x want candidates (was 2 x): a threshold closer to the final one;
---   * candidates, and the rows of callers ranked directly, are scored in key order (a fifth to a quarter faster),
---     each by a lookup of its own when they are under a quarter of the index (never a scan of every weight vector);
+--   * candidates, and the rows of callers ranked directly, are scored in key order (a fifth to a quarter faster);
+--     candidates by a lookup each, and the function plans with random_page_cost 1.1 (its structures are in memory):
+--     at the default, a fresh 100,000-row index's 2% caller was ranked by a scan of every weight vector;
 --   * callers whose labels reach fewer rows than p_few_rows beyond twice the candidates the impact path would
 --     check for them are ranked directly (scoring a readable row costs about what checking a candidate does): 2% of
 --     300,000 rows went through the impact path at want 10 (p95 67 ms) and is now ranked directly (19 ms).
@@ -19,7 +20,10 @@
 CREATE OR REPLACE FUNCTION rag.bm25_ranking(
     p_version integer, p_text text, p_labels text[], p_want integer, p_depth integer DEFAULT 4000,
     p_max_terms integer DEFAULT 12, p_documents text[] DEFAULT NULL, p_few_rows integer DEFAULT 5000
-) RETURNS TABLE (chunk_id text, score double precision) LANGUAGE plpgsql STABLE AS $$
+) RETURNS TABLE (chunk_id text, score double precision) LANGUAGE plpgsql STABLE
+-- A version's postings and weight vectors are meant to be in memory (see the README on sizing the server): lookups
+-- by key cost about what reading a row in sequence does, and the plans must not swing to scanning everything.
+SET random_page_cost = 1.1 AS $$
 #variable_conflict use_column
 DECLARE
     t text := rag.version_table(p_version);
@@ -53,20 +57,20 @@ BEGIN
         INTO qvec FROM unnest(ids, idfs) AS u(i, f);
     reach := rag.label_rows(p_version, p_labels);
     everything := rag.total_rows(p_version);
-    -- The rows the caller may read, ranked directly. When they are a small part of the index (or of named documents),
-    -- each row's weights are looked up by key, in key order, in a subquery per row: the planner cannot turn that into
-    -- a scan of every weight vector, which it did for a caller reaching 2,000 of 100,000 rows when its estimates
-    -- tipped (p95 8 -> 64 ms). When they are a large part, a join lets it scan the weight vectors once.
+    -- The rows the caller may read, ranked directly. When they are a small part of the index (or of named documents)
+    -- their weights are looked up by key, in key order; when they are a large part, the planner may scan the weight
+    -- vectors once instead. (The function's random_page_cost says the structures are in memory: at the default,
+    -- the planner scanned every weight vector for a caller reaching 2,000 of 100,000 rows when its estimates
+    -- tipped, p95 8 -> 64 ms.)
     IF p_documents IS NOT NULL OR 4 * reach < everything THEN
         labelled := format($q$
-            SELECT chunk_id, score FROM (
-                SELECT r.chunk_id, (SELECT -(d.vec <#> $1) FROM %2$I d WHERE d.lexical_id = r.lexical_id)::double precision
-                       AS score
-                FROM (SELECT chunk_id, lexical_id FROM %1$I
-                      WHERE acl_labels && $2 AND ($4::text[] IS NULL OR doc_id = ANY($4))
-                      ORDER BY lexical_id OFFSET 0) r) AS scored
-            WHERE score > 0
-            ORDER BY score DESC, chunk_id LIMIT $3$q$, t, t || '_bm25docs');
+            SELECT r.chunk_id, -(d.vec <#> $1)::double precision AS score
+            FROM (SELECT chunk_id, lexical_id FROM %1$I
+                  WHERE acl_labels && $2 AND ($4::text[] IS NULL OR doc_id = ANY($4))
+                  ORDER BY lexical_id OFFSET 0) r
+            JOIN %2$I d USING (lexical_id)
+            WHERE -(d.vec <#> $1) > 0
+            ORDER BY score DESC, r.chunk_id LIMIT $3$q$, t, t || '_bm25docs');
     ELSE
         labelled := format($q$
             SELECT t.chunk_id, -(d.vec <#> $1)::double precision AS score
