@@ -7,8 +7,6 @@ vectors are born.
 
 from __future__ import annotations
 
-import contextlib
-
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -237,7 +235,7 @@ def _rehome_groups(
         sha = ids.embedding_input_sha(chunk.embedding_input)
         vectors = chunk_store.cached_embeddings(conn, cache_key(version), [sha])
         if sha not in vectors:
-            vectors = _embed_once(conn, version, settings, {sha: chunk.embedding_input}, stats)
+            vectors = _embed_once(conn, version, settings, {sha: chunk.embedding_input}, stats, lock=False)
         stats.rows_written += versions.insert_group_rows(conn, version, labels, [IndexRow(chunk, sha, vectors[sha])])
     groups.drop_empty(conn, group_ids)
 
@@ -313,19 +311,31 @@ def embed_inputs(
     step = settings.execution.embed_batch
     for start in range(0, len(missing), step):
         part = {sha: inputs[sha] for sha in missing[start:start + step]}
-        with conn.transaction() if commit else contextlib.nullcontext():
-            vectors.update(_embed_once(conn, version, settings, part, stats))
+        if commit:
+            with conn.transaction():
+                vectors.update(_embed_once(conn, version, settings, part, stats, lock=True))
+        else:  # inside the caller's write transaction: see _embed_once on why it does not wait for others there
+            vectors.update(_embed_once(conn, version, settings, part, stats, lock=False))
     return vectors
+
+
+# More inputs than this in one call are embedded without locks (a lock each would crowd the server's lock table).
+MAX_INPUT_LOCKS = 1024
 
 
 def _embed_once(
     conn: psycopg.Connection, version: IndexVersion, settings: Settings, inputs: dict[str, str], stats: IndexStats,
+    *, lock: bool,
 ) -> dict[str, np.ndarray]:
-    """Vectors for inputs the cache lacked a moment ago, each embedded by one run only: the inputs are locked until
-    the caller's transaction ends, so a run that wants the same ones (another document with the same text, or a
-    refresh started at the same time) waits, then finds them cached. Cached as soon as they are made."""
+    """Vectors for inputs the cache lacked a moment ago, cached as soon as they are made. With `lock` (in a
+    transaction of its own that takes no other lock while it holds these), each is embedded by one run only: the
+    inputs are locked until the transaction ends, so a run that wants the same ones (another document with the same
+    text, or a refresh started at the same time) waits, then finds them cached. A write transaction (which holds
+    the group-assignment lock, and may embed more than once) never waits for them: waiting there could close a
+    cycle with a batch that holds some of its inputs; at worst it embeds an input another run is embedding too."""
     key = cache_key(version)
-    chunk_store.lock_inputs(conn, key, list(inputs))
+    if lock and len(inputs) <= MAX_INPUT_LOCKS:
+        chunk_store.lock_inputs(conn, key, list(inputs))
     vectors = chunk_store.cached_embeddings(conn, key, list(inputs))  # made meanwhile by whoever held the locks
     stats.vectors_reused += len(vectors)
     missing = [sha for sha in inputs if sha not in vectors]

@@ -126,8 +126,9 @@ EMBEDDING_INPUT_LOCK_SPACE = 0x52414745
 
 
 def lock_inputs(conn: psycopg.Connection, model: str, shas: Sequence[str]) -> None:
-    """Lock each input to be embedded until the transaction ends, in one order (no two runs can deadlock on them).
-    Keys are 32-bit hashes: two inputs that share one only make one run wait for the other, never skip work."""
+    """Lock each input to be embedded until the transaction ends, all in one call and one order (two transactions
+    that lock this way and take no other lock meanwhile cannot deadlock). Keys are 32-bit hashes: two inputs that
+    share one only make one run wait for the other, never skip work."""
     conn.execute(
         """SELECT pg_advisory_xact_lock(%s, k) FROM (
                SELECT DISTINCT hashtext(%s || ':' || sha) AS k FROM unnest(%s::text[]) AS sha ORDER BY k) AS keys""",

@@ -3,10 +3,10 @@ applications that search with SQL (`rag.search`) and the pipeline's own search r
 calls them; rag_pipeline.retrieval validates the request and embeds the query.
 
 The BM25 list (rag.bm25_ranking, migrations 020 and 021) reads impact-ordered postings: the `depth` highest-weighted
-postings of each query term, or the whole list when it is at most twice that (never every match), bounds what each
-chunk could score, rescores exactly the chunks whose bound reaches the k-th exact score, and reads deeper while a
-chunk not read could still beat the last one kept; callers whose labels reach few rows have those rows ranked
-directly. The dense list walks HNSW with the labels inside the query, or ranks the caller's rows exactly when they
+postings of each query term, or the whole list when it is at most twice that (never every match of a longer list),
+bounds what each chunk could score, rescores exactly the chunks whose bound reaches the k-th exact score, and reads
+deeper while a chunk not read could still beat the last one kept; callers whose labels reach few rows have those rows
+ranked directly. The dense list walks HNSW with the labels inside the query, or ranks the caller's rows exactly when they
 are few or a small share of the index. rag.search_version fuses them.
 """
 

@@ -213,11 +213,12 @@ BEGIN
     -- A caller whose labels reach few rows, or a small share of them, gets them ranked exactly: a filtered HNSW walk
     -- visits about candidates / share nodes (measured: ~3 ms / share at 300,000 rows), an exact scan about 1 us per
     -- row the labels reach. So exact when reach^2 < 75 x candidates x rows (at 300,000 rows and 40 candidates, under
-    -- a 10% share; 2% went from p95 99 ms through HNSW to 7 ms).
+    -- a 10% share; 2% went from p95 99 ms through HNSW to 7 ms); candidates counted up to 500, where ef_search stops
+    -- growing.
     IF use_dense THEN
         reach := rag.label_rows(p_version, p_labels);
         everything := rag.total_rows(p_version);
-        exact_dense := reach < 5000 OR reach::double precision * reach < 75.0 * candidates * everything;
+        exact_dense := reach < 5000 OR reach::double precision * reach < 75.0 * least(candidates, 500) * everything;
     END IF;
     -- The sparse list alone is the ranking in sparse mode: its top k is all it needs (a deeper list only lowers the
     -- threshold the impact-ordered search prunes with). Fused with another list, it gives `candidates`.
