@@ -138,6 +138,26 @@ def test_shallow_reads_bound_rescore_and_deepen_to_the_same_list(corpus_db, labe
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
 
+@pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
+@pytest.mark.parametrize("depth", [10, 60, 4000])
+def test_the_impact_path_is_exactly_the_direct_ranking(corpus_db, labels, depth):
+    """The pruned path (postings read a few deep, bounds, a threshold, deeper reads) against every readable row
+    scored by the same weights: the same chunks in the same order with the same scores, for many queries. Unlike
+    the textbook comparison above this has no tolerance, so a bound that drops one chunk at the cut fails it."""
+    conn, version, vocabulary = corpus_db
+    rng = random.Random(depth)
+    queries = [*_queries(vocabulary).values(),
+               *(" ".join(rng.sample(vocabulary[:2000], rng.randint(2, 8))) for _ in range(25))]
+    for query in queries:
+        for want in (1, 10, TOP):
+            pruned = search_store.bm25_ranking(conn, version, query, labels, want, depth=depth, max_terms=64,
+                                               few_rows=0)
+            direct = search_store.bm25_ranking(conn, version, query, labels, want, depth=depth, max_terms=64,
+                                               few_rows=10**9)
+            assert pruned.chunk_ids == direct.chunk_ids, (query, want)
+            assert pruned.scores == pytest.approx(direct.scores, rel=1e-9), (query, want)
+
+
 def test_deletions_and_inserts_keep_the_counters_true(corpus_db):
     conn, version, vocabulary = corpus_db
     table = sql.Identifier(version.table_name)
