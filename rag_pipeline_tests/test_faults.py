@@ -223,9 +223,11 @@ def test_two_refreshes_at_once_share_the_work_and_leave_a_clean_index(crash_env,
     for code, _out, err in results:
         assert code == 0, err[-3000:]
     summaries = [json.loads(out) for _, out, _ in results]
-    # The index is the one a single clean build makes, and each document was parsed once, by whichever refresh
-    # reached it first. (Inputs two writers share are embedded once: test_execution's parallel writers. Embedding
-    # counts are not compared here: the two run summaries summed 114 to 122 against 117 cached inputs, so they do
-    # not account for every embedding either way. An open issue.)
+    # The index is the one a single clean build makes; each document was parsed once and each input embedded once,
+    # by whichever refresh reached it first, and each summary counts its own run's work (they once reported the
+    # other run's counts, read from the shared upstream asset value: 114 to 122 embeddings for 117 inputs).
     assert_same_index(snapshot(url), clean_build)
     assert sum(s["parsed"] for s in summaries) == DOCUMENTS
+    with psycopg.connect(url) as conn:
+        cached = conn.execute("SELECT count(*) FROM embedding_cache").fetchone()[0]
+    assert sum(s["vectors_embedded"] for s in summaries) == cached > 0

@@ -137,13 +137,25 @@ def report_documents(context: dg.OpExecutionContext, rag: RagResource):
     with connect(rag.database_url()) as conn:
         reports = run_outputs.of_run(conn, context.run_id, WORK_STATS)
         dead = pages.dead_letter_summary(conn)
-    stats = ProcessStats()
-    for report in reports:  # none on a re-execution that skipped the document steps
-        stats.add(ProcessStats.from_dict(report))
+    stats = _added_up(reports)
     hosts = sorted({r["host"] for r in reports})
     return dg.Output(stats.as_dict(), metadata={
         **parse_metadata(stats.parse, dead, stats.workers, stats.workers_replaced, hosts),
         **_totals(rag.database_url())})
+
+
+def _added_up(reports: list[dict]) -> ProcessStats:
+    stats = ProcessStats()
+    for report in reports:  # none on a re-execution that skipped the document steps
+        stats.add(ProcessStats.from_dict(report))
+    return stats
+
+
+def _this_runs_work(db_url: str, run_id: str) -> ProcessStats:
+    """What this run's document steps did. Not taken from the upstream asset's value: that is the latest one any
+    run stored, and two refreshes at once each reported the other's counts (or their own twice)."""
+    with connect(db_url) as conn:
+        return _added_up(run_outputs.of_run(conn, run_id, WORK_STATS))
 
 
 def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
@@ -170,7 +182,7 @@ def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
 def document_chunks(context: dg.AssetExecutionContext, rag: RagResource, parsed_documents: dict) -> dg.Output:
     # Chunked as they were parsed (parsed_documents); here only documents still queued for chunking (none, as a
     # rule) are worked, so materialising this asset alone still does what its name says.
-    stats = ProcessStats.from_dict(parsed_documents).chunk
+    stats = _this_runs_work(rag.database_url(), context.run_id).chunk
     leftover = process_pending(rag.database_url(), rag.settings(), progress=context.log.info, parse=False,
                                index=False).chunk
     stats.add(leftover)
@@ -182,7 +194,7 @@ def document_chunks(context: dg.AssetExecutionContext, rag: RagResource, parsed_
           description="Embeddings written into every writable index version (pgvector halfvec + HNSW, BM25).")
 def search_index(context: dg.AssetExecutionContext, rag: RagResource, document_chunks: dict) -> dg.Output:
     db_url = rag.database_url()
-    stats = ProcessStats.from_dict(document_chunks).index
+    stats = _this_runs_work(db_url, context.run_id).index
     leftover = process_pending(db_url, rag.settings(), progress=context.log.info, parse=False, chunk=False).index
     stats.add(leftover)
     with connect(db_url) as conn:
