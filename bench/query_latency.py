@@ -67,29 +67,26 @@ def storage(conn, version) -> dict[str, int]:
     }
 
 
-def churn(conn, version, texts: list[str], vectors, cycle: int, share: float = 0.1, batch: int = 50) -> None:
-    """Delete `share` of the rows and insert as many new ones, through the triggers, `batch` rows to a transaction
-    as refreshes write them (one document at a time)."""
+def churn(conn, version, texts: list[str], vectors, cycle: int, share: float = 0.1) -> None:
+    """Replace `share` of the documents as a refresh does: each changed document's rows deleted and its new rows
+    inserted in one transaction, through the triggers (BM25), with new texts and vectors drawn from the corpus."""
     table = sql.Identifier(version.table_name)
     rng = random.Random(cycle)
-    total = version_store.row_count(conn, version)
-    count = int(total * share)
-    gone = [r[0] for r in conn.execute(sql.SQL("SELECT chunk_id FROM {} ORDER BY random() LIMIT %s").format(table),
-                                       (count,)).fetchall()]
-    documents = [r[0] for r in conn.execute("SELECT doc_id FROM documents ORDER BY doc_id").fetchall()]
+    documents = [r[0] for r in conn.execute(sql.SQL(
+        "SELECT doc_id FROM {} GROUP BY doc_id ORDER BY doc_id").format(table)).fetchall()]
     conn.commit()
-    for start in range(0, count, batch):
+    for doc_id in rng.sample(documents, int(len(documents) * share)):
         with conn.transaction(), conn.cursor() as cur:
-            cur.execute(sql.SQL("DELETE FROM {} WHERE chunk_id = ANY(%s)").format(table), (gone[start:start + batch],))
-            for i in range(start, min(count, start + batch)):
+            count = cur.execute(sql.SQL("DELETE FROM {} WHERE doc_id = %s").format(table), (doc_id,)).rowcount
+            for ordinal in range(count):
                 n = rng.randrange(len(texts))
+                chunk_id = f"churn{cycle}-{doc_id}-{ordinal}"
                 cur.execute(sql.SQL(
                     "INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,"
                     " page_end, content_type, acl_labels, embedding_input_sha, embedding)"
                     " SELECT %s, %s, %s, %s, %s, '', '', 1, 1, 'prose', d.acl_labels, %s, %s FROM documents d"
                     " WHERE d.doc_id = %s").format(table),
-                    (f"churn{cycle}-{i}", f"churn{cycle}-{i}", documents[n % len(documents)], 10_000 + i, texts[n],
-                     f"churn{cycle}-{i}", HalfVector(vectors[n]), documents[n % len(documents)]))
+                    (chunk_id, chunk_id, doc_id, ordinal, texts[n], chunk_id, HalfVector(vectors[n]), doc_id))
 
 
 def main() -> None:
@@ -148,6 +145,8 @@ def main() -> None:
                     for name, before in sizes.items():
                         print(f"| {name} | {before / 2**20:.0f} | {after_sizes[name] / 2**20:.0f} | "
                               f"{after_sizes[name] / max(1, before):.2f} |")
+                    before, after_total = sum(sizes.values()), sum(after_sizes.values())
+                    print(f"| all of them | {before / 2**20:.0f} | {after_total / 2**20:.0f} | {after_total / before:.2f} |")
     print(f"\n{args.queries} queries per cell, k={args.k}; ms")
     print("| vocabulary | chunks | mode | caller labels | p50 | p95 | mean hits |")
     print("|---|---|---|---|---|---|---|")
