@@ -145,8 +145,9 @@ def main() -> None:
                     for name, before in sizes.items():
                         print(f"| {name} | {before / 2**20:.0f} | {after_sizes[name] / 2**20:.0f} | "
                               f"{after_sizes[name] / max(1, before):.2f} |")
-                    before, after_total = sum(sizes.values()), sum(after_sizes.values())
-                    print(f"| all of them | {before / 2**20:.0f} | {after_total / 2**20:.0f} | {after_total / before:.2f} |")
+                    total_before, total_after = sum(sizes.values()), sum(after_sizes.values())
+                    print(f"| all of them | {total_before / 2**20:.0f} | {total_after / 2**20:.0f} | "
+                          f"{total_after / total_before:.2f} |")
     print(f"\n{args.queries} queries per cell, k={args.k}; ms")
     print("| vocabulary | chunks | mode | caller labels | p50 | p95 | mean hits |")
     print("|---|---|---|---|---|---|---|")

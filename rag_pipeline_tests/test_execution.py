@@ -353,6 +353,20 @@ def test_a_run_of_two_document_steps_reports_both_and_builds_the_index(make_sett
         "parsed_documents.work_documents_0", "parsed_documents.work_documents_1"]
 
 
+
+def test_a_re_execution_counts_the_steps_it_skipped_from_the_run_it_re_executes(db):
+    """Step reports of a run's lineage (the run, then the runs it re-executes): each step once, from the nearest
+    run that ran it; other runs' reports are never counted."""
+    from rag_pipeline.store import run_outputs
+
+    run_outputs.store(db, "parent", "work_documents_0", "stats", {"parsed": 3})
+    run_outputs.store(db, "parent", "work_documents_1", "stats", {"parsed": 4})
+    run_outputs.store(db, "child", "work_documents_1", "stats", {"parsed": 5})  # re-ran the step that failed
+    run_outputs.store(db, "other", "work_documents_0", "stats", {"parsed": 100})  # a refresh beside them
+    assert run_outputs.of_run(db, ["child", "parent"], "stats") == [{"parsed": 3}, {"parsed": 5}]
+    assert run_outputs.of_run(db, ["parent"], "stats") == [{"parsed": 3}, {"parsed": 4}]
+    assert run_outputs.of_run(db, ["child"], "stats") == [{"parsed": 5}]
+
 def test_the_cli_draws_a_bar_per_stage_from_the_progress_reports():
     from rag_pipeline.cli import _progress_bar
 

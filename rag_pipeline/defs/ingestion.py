@@ -135,7 +135,7 @@ def report_documents(context: dg.OpExecutionContext, rag: RagResource):
     # Read from the database rather than taken as inputs: Dagster's Dask executor does not hand fanned-in
     # outputs of steps that ran on other workers to the step that collects them.
     with connect(rag.database_url()) as conn:
-        reports = run_outputs.of_run(conn, context.run_id, WORK_STATS)
+        reports = run_outputs.of_run(conn, _lineage(context), WORK_STATS)
         dead = pages.dead_letter_summary(conn)
     stats = _added_up(reports)
     hosts = sorted({r["host"] for r in reports})
@@ -146,16 +146,26 @@ def report_documents(context: dg.OpExecutionContext, rag: RagResource):
 
 def _added_up(reports: list[dict]) -> ProcessStats:
     stats = ProcessStats()
-    for report in reports:  # none on a re-execution that skipped the document steps
+    for report in reports:
         stats.add(ProcessStats.from_dict(report))
     return stats
 
 
-def _this_runs_work(db_url: str, run_id: str) -> ProcessStats:
+def _lineage(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> list[str]:
+    """This run's id, then those of the runs it re-executes (nearest first): a re-execution from failure skips the
+    document steps that succeeded, and their reports are the parent's."""
+    run_ids, run = [context.run_id], context.run
+    while run is not None and run.parent_run_id and len(run_ids) < 100:
+        run_ids.append(run.parent_run_id)
+        run = context.instance.get_run_by_id(run.parent_run_id)
+    return run_ids
+
+
+def _this_runs_work(db_url: str, context: dg.AssetExecutionContext) -> ProcessStats:
     """What this run's document steps did. Not taken from the upstream asset's value: that is the latest one any
     run stored, and two refreshes at once each reported the other's counts (or their own twice)."""
     with connect(db_url) as conn:
-        return _added_up(run_outputs.of_run(conn, run_id, WORK_STATS))
+        return _added_up(run_outputs.of_run(conn, _lineage(context), WORK_STATS))
 
 
 def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
@@ -182,7 +192,7 @@ def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
 def document_chunks(context: dg.AssetExecutionContext, rag: RagResource, parsed_documents: dict) -> dg.Output:
     # Chunked as they were parsed (parsed_documents); here only documents still queued for chunking (none, as a
     # rule) are worked, so materialising this asset alone still does what its name says.
-    stats = _this_runs_work(rag.database_url(), context.run_id).chunk
+    stats = _this_runs_work(rag.database_url(), context).chunk
     leftover = process_pending(rag.database_url(), rag.settings(), progress=context.log.info, parse=False,
                                index=False).chunk
     stats.add(leftover)
@@ -194,7 +204,7 @@ def document_chunks(context: dg.AssetExecutionContext, rag: RagResource, parsed_
           description="Embeddings written into every writable index version (pgvector halfvec + HNSW, BM25).")
 def search_index(context: dg.AssetExecutionContext, rag: RagResource, document_chunks: dict) -> dg.Output:
     db_url = rag.database_url()
-    stats = _this_runs_work(db_url, context.run_id).index
+    stats = _this_runs_work(db_url, context).index
     leftover = process_pending(db_url, rag.settings(), progress=context.log.info, parse=False, chunk=False).index
     stats.add(leftover)
     with connect(db_url) as conn:

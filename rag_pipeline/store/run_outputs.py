@@ -32,11 +32,14 @@ def load(conn: psycopg.Connection, run_id: str, step_key: str, output_name: str)
     return row[0]
 
 
-def of_run(conn: psycopg.Connection, run_id: str, output_name: str) -> list[Any]:
-    """Every step's output of that name in the run, in step order."""
+def of_run(conn: psycopg.Connection, run_ids: list[str], output_name: str) -> list[Any]:
+    """Every step's output of that name in a run, in step order. `run_ids` is the run, then the run it re-executes,
+    and so on: a step a re-execution skipped is taken from the nearest run that ran it."""
     rows = conn.execute(
-        "SELECT value FROM run_outputs WHERE run_id = %s AND output_name = %s ORDER BY step_key",
-        (run_id, output_name),
+        """SELECT DISTINCT ON (o.step_key) o.value
+           FROM run_outputs o JOIN unnest(%s::text[]) WITH ORDINALITY AS lineage(run_id, nearness) USING (run_id)
+           WHERE o.output_name = %s ORDER BY o.step_key, lineage.nearness""",
+        (list(run_ids), output_name),
     ).fetchall()
     conn.commit()
     return [row[0] for row in rows]
