@@ -392,14 +392,17 @@ class Bm25Config(_Section):
 
 class RoutingConfig(_Section):
     """Document-aware ranking: a query that names documents (by title, path or metadata: a company, a period, a
-    form) also ranks within them, and that list joins the fusion. For corpora whose names identify documents
-    (filings, contracts, per-customer reports); off by default, because on topic-named pages (a manual's) a word
-    shared with a file name is an accident, and there it costs ranking quality (README: "Retrieval quality")."""
+    form) also ranks within them, and that list joins the fusion. A query word names documents only when few
+    documents' names carry it and its text is concentrated in those documents (a company in its own filings), so
+    on topic-named pages (a manual's "create", "query") nothing is routed by accident (README: "Retrieval
+    quality")."""
 
-    enabled: bool = False
+    enabled: bool = True
     weight: float = Field(0.5, ge=0.0, description="RRF weight of the within-document lists, relative to the others")
     min_score: float = Field(2.0, ge=0.0, description="sum of name-term idfs a document needs to count as named")
-    min_terms: int = Field(2, ge=1, le=10, description="distinct name terms a query must share with a document")
+    min_terms: int = Field(1, ge=1, le=10, description="distinct query words a document's name must share")
+    min_concentration: Fraction = Field(
+        0.5, description="share of a word's strongest chunks that must lie in the documents it names")
     ratio: Fraction = Field(0.75, description="documents scoring at least this share of the best are named too")
     max_documents: int = Field(5, ge=1, le=100)
 

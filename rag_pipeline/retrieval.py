@@ -70,7 +70,7 @@ class SearchOptions:
             "bm25_max_terms": self.bm25.max_query_terms,
             "routing": {"enabled": routing.enabled, "weight": routing.weight, "min_score": routing.min_score,
                         "ratio": routing.ratio, "max_documents": routing.max_documents,
-                        "min_terms": routing.min_terms},
+                        "min_terms": routing.min_terms, "min_concentration": routing.min_concentration},
         }
 
 

@@ -64,13 +64,14 @@ def label_rows(conn: psycopg.Connection, version: IndexVersion, labels: tuple[st
 
 
 def named_documents(
-    conn: psycopg.Connection, text: str, labels: tuple[str, ...], *, min_score: float, ratio: float,
-    max_documents: int, min_terms: int = 2, cap: int = 1000,
+    conn: psycopg.Connection, version: IndexVersion, text: str, labels: tuple[str, ...], *, min_score: float,
+    ratio: float, max_documents: int, min_terms: int = 1, min_concentration: float = 0.5, cap: int = 1000,
 ) -> list[str]:
     """Documents the query names by their title, path or metadata (a company, a period, a form), best first
     (rag.named_documents says when a document counts as named)."""
-    return list(conn.execute("SELECT rag.named_documents(%s, %s, %s, %s, %s, %s, %s)",
-                             (text, list(labels), min_score, ratio, max_documents, min_terms, cap)).fetchone()[0])
+    return list(conn.execute("SELECT rag.named_documents(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                             (version.version_id, text, list(labels), min_score, ratio, max_documents, min_terms,
+                              min_concentration, cap)).fetchone()[0])
 
 
 @dataclass(frozen=True)
