@@ -1,7 +1,7 @@
-"""Look-alike filings: generated annual reports of made-up companies, one per company and fiscal year, written from
-one template (as 10-Ks are), with analyst questions that name the company and the period, and the filing each
-question must be answered from. Prints hit@1, hit@5 and MRR (document level) for each ranking, with document
-routing on and off, and paired significance of routing.
+"""Look-alike filings: generated ten-page annual reports (PDF) of made-up companies, one per company and fiscal
+year, written from one template (as 10-Ks are), with analyst questions that name the company and the period, and
+the pages of the filing that answer them. Prints page hit@1, hit@5 and MRR for each ranking, with document
+routing on and off, and paired significance.
 
     .venv/bin/python -m bench.golden_filings [--companies 12] [--years 2019,2020,2021] [--model all-MiniLM-L6-v2]
 
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 from dagster import DagsterInstance
+from fpdf import FPDF
 
 from bench.common import REPO, machine, throwaway_database
 from rag_pipeline.config import load_settings
@@ -48,71 +49,143 @@ COMPANIES = [
     ("Quanta Rail", "freight railcars and leasing"),
     ("Sable Foods", "frozen meals and snacks"),
 ]
-RISKS = (
+RISKS = [
     "Our results depend on general economic conditions. A downturn could reduce demand for our products and "
-    "services and increase the credit risk of our customers. We face intense competition, and competitors may "
-    "develop products that are cheaper or better than ours. Changes in tax law, trade policy or interest rates "
-    "could reduce our earnings. Cyber attacks on our systems could disrupt operations and expose confidential data."
-)
+    "services and increase the credit risk of our customers.",
+    "We face intense competition, and competitors may develop products that are cheaper or better than ours.",
+    "Changes in tax law, trade policy or interest rates could reduce our earnings and cash flows.",
+    "Cyber attacks on our systems, or those of our suppliers, could disrupt operations and expose confidential data.",
+    "We depend on a limited number of suppliers for some materials, and shortages could raise our costs.",
+    "Litigation, product liability claims and regulatory investigations could result in significant expenses.",
+    "Our indebtedness could limit our flexibility and require us to use cash flow to pay interest.",
+    "Climate change and related regulation could increase our costs and affect demand for our products.",
+    "We may not realise the benefits we expect from acquisitions, and integrating them may disrupt the business.",
+    "Fluctuations in foreign currency exchange rates could reduce our reported revenue and operating income.",
+]
+NOTES = [
+    "Revenue is recognised when control of the promised goods or services transfers to customers, in an amount "
+    "that reflects the consideration the Company expects to receive.",
+    "Leases are recognised as right-of-use assets and lease liabilities at the present value of the payments.",
+    "Goodwill is tested for impairment annually in the fourth quarter and whenever events indicate that the "
+    "carrying amount may not be recoverable.",
+    "Inventories are stated at the lower of cost and net realisable value, cost being determined on a first-in, "
+    "first-out basis.",
+    "Income taxes are accounted for under the asset and liability method; deferred tax assets are reduced by a "
+    "valuation allowance when it is more likely than not that they will not be realised.",
+]
+# (slice, question, the pages holding its answer); pages as laid out by filing()
 QUESTIONS = (
     ("cash flow", "What is the FY{year} capital expenditure amount (in USD millions) for {company}? Give a response "
-                  "to the question by relying on the details shown in the cash flow statement."),
-    ("income statement", "What was {company}'s total revenue in FY{year}?"),
+                  "to the question by relying on the details shown in the cash flow statement.", (8,)),
+    ("income statement", "What was {company}'s total revenue in FY{year}?", (5, 6)),
     ("income statement", "Using the income statement, what was the operating income of {company} for fiscal year "
-                         "{year}?"),
-    ("business", "How many people did {company} employ at the end of {year}?"),
-    ("balance sheet", "What were {company}'s total assets at the end of FY{year}, per the balance sheet?"),
-    ("md&a", "According to management's discussion, why did {company}'s net sales change in {year}?"),
+                         "{year}?", (6,)),
+    ("business", "How many people did {company} employ at the end of {year}?", (2,)),
+    ("balance sheet", "What were {company}'s total assets at the end of FY{year}, per the balance sheet?", (7,)),
+    ("md&a", "According to management's discussion, why did {company}'s net sales change in {year}?", (5,)),
+    ("cash flow", "How much did {company} pay in dividends in FY{year}?", (8,)),
 )
 
 
 def file_name(company: str, year: int) -> str:
-    return f"{''.join(ch for ch in company.upper() if ch.isalnum())}_{year}_10K.md"
+    return f"{''.join(ch for ch in company.upper() if ch.isalnum())}_{year}_10K.pdf"
 
 
-def filing(company: str, business: str, year: int, rng: random.Random) -> str:
-    revenue = {y: rng.randint(800, 40_000) for y in (year - 2, year - 1, year)}
-    rows = {
+def _text_page(pdf: FPDF, heading: str, paragraphs: list[str]) -> None:
+    pdf.add_page()
+    pdf.set_font("Helvetica", style="B", size=13)
+    pdf.set_xy(15, 15)
+    pdf.multi_cell(180, 7, heading)
+    pdf.set_font("Helvetica", size=10)
+    pdf.ln(4)
+    for text in paragraphs:
+        pdf.set_x(15)
+        pdf.multi_cell(180, 5, text)
+        pdf.ln(3)
+
+
+def _statement_page(pdf: FPDF, owner: str, title: str, body: dict[str, dict[int, int]]) -> None:
+    pdf.add_page()
+    pdf.set_font("Helvetica", style="B", size=11)
+    for y, line in ((15, owner), (22, title), (29, "(in millions of USD)")):
+        pdf.set_xy(15, y)
+        pdf.cell(180, 6, line)
+    years = sorted(next(iter(body.values())), reverse=True)
+    pdf.set_font("Helvetica", style="B", size=9)
+    for column, year in enumerate(years):
+        pdf.set_xy(110 + column * 28, 42)
+        pdf.cell(24, 5, str(year), align="R")
+    pdf.set_font("Helvetica", size=9)
+    for row, (label, values) in enumerate(body.items()):
+        y = 50 + 7 * row
+        pdf.set_xy(15, y)
+        pdf.cell(90, 5, label)
+        for column, year in enumerate(years):
+            pdf.set_xy(110 + column * 28, y)
+            value = values[year]
+            pdf.cell(24, 5, f"({-value:,})" if value < 0 else f"{value:,}", align="R")
+
+
+def filing(path: Path, company: str, business: str, year: int, rng: random.Random) -> None:
+    """Ten pages in a 10-K's order: cover, business, risks (2), MD&A, income statement, balance sheet, cash flows,
+    notes, controls. Only the cover, the business section, MD&A and the statements' heading name the company; the
+    statements show three fiscal years (two on the balance sheet), so each year also appears in later filings."""
+    periods = (year - 2, year - 1, year)
+    revenue = {y: rng.randint(800, 40_000) for y in periods}
+    income = {
         "Total revenue": revenue,
         "Cost of sales": {y: int(v * rng.uniform(0.5, 0.7)) for y, v in revenue.items()},
+        "Selling, general and administrative expenses": {y: int(v * rng.uniform(0.1, 0.2)) for y, v in revenue.items()},
         "Operating income": {y: int(v * rng.uniform(0.05, 0.2)) for y, v in revenue.items()},
+        "Interest expense": {y: int(v * rng.uniform(0.005, 0.02)) for y, v in revenue.items()},
         "Net income": {y: int(v * rng.uniform(0.02, 0.12)) for y, v in revenue.items()},
+    }
+    assets = {y: int(revenue[y] * rng.uniform(1.0, 2.5)) for y in periods[1:]}
+    balance = {
+        "Cash and cash equivalents": {y: int(v * rng.uniform(0.05, 0.15)) for y, v in assets.items()},
+        "Inventories": {y: int(v * rng.uniform(0.05, 0.2)) for y, v in assets.items()},
+        "Property, plant and equipment, net": {y: int(v * rng.uniform(0.2, 0.4)) for y, v in assets.items()},
+        "Total assets": assets,
+        "Long-term debt": {y: int(v * rng.uniform(0.1, 0.4)) for y, v in assets.items()},
+        "Total liabilities": {y: int(v * rng.uniform(0.4, 0.8)) for y, v in assets.items()},
     }
     cash = {
         "Net cash provided by operating activities": {y: int(v * rng.uniform(0.08, 0.2)) for y, v in revenue.items()},
         "Capital expenditures": {y: -int(v * rng.uniform(0.02, 0.09)) for y, v in revenue.items()},
-        "Dividends paid": {y: -int(v * rng.uniform(0.0, 0.03)) for y, v in revenue.items()},
+        "Acquisitions, net of cash acquired": {y: -int(v * rng.uniform(0.0, 0.05)) for y, v in revenue.items()},
+        "Dividends paid": {y: -int(v * rng.uniform(0.005, 0.03)) for y, v in revenue.items()},
+        "Repurchases of common stock": {y: -int(v * rng.uniform(0.0, 0.04)) for y, v in revenue.items()},
     }
-    assets = {y: int(v * rng.uniform(1.0, 2.5)) for y, v in revenue.items() if y >= year - 1}
-    balance = {"Cash and cash equivalents": {y: int(v * 0.1) for y, v in assets.items()},
-               "Total assets": assets,
-               "Total liabilities": {y: int(v * rng.uniform(0.4, 0.8)) for y, v in assets.items()}}
-
-    def table(title: str, body: dict[str, dict[int, int]]) -> str:
-        years = sorted(next(iter(body.values())), reverse=True)
-        lines = [f"### {title}", "", "(in millions of USD) | " + " | ".join(f"FY{y}" for y in years),
-                 "---|" + "---|" * len(years)]
-        lines += [f"{label} | " + " | ".join(f"{values[y]:,}" for y in years) for label, values in body.items()]
-        return "\n".join(lines)
-
     change = (revenue[year] - revenue[year - 1]) / revenue[year - 1]
     reason = rng.choice(["higher volumes", "price increases", "the acquisition of a competitor",
                          "lower demand in Europe", "the loss of a large customer", "currency movements"])
-    return "\n\n".join([
-        f"# {company} annual report on Form 10-K for fiscal year {year}",
-        "## Item 1. Business",
-        f"{company} provides {business}. As of December 31, {year}, {company} employed "
-        f"{rng.randint(1, 90) * 100:,} people in {rng.randint(3, 40)} countries.",
-        "## Item 1A. Risk factors", RISKS,
-        "## Item 7. Management's discussion and analysis",
-        f"Net sales were ${revenue[year]:,} million in {year}, compared with ${revenue[year - 1]:,} million in "
-        f"{year - 1}, a change of {change:+.1%}, mainly because of {reason}. Operating income was "
-        f"${rows['Operating income'][year]:,} million.",
-        "## Item 8. Financial statements",
-        table("Consolidated statements of income", rows),
-        table("Consolidated statements of cash flows", cash),
-        table("Consolidated balance sheets", balance),
-    ]) + "\n"
+    owner = f"{company} and Subsidiaries"
+    pdf = FPDF(format="A4")
+    pdf.set_auto_page_break(auto=False)
+    _text_page(pdf, f"{company}\nAnnual Report on Form 10-K\nFor the fiscal year ended December 31, {year}",
+               ["Securities registered pursuant to Section 12(b) of the Act: common stock, par value $0.01 per share."])
+    _text_page(pdf, "Item 1. Business", [
+        f"{company} provides {business}. The Company sells through its own sales force and through distributors.",
+        f"As of December 31, {year}, {company} employed {rng.randint(1, 90) * 100:,} people in "
+        f"{rng.randint(3, 40)} countries."])
+    risks = rng.sample(RISKS, len(RISKS))
+    _text_page(pdf, "Item 1A. Risk Factors", risks[:5])
+    _text_page(pdf, "Item 1A. Risk Factors (continued)", risks[5:])
+    _text_page(pdf, "Item 7. Management's Discussion and Analysis of Financial Condition and Results of Operations", [
+        f"Net sales of {company} were ${revenue[year]:,} million in {year}, compared with ${revenue[year - 1]:,} "
+        f"million in {year - 1}, a change of {change:+.1%}, mainly because of {reason}.",
+        f"Operating income was ${income['Operating income'][year]:,} million. We expect capital spending to "
+        "remain in line with depreciation."])
+    _statement_page(pdf, owner, "Consolidated Statements of Income", income)
+    _statement_page(pdf, owner, "Consolidated Balance Sheets", balance)
+    _statement_page(pdf, owner, "Consolidated Statements of Cash Flows", cash)
+    _text_page(pdf, "Notes to Consolidated Financial Statements", rng.sample(NOTES, 4))
+    _text_page(pdf, "Item 9A. Controls and Procedures", [
+        "Management evaluated the effectiveness of the Company's disclosure controls and procedures as of the end "
+        "of the period covered by this report and concluded that they were effective.",
+        "There were no changes in internal control over financial reporting during the fourth quarter that "
+        "materially affected, or are reasonably likely to materially affect, it."])
+    pdf.output(str(path))
 
 
 def generate(folder: Path, companies: int, years: list[int], seed: int = 11) -> list[dict]:
@@ -121,11 +194,12 @@ def generate(folder: Path, companies: int, years: list[int], seed: int = 11) -> 
     golden = []
     for company, business in COMPANIES[:companies]:
         for year in years:
-            (folder / file_name(company, year)).write_text(filing(company, business, year, rng))
-            for number, (slice_, template) in enumerate(rng.sample(QUESTIONS, 3)):
-                golden.append({"id": f"{file_name(company, year)}#{number}", "slice": slice_,
+            name = file_name(company, year)
+            filing(folder / name, company, business, year, rng)
+            for number, (slice_, template, pages) in enumerate(rng.sample(QUESTIONS, 3)):
+                golden.append({"id": f"{name}#{number}", "slice": slice_,
                                "question": template.format(company=company, year=year),
-                               "gold": [{"doc": file_name(company, year)}], "answerable": True})
+                               "gold": [{"doc": name, "pages": list(pages)}], "answerable": True})
     return golden
 
 

@@ -8,7 +8,7 @@ model's own tokenizer, sized so that prefix + chunk fits the model's maximum seq
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,10 @@ CAPTION_RE = re.compile(r"^(?:Figure|Fig\.|Abbildung|Chart)\s*[\dIVX]+", re.IGNO
 # "Table 3. ..." or the parser's "Table: <title above the table>" (pandoc's caption line).
 TABLE_CAPTION_RE = re.compile(r"^(?:Table|Tabelle|Tableau)(?::|\s*[\dIVX])", re.IGNORECASE)
 SECTION_SEPARATOR = " › "
-CHUNKER_FAMILY = "structure+recursive-tokens/3"
+# Consecutive same-level headings with no text between are joined into one title up to this length (beyond it,
+# a list of headings such as a table of contents: each replaces the last, as headings do).
+MAX_JOINED_TITLE = 160
+CHUNKER_FAMILY = "structure+recursive-tokens/4"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:
@@ -67,6 +70,7 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
             sections.append(Section(page, tuple(title for _, title in stack), body))
         lines.clear()
 
+    title_open = False  # the last heading has had no body yet
     for page, text in pages:
         lines: list[str] = []
         for line in text.split("\n"):
@@ -76,9 +80,18 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
                 close(page, lines)
             if heading:
                 level, title = heading
-                while stack and stack[-1][0] >= level:
-                    stack.pop()
-                stack.append((level, title))
+                joined = f"{stack[-1][1]} {title}" if stack else title
+                if title_open and stack[-1][0] == level and len(joined) <= MAX_JOINED_TITLE:
+                    # Lines of one title set as headings ("Consolidated Statements of Cash Flows" over "(in
+                    # millions of USD)"): the second does not replace the first in the path, they are one title.
+                    stack[-1] = (level, joined)
+                else:
+                    while stack and stack[-1][0] >= level:
+                        stack.pop()
+                    stack.append((level, title))
+                title_open = True
+            elif line.strip():
+                title_open = False
             lines.append(line)
         close(page, lines)
     return sections
@@ -259,6 +272,40 @@ def template_prefix(title: str | None, section_path: str, page_start: int, page_
     pages = f"p. {page_start}" if page_start == page_end else f"pp. {page_start}-{page_end}"
     parts = [part for part in (title, section_path, pages) if part]
     return SECTION_SEPARATOR.join(parts)
+
+
+def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section_path: str, page_start: int,
+                  page_end: int, budget: int) -> str:
+    """The template prefix in at most `budget` tokens, keeping what says most about the chunk: the page, the
+    innermost section (a statement's title), then the document's title, then the outer sections from the inside
+    out; a part that does not fit is left out whole, never cut into word pieces. Only an innermost section longer
+    than the whole budget is shortened, by whole words."""
+    whole = template_prefix(title, section_path, page_start, page_end)
+    if count_tokens(whole) <= budget:
+        return whole
+    sections = [part for part in section_path.split(SECTION_SEPARATOR) if part] if section_path else []
+    innermost = sections[-1] if sections else ""
+    words = innermost.split()
+    while words and count_tokens(template_prefix(None, " ".join(words), page_start, page_end)) > budget:
+        words.pop()
+    kept_innermost = " ".join(words)
+    if count_tokens(template_prefix(None, kept_innermost, page_start, page_end)) > budget:
+        return ""
+    keep_title, outer = None, [False] * max(len(sections) - 1, 0)
+
+    def render() -> str:
+        path = [part for part, kept in zip(sections, outer) if kept] + ([kept_innermost] if kept_innermost else [])
+        return template_prefix(keep_title, SECTION_SEPARATOR.join(path), page_start, page_end)
+
+    if title:
+        keep_title = title
+        if count_tokens(render()) > budget:
+            keep_title = None
+    for index in reversed(range(len(outer))):
+        outer[index] = True
+        if count_tokens(render()) > budget:
+            outer[index] = False
+    return render()
 
 
 def truncate_to_tokens(tokenizer: Any, text: str, budget: int) -> str:

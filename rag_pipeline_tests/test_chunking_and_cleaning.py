@@ -1,6 +1,6 @@
 import pytest
 
-from rag_pipeline.chunking import Chunker, sections_of, template_prefix, truncate_to_tokens
+from rag_pipeline.chunking import Chunker, fitted_prefix, sections_of, template_prefix, truncate_to_tokens
 from rag_pipeline.cleaning import clean_text, content_hash
 from rag_pipeline.embedding import load_tokenizer, max_sequence_length, resolve_model
 from rag_pipeline_tests.conftest import TORTURE
@@ -31,6 +31,37 @@ def test_sections_follow_headings_across_pages():
         (2, ("Guide", "Setup")),
         (2, ("Appendix", "Terms")),  # heading directly followed by a sub-heading: no heading-only section
     ]
+
+
+def test_a_title_set_as_two_headings_stays_one_title():
+    # a statement page: its title and its unit line both set as headings, then the table
+    page = ("## Item 8. Financial statements\n### Consolidated Statements of Cash Flows\n### (in millions of USD)\n"
+            "| | 2019 |\n|---|---|\n| Capital expenditures | (1,518) |")
+    [section] = sections_of([(8, page)])
+    assert section.path == ("Item 8. Financial statements", "Consolidated Statements of Cash Flows (in millions of USD)")
+    # headings with text between them still replace each other
+    sections = sections_of([(1, "## Income\nRevenue rose.\n## Cash flows\nCapital spending fell.")])
+    assert [s.path for s in sections] == [("Income",), ("Cash flows",)]
+    # a table of contents is a list of headings: joined only up to a title's length, then each replaces the last
+    contents = "\n".join(f"## Item {n}. Section number {n} of the annual report" for n in range(1, 9)) + "\nText."
+    path = sections_of([(2, contents)])[-1].path
+    assert len(path) == 1 and len(path[0]) <= 160 and path[0].endswith("Section number 8 of the annual report")
+
+
+def test_a_prefix_over_its_budget_keeps_the_innermost_section_and_drops_outer_ones_whole(tokenizer):
+    count = lambda text: len(tokenizer.tokenize(text))  # noqa: E731
+    outer = "Item 7. Management's Discussion and Analysis of Financial Condition and Results of Operations"
+    path = f"{outer} › Consolidated Statements of Cash Flows (in millions of USD)"
+    assert count(template_prefix("GLOBEX_2019_10K", path, 8, 8)) > 32
+    prefix = fitted_prefix(count, "GLOBEX_2019_10K", path, 8, 8, 32)
+    assert prefix == "GLOBEX_2019_10K › Consolidated Statements of Cash Flows (in millions of USD) › p. 8"
+    assert count(prefix) <= 32
+    # within budget: the whole template; a section longer than the budget: shortened by whole words
+    assert fitted_prefix(count, "Handbook", "Travel › Hotels", 3, 3, 32) == "Handbook › Travel › Hotels › p. 3"
+    long = " ".join(["Consolidated"] * 40)
+    shortened = fitted_prefix(count, "Doc", long, 1, 1, 32)
+    assert count(shortened) <= 32 and shortened.startswith("Consolidated") and shortened.endswith("› p. 1")
+    assert fitted_prefix(count, "Doc", "Hotels", 1, 1, 0) == ""
 
 
 def test_model_limits_from_the_packaged_model():

@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 
 import psycopg
 
-from rag_pipeline.chunking import Chunk, Chunker, chunker_version, template_prefix, truncate_to_tokens
+from rag_pipeline.chunking import Chunk, Chunker, chunker_version, fitted_prefix, truncate_to_tokens
 from rag_pipeline.config import ConfigError, Settings
 from rag_pipeline.embedding import max_sequence_length, resolve_model
 from rag_pipeline.language import text_search_config
@@ -126,7 +126,9 @@ def chunk_one(
     conn.commit()  # end the read: the write below must be a transaction of its own
     chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
     title = doc.title or PurePosixPath(doc.rel_path).stem
-    prefixes = [template_prefix(title, c.section_path, c.page_start, c.page_end) for c in chunks]
+    budget = settings.chunking.prefix_token_budget or 0
+    prefixes = [fitted_prefix(chunker.count_tokens, title, c.section_path, c.page_start, c.page_end, budget)
+                for c in chunks]
     if prefixer is not None:
         # The LLM is called outside any transaction (no row lock is held while waiting on the network);
         # what it writes is cached at once, so a retry after a failure pays only for what is missing.
@@ -137,8 +139,7 @@ def chunk_one(
             log.warning("no contextual prefix for %s/%s, left for the next run: %s", doc.source, doc.rel_path, exc)
             return
         prefixes = [f"{p}\n{sentences[c.content_hash]}" for p, c in zip(prefixes, chunks, strict=True)]
-    budget = settings.chunking.prefix_token_budget or 0
-    prefixes = [truncate_to_tokens(chunker.tokenizer, p, budget) for p in prefixes]
+    prefixes = [truncate_to_tokens(chunker.tokenizer, p, budget) for p in prefixes]  # the LLM's sentence, cut
     # Retrieved text ends up in a model's prompt: flag what looks like an attempt to steer it.
     flags = [injection_flags(c.text) for c in chunks]
     # The document's language decides how its words are stemmed for BM25.

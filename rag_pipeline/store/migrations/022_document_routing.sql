@@ -16,7 +16,7 @@
 --     query words must match.
 --   On the manual this routes 13 questions, 11 of them to a right page.
 -- rag.search_version (replaced in place): calls it with the version; routing is on unless the options say
--- otherwise.
+-- otherwise; the BM25 list within the named documents leaves out the words that named them.
 
 DROP FUNCTION rag.named_documents(text, text[], double precision, double precision, integer, integer, integer);
 
@@ -128,7 +128,23 @@ BEGIN
     RETURN named;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION rag.name_term_ids(text), rag.is_stop_word(text),
+-- The query without the words that named p_documents (alone, squashed or two written as one): within those
+-- documents every chunk is the company's and the period's, so those words rank nothing there.
+CREATE FUNCTION rag.without_names(p_text text, p_documents text[]) RETURNS text LANGUAGE sql STABLE AS $$
+    WITH words AS (SELECT w.n, w.word FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n)),
+    names AS (SELECT coalesce(array_agg(DISTINCT t), '{}') AS terms
+              FROM documents d, unnest(d.name_terms) AS t WHERE d.doc_id = ANY(p_documents)),
+    naming AS (
+        SELECT w.n FROM words w, names
+        WHERE rag.name_term_ids(w.word || ' ' || regexp_replace(w.word, '[^[:alnum:]]+', '', 'g')) && names.terms
+        UNION
+        SELECT unnest(ARRAY[a.n, b.n]) FROM words a JOIN words b ON b.n = a.n + 1, names
+        WHERE rag.name_term_ids(regexp_replace(a.word || b.word, '[^[:alnum:]]+', '', 'g')) && names.terms
+    )
+    SELECT coalesce(string_agg(w.word, ' ' ORDER BY w.n), '') FROM words w WHERE w.n NOT IN (SELECT n FROM naming)
+$$;
+
+REVOKE EXECUTE ON FUNCTION rag.name_term_ids(text), rag.is_stop_word(text), rag.without_names(text, text[]),
                            rag.name_concentration(integer, text[], integer[]),
                            rag.named_documents(integer, text, text[], double precision, double precision, integer,
                                                integer, double precision, integer) FROM PUBLIC;
@@ -209,7 +225,8 @@ BEGIN
                  WITH ORDINALITY AS b(chunk_id, score, n);
         IF cardinality(named) > 0 THEN
             SELECT coalesce(array_agg(b.chunk_id ORDER BY b.n), '{}') INTO routed_sparse_ids
-                FROM rag.bm25_ranking(p_version, p_text, p_labels, candidates, depth, max_terms, named)
+                FROM rag.bm25_ranking(p_version, rag.without_names(p_text, named), p_labels, candidates, depth,
+                                      max_terms, named)
                      WITH ORDINALITY AS b(chunk_id, score, n);
         END IF;
     END IF;
