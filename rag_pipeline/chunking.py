@@ -294,7 +294,7 @@ def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section
     keep_title, outer = None, [False] * max(len(sections) - 1, 0)
 
     def render() -> str:
-        path = [part for part, kept in zip(sections, outer) if kept] + ([kept_innermost] if kept_innermost else [])
+        path = [part for part, kept in zip(sections[:-1], outer, strict=True) if kept] + ([kept_innermost] if kept_innermost else [])
         return template_prefix(keep_title, SECTION_SEPARATOR.join(path), page_start, page_end)
 
     if title:

@@ -62,9 +62,9 @@ DECLARE
     best double precision;
     named text[];
 BEGIN
-    WITH words AS (  -- stop words name nothing
+    WITH words AS (  -- stop words name nothing; a query's first 256 words are read for names (bounded work)
         SELECT w.n, w.word FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n)
-        WHERE w.word <> '' AND NOT rag.is_stop_word(w.word)
+        WHERE w.n <= 256 AND w.word <> '' AND NOT rag.is_stop_word(w.word)
     ),
     units AS (  -- each word (also squashed: Coca-Cola, COCACOLA), and each two adjacent words written as one
         SELECT ARRAY[w.n] AS positions,
