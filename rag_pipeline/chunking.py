@@ -70,9 +70,10 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
             sections.append(Section(page, tuple(title for _, title in stack), body))
         lines.clear()
 
-    title_open = False  # the last heading has had no body yet
     for page, text in pages:
         lines: list[str] = []
+        title_open = False  # the last heading, on this page, has had no text yet: the next may continue its title
+        joining = True  # false for the rest of a run of headings too long to be one title (a table of contents)
         for line in text.split("\n"):
             heading = _heading(line)
             # A heading directly followed by a sub-heading stays with it: no heading-only sections.
@@ -81,17 +82,20 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
             if heading:
                 level, title = heading
                 joined = f"{stack[-1][1]} {title}" if stack else title
-                if title_open and stack[-1][0] == level and len(joined) <= MAX_JOINED_TITLE:
+                if (title_open and joining and stack[-1][0] == level and len(joined) <= MAX_JOINED_TITLE
+                        and not NUMBERED_HEADING_RE.match(title)):
                     # Lines of one title set as headings ("Consolidated Statements of Cash Flows" over "(in
                     # millions of USD)"): the second does not replace the first in the path, they are one title.
+                    # A numbered heading ("Item 8.") opens a section of its own.
                     stack[-1] = (level, joined)
                 else:
+                    joining = joining and not (title_open and stack and stack[-1][0] == level)
                     while stack and stack[-1][0] >= level:
                         stack.pop()
                     stack.append((level, title))
                 title_open = True
             elif line.strip():
-                title_open = False
+                title_open, joining = False, True
             lines.append(line)
         close(page, lines)
     return sections

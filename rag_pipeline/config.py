@@ -394,8 +394,7 @@ class RoutingConfig(_Section):
     """Document-aware ranking: a query that names documents (by title, path or metadata: a company, a period, a
     form) also ranks within them, and that list joins the fusion. A query word names documents only when few
     documents' names carry it and its text is concentrated in those documents (a company in its own filings), so
-    on topic-named pages (a manual's "create", "query") nothing is routed by accident (README: "Retrieval
-    quality")."""
+    on topic-named pages a manual's "create" or "query" names no page (README: "Retrieval quality")."""
 
     enabled: bool = True
     weight: float = Field(0.5, ge=0.0, description="RRF weight of the within-document lists, relative to the others")

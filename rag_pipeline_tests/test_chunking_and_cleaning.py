@@ -42,10 +42,15 @@ def test_a_title_set_as_two_headings_stays_one_title():
     # headings with text between them still replace each other
     sections = sections_of([(1, "## Income\nRevenue rose.\n## Cash flows\nCapital spending fell.")])
     assert [s.path for s in sections] == [("Income",), ("Cash flows",)]
-    # a table of contents is a list of headings: joined only up to a title's length, then each replaces the last
+    # a table of contents is a list of headings: numbered ones never join; others join up to a title's length,
+    # then each replaces the last
     contents = "\n".join(f"## Item {n}. Section number {n} of the annual report" for n in range(1, 9)) + "\nText."
-    path = sections_of([(2, contents)])[-1].path
-    assert len(path) == 1 and len(path[0]) <= 160 and path[0].endswith("Section number 8 of the annual report")
+    assert sections_of([(2, contents)])[-1].path == ("Item 8. Section number 8 of the annual report",)
+    contents = "\n".join(f"## Part {n} of a contents page that lists many parts" for n in range(1, 7)) + "\nText."
+    assert sections_of([(2, contents)])[-1].path == ("Part 6 of a contents page that lists many parts",)
+    # a page of headings only does not join the first heading of the next page
+    sections = sections_of([(1, "## Cover title"), (2, "## Chapter one\nText.")])
+    assert sections[-1].path == ("Chapter one",)
 
 
 def test_a_prefix_over_its_budget_keeps_the_innermost_section_and_drops_outer_ones_whole(tokenizer):

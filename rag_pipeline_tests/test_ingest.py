@@ -11,7 +11,7 @@ from dagster import DagsterInstance
 from psycopg import sql
 
 from rag_pipeline import ids
-from rag_pipeline.chunking import CHUNKER_FAMILY, chunker_version
+from rag_pipeline.chunking import chunker_version
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.runs import run_ingest
 from rag_pipeline.stages.discover import discover
@@ -249,7 +249,7 @@ def test_changing_only_the_chunker_reembeds_nothing_that_stayed_the_same(make_se
     assert second["documents_chunked"] == 1 and second["chunks_written"] == 20  # re-chunked: new chunker version
     assert second["vectors_embedded"] == 0 and second["vectors_reused"] == 20
     versions = {r[0] for r in db.execute("SELECT DISTINCT chunker_version FROM chunks").fetchall()}
-    assert versions == {chunker_version(180, 0)} == {f"{CHUNKER_FAMILY};max=180;overlap=0"}
+    assert versions == {chunker_version(180, 0)} == {"structure+recursive-tokens/4;max=180;overlap=0"}
 
 
 @needs_torture

@@ -127,7 +127,9 @@ def chunk_one(
     chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
     title = doc.title or PurePosixPath(doc.rel_path).stem
     budget = settings.chunking.prefix_token_budget or 0
-    prefixes = [fitted_prefix(chunker.count_tokens, title, c.section_path, c.page_start, c.page_end, budget)
+    # with an LLM sentence to follow, the template keeps to half the budget so the sentence is not cut away
+    template_budget = budget // 2 if prefixer is not None else budget
+    prefixes = [fitted_prefix(chunker.count_tokens, title, c.section_path, c.page_start, c.page_end, template_budget)
                 for c in chunks]
     if prefixer is not None:
         # The LLM is called outside any transaction (no row lock is held while waiting on the network);

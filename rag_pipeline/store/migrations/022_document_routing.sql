@@ -14,25 +14,27 @@
 --   * a document is named through at least one identifying word; words concentrated at least half as much (a
 --     period: "2018" is also said in the 2019 filing) add their idf to its score; at least p_min_terms distinct
 --     query words must match.
---   On the manual this routes 13 questions, 11 of them to a right page.
+--   On the manual this routes 14 questions, 12 of them to a right page.
 -- rag.search_version (replaced in place): calls it with the version; routing is on unless the options say
 -- otherwise; the BM25 list within the named documents leaves out the words that named them.
 
 DROP FUNCTION rag.named_documents(text, text[], double precision, double precision, integer, integer, integer);
 
--- The term ids a piece of text gives a document name (rag_name_terms' configurations): to compare a query word
--- with names. Separate functions, not inlined, keep rag.named_documents cheap to plan.
+-- The term ids a piece of text gives a document name (rag_name_terms' configurations), English stop words left
+-- out (the neutral configuration keeps "the", "of" and the "s" of "Lowe's"): to compare query words with names.
+-- Separate functions, not inlined, keep rag.named_documents cheap to plan.
 CREATE FUNCTION rag.name_term_ids(p_text text) RETURNS integer[] LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT coalesce(array_agg(DISTINCT rag_term_id(l.term)), '{}')
     FROM unnest(ARRAY['english', 'simple']::regconfig[]) AS cfg, rag_lexemes(cfg, p_text) l
+    WHERE coalesce(cardinality(ts_lexize('english_stem', l.term)), 1) > 0
 $$;
 
 CREATE FUNCTION rag.is_stop_word(p_word text) RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT NOT EXISTS (SELECT 1 FROM rag_lexemes('english', p_word))
 $$;
 
--- Of the chunks where p_words weigh most (the top 200 postings of their terms in the version), the share that lie
--- in documents whose names carry one of p_name_terms; NULL when no chunk holds the words.
+-- Of the chunks where p_words weigh most (the top 200 postings of their terms in the version, stop words left
+-- out), the share that lie in documents whose names carry one of p_name_terms; NULL when no chunk holds the words.
 CREATE FUNCTION rag.name_concentration(p_version integer, p_words text[], p_name_terms integer[])
 RETURNS double precision LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -44,7 +46,8 @@ BEGIN
             SELECT p.lexical_id FROM (
                 SELECT DISTINCT rag_term_id(l.term) AS term_id
                 FROM %2$I params, unnest(params.configs || 'simple'::regconfig) AS cfg, unnest($1) AS w,
-                     rag_lexemes(cfg, w) l) ct,
+                     rag_lexemes(cfg, w) l
+                WHERE coalesce(cardinality(ts_lexize('english_stem', l.term)), 1) > 0) ct,
             LATERAL (SELECT lexical_id, weight FROM %3$I WHERE term_id = ct.term_id ORDER BY weight DESC LIMIT 200) p
             ORDER BY p.weight DESC LIMIT 200) top
         JOIN %1$I v ON v.lexical_id = top.lexical_id JOIN documents d ON d.doc_id = v.doc_id$q$,
@@ -53,17 +56,20 @@ BEGIN
     RETURN share;
 END $$;
 
-CREATE FUNCTION rag.named_documents(
+-- The documents a query names (best first) and the positions of the query words that named them (1-based,
+-- whitespace-separated words): see the head of this file for when a document counts as named.
+CREATE FUNCTION rag.document_names(
     p_version integer, p_text text, p_labels text[], p_min_score double precision, p_ratio double precision,
     p_max_documents integer, p_min_terms integer DEFAULT 1, p_min_concentration double precision DEFAULT 0.5,
-    p_cap integer DEFAULT 1000
-) RETURNS text[] LANGUAGE plpgsql STABLE AS $$
+    p_cap integer DEFAULT 1000, OUT named_ids text[], OUT naming_words integer[]
+) LANGUAGE plpgsql STABLE AS $$
 DECLARE
     best double precision;
-    named text[];
-    squashed text[] := (SELECT array_agg(regexp_replace(w, '[^[:alnum:]]+', '', 'g'))
-                        FROM regexp_split_to_table(p_text, '\s+') AS w);
+    squashed text[] := (SELECT array_agg(regexp_replace(w.word, '[^[:alnum:]]+', '', 'g') ORDER BY w.n)
+                        FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n));
 BEGIN
+    named_ids := '{}';
+    naming_words := '{}';
     -- Most queries name nothing: one look at the names' index, with every form a word is compared in below, before
     -- reading the query word by word (3 ms a query at 100,000 chunks when no name shares a word with it).
     IF NOT EXISTS (
@@ -73,13 +79,13 @@ BEGIN
                                                            FROM generate_subscripts(squashed, 1) AS i
                                                            WHERE i < cardinality(squashed))))
     ) THEN
-        RETURN '{}';
+        RETURN;
     END IF;
     WITH words AS (  -- stop words name nothing; a query's first 256 words are read for names (bounded work)
         SELECT w.n, w.word FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n)
         WHERE w.n <= 256 AND w.word <> '' AND NOT rag.is_stop_word(w.word)
     ),
-    units AS (  -- each word (also squashed: Coca-Cola, COCACOLA), and each two adjacent words written as one
+    forms AS (  -- each word (also squashed: Coca-Cola, COCACOLA), and each two adjacent words written as one
         SELECT ARRAY[w.n] AS positions,
                rag.name_term_ids(w.word || ' ' || regexp_replace(w.word, '[^[:alnum:]]+', '', 'g')) AS terms,
                ARRAY[w.word] AS words
@@ -89,76 +95,86 @@ BEGIN
                ARRAY[a.word, b.word]
         FROM words a JOIN words b ON b.n = a.n + 1
     ),
+    units AS (  -- a word said twice counts once (its first place)
+        SELECT DISTINCT ON (f.terms) f.* FROM forms f WHERE f.terms <> '{}' ORDER BY f.terms, f.positions
+    ),
     n AS (  -- the planner's estimate where it has one, else a count (small or never analysed tables)
         SELECT CASE WHEN reltuples >= 10000 THEN reltuples ELSE (SELECT count(*) FROM documents) END AS docs
         FROM pg_class WHERE oid = 'documents'::regclass
     ),
-    counted AS (
-        SELECT u.positions, u.words, x.term_id,
-               (SELECT count(*) FROM (SELECT 1 FROM documents d WHERE d.name_terms @> ARRAY[x.term_id]
-                                      LIMIT p_cap) c) AS df
-        FROM units u, unnest(u.terms) AS x(term_id)
+    term_df AS (
+        SELECT t.term_id, (SELECT count(*) FROM (SELECT 1 FROM documents d WHERE d.name_terms @> ARRAY[t.term_id]
+                                                  LIMIT p_cap) c) AS df
+        FROM (SELECT DISTINCT unnest(u.terms) AS term_id FROM units u) t
     ),
-    naming AS (  -- per unit: the name terms some documents hold but not too many, and the best idf among them
-        SELECT c.positions, min(c.words) AS words, array_agg(c.term_id) AS terms,
-               max(ln(1 + (n.docs - c.df + 0.5) / (c.df + 0.5))) AS idf
-        FROM counted c, n WHERE c.df > 0 AND c.df < p_cap GROUP BY c.positions
+    naming AS (  -- each unit's name terms that some documents hold but not too many, with their idf
+        SELECT u.positions, u.words, x.term_id, ln(1 + (n.docs - df.df + 0.5) / (df.df + 0.5)) AS idf
+        FROM units u, unnest(u.terms) AS x(term_id), term_df df, n
+        WHERE df.term_id = x.term_id AND df.df > 0 AND df.df < p_cap
     ),
     -- MATERIALIZED: once per unit, not once per document it matches. A word no chunk holds (only names carry it)
     -- competes with nothing: it identifies.
     concentrated AS MATERIALIZED (
-        SELECT nm.positions, nm.terms, nm.idf,
-               coalesce(rag.name_concentration(p_version, nm.words, nm.terms), 1.0) AS share
-        FROM naming nm
+        SELECT g.positions, coalesce(rag.name_concentration(p_version, g.words, g.terms), 1.0) AS share
+        FROM (SELECT positions, min(words) AS words, array_agg(term_id) AS terms FROM naming GROUP BY positions) g
     ),
-    matches AS (  -- each readable document and the units its name shares with the query
-        SELECT d.doc_id, c.positions, c.idf, c.share
-        FROM concentrated c JOIN documents d ON d.name_terms && c.terms
+    matches AS (  -- each readable document, the units its name shares with the query, and the best idf it holds
+        SELECT d.doc_id, nm.positions, max(nm.idf) AS idf, c.share
+        FROM naming nm JOIN concentrated c ON c.positions = nm.positions
+        JOIN documents d ON d.name_terms @> ARRAY[nm.term_id]
         WHERE c.share >= p_min_concentration / 2 AND d.acl_labels && p_labels
+        GROUP BY d.doc_id, nm.positions, c.share
+    ),
+    identified AS (  -- a name most documents carry (idf < 1) names none
+        SELECT DISTINCT m.doc_id FROM matches m WHERE m.share >= p_min_concentration AND m.idf >= 1.0
     ),
     kept AS (  -- a word inside a matching two-word unit is counted with it, once
-        SELECT m.* FROM matches m
+        SELECT m.* FROM matches m JOIN identified i ON i.doc_id = m.doc_id
         WHERE cardinality(m.positions) = 2 OR NOT EXISTS (
             SELECT 1 FROM matches o WHERE o.doc_id = m.doc_id AND cardinality(o.positions) = 2
                                       AND o.positions @> m.positions)
     ),
-    words_matched AS (
-        SELECT k.doc_id, count(DISTINCT p) AS words FROM kept k, unnest(k.positions) p GROUP BY k.doc_id
-    ),
     scored AS (
-        SELECT k.doc_id, sum(k.idf)::double precision AS score FROM kept k
-        JOIN words_matched w ON w.doc_id = k.doc_id AND w.words >= p_min_terms
-        GROUP BY k.doc_id
-        HAVING bool_or(k.share >= p_min_concentration AND k.idf >= 1.0)  -- a name most documents carry names none
+        SELECT k.doc_id, sum(k.idf)::double precision AS score FROM kept k GROUP BY k.doc_id
+        HAVING (SELECT count(DISTINCT p) FROM kept k2, unnest(k2.positions) p WHERE k2.doc_id = k.doc_id)
+               >= p_min_terms
         ORDER BY score DESC, k.doc_id LIMIT p_max_documents + 1
+    ),
+    chosen AS (
+        SELECT s.doc_id, s.score FROM scored s WHERE s.score >= p_ratio * (SELECT max(score) FROM scored)
     )
-    SELECT max(s.score), array_agg(s.doc_id ORDER BY s.score DESC, s.doc_id)
-               FILTER (WHERE s.score >= p_ratio * (SELECT max(score) FROM scored))
-        INTO best, named FROM scored s;
-    IF best IS NULL OR best < p_min_score OR cardinality(named) > p_max_documents THEN
-        RETURN '{}';
+    SELECT (SELECT max(score) FROM scored),
+           (SELECT array_agg(c.doc_id ORDER BY c.score DESC, c.doc_id) FROM chosen c),
+           (SELECT coalesce(array_agg(DISTINCT p ORDER BY p), '{}')
+            FROM kept k, unnest(k.positions) p WHERE k.doc_id IN (SELECT doc_id FROM chosen))
+        INTO best, named_ids, naming_words;
+    IF best IS NULL OR best < p_min_score OR cardinality(named_ids) > p_max_documents THEN
+        named_ids := '{}';
+        naming_words := '{}';
     END IF;
-    RETURN named;
 END $$;
 
--- The query without the words that named p_documents (alone, squashed or two written as one): within those
--- documents every chunk is the company's and the period's, so those words rank nothing there.
-CREATE FUNCTION rag.without_names(p_text text, p_documents text[]) RETURNS text LANGUAGE sql STABLE AS $$
-    WITH words AS (SELECT w.n, w.word FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n)),
-    names AS (SELECT coalesce(array_agg(DISTINCT t), '{}') AS terms
-              FROM documents d, unnest(d.name_terms) AS t WHERE d.doc_id = ANY(p_documents)),
-    naming AS (
-        SELECT w.n FROM words w, names
-        WHERE rag.name_term_ids(w.word || ' ' || regexp_replace(w.word, '[^[:alnum:]]+', '', 'g')) && names.terms
-        UNION
-        SELECT unnest(ARRAY[a.n, b.n]) FROM words a JOIN words b ON b.n = a.n + 1, names
-        WHERE rag.name_term_ids(regexp_replace(a.word || b.word, '[^[:alnum:]]+', '', 'g')) && names.terms
-    )
-    SELECT coalesce(string_agg(w.word, ' ' ORDER BY w.n), '') FROM words w WHERE w.n NOT IN (SELECT n FROM naming)
+CREATE FUNCTION rag.named_documents(
+    p_version integer, p_text text, p_labels text[], p_min_score double precision, p_ratio double precision,
+    p_max_documents integer, p_min_terms integer DEFAULT 1, p_min_concentration double precision DEFAULT 0.5,
+    p_cap integer DEFAULT 1000
+) RETURNS text[] LANGUAGE sql STABLE AS $$
+    SELECT named_ids FROM rag.document_names(p_version, p_text, p_labels, p_min_score, p_ratio, p_max_documents,
+                                             p_min_terms, p_min_concentration, p_cap)
 $$;
 
-REVOKE EXECUTE ON FUNCTION rag.name_term_ids(text), rag.is_stop_word(text), rag.without_names(text, text[]),
+-- The query without the words at p_positions (whitespace-separated, 1-based): the words that named the documents
+-- a list is ranked within, where every chunk is the company's and the period's, so they rank nothing there.
+CREATE FUNCTION rag.without_words(p_text text, p_positions integer[]) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(string_agg(w.word, ' ' ORDER BY w.n), '')
+    FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n)
+    WHERE NOT w.n = ANY(p_positions)
+$$;
+
+REVOKE EXECUTE ON FUNCTION rag.name_term_ids(text), rag.is_stop_word(text), rag.without_words(text, integer[]),
                            rag.name_concentration(integer, text[], integer[]),
+                           rag.document_names(integer, text, text[], double precision, double precision, integer,
+                                              integer, double precision, integer),
                            rag.named_documents(integer, text, text[], double precision, double precision, integer,
                                                integer, double precision, integer) FROM PUBLIC;
 
@@ -187,6 +203,7 @@ DECLARE
     max_terms integer := coalesce((o ->> 'bm25_max_terms')::integer, 12);
     score_floor double precision := (o ->> 'min_similarity')::double precision;
     named text[] := '{}';
+    naming_words integer[] := '{}';
     sparse_ids text[] := '{}';
     routed_sparse_ids text[] := '{}';
     exact_dense boolean;
@@ -212,12 +229,13 @@ BEGIN
         score_floor := NULL;  -- the floor is a cosine: nothing to compare without a query vector
     END IF;
     IF coalesce((routing ->> 'enabled')::boolean, true) THEN
-        named := rag.named_documents(p_version, p_text, p_labels,
-                                     coalesce((routing ->> 'min_score')::double precision, 2.0),
-                                     coalesce((routing ->> 'ratio')::double precision, 0.75),
-                                     coalesce((routing ->> 'max_documents')::integer, 5),
-                                     coalesce((routing ->> 'min_terms')::integer, 1),
-                                     coalesce((routing ->> 'min_concentration')::double precision, 0.5));
+        SELECT n.named_ids, n.naming_words INTO named, naming_words
+            FROM rag.document_names(p_version, p_text, p_labels,
+                                    coalesce((routing ->> 'min_score')::double precision, 2.0),
+                                    coalesce((routing ->> 'ratio')::double precision, 0.75),
+                                    coalesce((routing ->> 'max_documents')::integer, 5),
+                                    coalesce((routing ->> 'min_terms')::integer, 1),
+                                    coalesce((routing ->> 'min_concentration')::double precision, 0.5)) n;
     END IF;
     -- A caller whose labels reach few rows, or a small share of them, gets them ranked exactly: a filtered HNSW walk
     -- visits about candidates / share nodes (measured: ~3 ms / share at 300,000 rows), an exact scan about 1 us per
@@ -238,7 +256,7 @@ BEGIN
                  WITH ORDINALITY AS b(chunk_id, score, n);
         IF cardinality(named) > 0 THEN
             SELECT coalesce(array_agg(b.chunk_id ORDER BY b.n), '{}') INTO routed_sparse_ids
-                FROM rag.bm25_ranking(p_version, rag.without_names(p_text, named), p_labels, candidates, depth,
+                FROM rag.bm25_ranking(p_version, rag.without_words(p_text, naming_words), p_labels, candidates, depth,
                                       max_terms, named)
                      WITH ORDINALITY AS b(chunk_id, score, n);
         END IF;
