@@ -30,25 +30,28 @@ from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.runs import run_ingest
 from rag_pipeline.store.database import connect, resolve_urls
 
-# (name as the text says it, what it does); file names squash the name, as EDGAR-derived sets do (COCACOLA_2021_10K)
+# (name as the text says it, the short name analysts also use, what it does); file names squash the name, as
+# EDGAR-derived sets do (COCACOLA_2021_10K, MGMRESORTS_2022_10K), and questions say either name ("MGM")
 COMPANIES = [
-    ("Globex", "specialty chemical coatings for ships and bridges"),
-    ("Blue Harbor", "container shipping between Asia and Europe"),
-    ("Acu-Tek", "payroll and workforce software for hospitals"),
-    ("Northwind Traders", "wholesale food distribution to restaurants"),
-    ("Vandelay Industries", "latex gloves and medical disposables"),
-    ("Stark Dynamics", "avionics and flight-control systems"),
-    ("Umbra Energy", "natural gas pipelines and storage"),
-    ("Kestrel", "regional airline service"),
-    ("Pioneer Mills", "flour, pasta and baking mixes"),
-    ("Helix Bio", "contract manufacturing of biologic drugs"),
-    ("Orbital Freight", "satellite launch and logistics services"),
-    ("Cinder Retail", "discount home-improvement stores"),
-    ("Tessellate", "semiconductor design tools"),
-    ("Marlow & Finch", "insurance brokerage for small businesses"),
-    ("Quanta Rail", "freight railcars and leasing"),
-    ("Sable Foods", "frozen meals and snacks"),
+    ("Globex", None, "specialty chemical coatings for ships and bridges"),
+    ("Blue Harbor", None, "container shipping between Asia and Europe"),
+    ("Acu-Tek", None, "payroll and workforce software for hospitals"),
+    ("Northwind Traders", "Northwind", "wholesale food distribution to restaurants"),
+    ("Vandelay Industries", "Vandelay", "latex gloves and medical disposables"),
+    ("Stark Dynamics", "Stark", "avionics and flight-control systems"),
+    ("Umbra Energy", "Umbra", "natural gas pipelines and storage"),
+    ("Kestrel", None, "regional airline service"),
+    ("Pioneer Mills", "Pioneer", "flour, pasta and baking mixes"),
+    ("Helix Bio", "Helix", "contract manufacturing of biologic drugs"),
+    ("Orbital Freight", "Orbital", "satellite launch and logistics services"),
+    ("Cinder Retail", "Cinder", "discount home-improvement stores"),
+    ("Tessellate", None, "semiconductor design tools"),
+    ("Marlow & Finch", "Marlow", "insurance brokerage for small businesses"),
+    ("Quanta Rail", "Quanta", "freight railcars and leasing"),
+    ("Sable Foods", "Sable", "frozen meals and snacks"),
 ]
+# how questions write a fiscal year
+PERIODS = ("FY{year}", "FY{yy}", "fiscal {year}", "fiscal year {year}")
 RISKS = [
     "Our results depend on general economic conditions. A downturn could reduce demand for our products and "
     "services and increase the credit risk of our customers.",
@@ -75,15 +78,15 @@ NOTES = [
 ]
 # (slice, question, the pages holding its answer); pages as laid out by filing()
 QUESTIONS = (
-    ("cash flow", "What is the FY{year} capital expenditure amount (in USD millions) for {company}? Give a response "
+    ("cash flow", "What is the {period} capital expenditure amount (in USD millions) for {company}? Give a response "
                   "to the question by relying on the details shown in the cash flow statement.", (8,)),
-    ("income statement", "What was {company}'s total revenue in FY{year}?", (5, 6)),
-    ("income statement", "Using the income statement, what was the operating income of {company} for fiscal year "
-                         "{year}?", (6,)),
+    ("income statement", "What was {company}'s total revenue in {period}?", (5, 6)),
+    ("income statement", "Using the income statement, what was the operating income of {company} for "
+                         "{period}?", (6,)),
     ("business", "How many people did {company} employ at the end of {year}?", (2,)),
-    ("balance sheet", "What were {company}'s total assets at the end of FY{year}, per the balance sheet?", (7,)),
+    ("balance sheet", "What were {company}'s total assets at the end of {period}, per the balance sheet?", (7,)),
     ("md&a", "According to management's discussion, why did {company}'s net sales change in {year}?", (5,)),
-    ("cash flow", "How much did {company} pay in dividends in FY{year}?", (8,)),
+    ("cash flow", "How much did {company} pay in dividends in {period}?", (8,)),
 )
 
 
@@ -192,13 +195,15 @@ def generate(folder: Path, companies: int, years: list[int], seed: int = 11) -> 
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     golden = []
-    for company, business in COMPANIES[:companies]:
+    for company, short, business in COMPANIES[:companies]:
         for year in years:
             name = file_name(company, year)
             filing(folder / name, company, business, year, rng)
             for number, (slice_, template, pages) in enumerate(rng.sample(QUESTIONS, 3)):
+                said = rng.choice([company, short or company])
+                period = rng.choice(PERIODS).format(year=year, yy=f"{year % 100:02d}")
                 golden.append({"id": f"{name}#{number}", "slice": slice_,
-                               "question": template.format(company=company, year=year),
+                               "question": template.format(company=said, year=year, period=period),
                                "gold": [{"doc": name, "pages": list(pages)}], "answerable": True})
     return golden
 

@@ -191,3 +191,26 @@ def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg
             conn.execute("UPDATE documents SET status = 'dead_letter' WHERE doc_id = 'b'")
             conn.commit()
 
+
+
+def test_the_short_name_migration_renames_the_documents_the_previous_main_left(pg_admin_url, tmp_path):
+    """A document stored at 022 (the previous main) under a squashed capitalised file name gains the name terms of
+    its leading letters ("MGM" from MGMRESORTS) in place; a lower-case path keeps the terms it had."""
+    from rag_pipeline.store.database import connect
+
+    paths = {"m": "filings/MGMRESORTS_2022_10K.pdf", "d": "manual/datatype-uuid.html"}
+    with database_before(pg_admin_url, tmp_path, "023") as url:
+        with connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)"
+                         " VALUES ('s', '/x', '{}', 60)")
+            for doc_id, path in paths.items():
+                conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                                       acl_labels, status)
+                                VALUES (%s, 's', %s, 'f', 1, now(), '{staff}', 'pending_parse')""", (doc_id, path))
+            before = dict(conn.execute("SELECT doc_id, name_terms FROM documents").fetchall())
+        assert migrate(url)[0] == "023_periods_and_short_names.sql"
+        with connect(url, autocommit=True) as conn:
+            after = dict(conn.execute("SELECT doc_id, name_terms FROM documents").fetchall())
+            mgm = conn.execute("SELECT rag_term_id('mgm')").fetchone()[0]
+        assert mgm in after["m"] and mgm not in before["m"] and set(before["m"]) < set(after["m"])
+        assert after["d"] == before["d"]

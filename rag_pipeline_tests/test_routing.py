@@ -20,6 +20,7 @@ COMPANIES = {
     "GLOBEX": ("Globex", "chemical coatings"),
     "ACUTEK": ("Acu-Tek", "payroll software"),  # a hyphenated name, squashed in the file name
     "BLUEHARBOR": ("Blue Harbor", "container shipping"),  # file names squash two-word names
+    "NORTHWINDTRADERS": ("Northwind Traders", "food distribution"),  # analysts also say "Northwind"
 }
 YEARS = (2018, 2019, 2020)
 NAMED = dict(min_score=2.0, ratio=0.75, max_documents=5)
@@ -82,6 +83,28 @@ def test_a_company_named_without_a_period_routes_to_all_its_filings(filings, db)
     named = search_store.named_documents(db, version, "How does Globex describe its business?", ("analysts",),
                                          **{**NAMED, "min_score": 1.0})
     assert sorted(named) == expected
+
+
+def test_a_period_and_a_short_name_as_analysts_write_them(filings, db):
+    northwind_2019 = [ids.doc_id("filings", "NORTHWINDTRADERS_2019_10K.md")]
+    for question in ("What was Northwind Traders' total revenue in FY19?",  # a two-digit fiscal year
+                     "What was Northwind Traders' total revenue in FY'19?",
+                     "Northwind revenue FY2019",  # the first word of a squashed name
+                     "How did Northwind's operating margin change in FY19?"):
+        assert _named(db, question) == northwind_2019, question
+    assert _named(db, "What was Globex's total revenue in FY20?") == [ids.doc_id("filings", "GLOBEX_2020_10K.md")]
+
+
+def test_period_years_and_name_prefixes_are_read_narrowly(db):
+    years = dict(db.execute("SELECT w, rag.period_year(w) FROM unnest(%s::text[]) AS w",
+                            (["FY22", "fy'22", "Q3FY23", "1Q22", "H1-22", "FY98,", "FY2022", "2022", "Q2", "FYI"],))
+                 .fetchall())
+    assert years == {"FY22": "2022", "fy'22": "2022", "Q3FY23": "2023", "1Q22": "2022", "H1-22": "2022",
+                     "FY98,": "1998", "FY2022": None, "2022": None, "Q2": None, "FYI": None}
+    prefixes = db.execute("SELECT rag_name_prefixes(p) FROM unnest(%s::text[]) AS p",
+                          (["MGMRESORTS_2022_10K.pdf", "datatype-uuid.html", "3M_2018_10K.pdf", "PEPSICO"],)).fetchall()
+    # capitalised squashed parts of 7+ letters give their first 3..n-3 letters; words split by separators nothing
+    assert [r[0] for r in prefixes] == ["MGM MGMR MGMRE MGMRES MGMRESO", "", "", "PEP PEPS"]
 
 
 def test_routing_respects_labels_and_needs_a_naming_word(filings, db):
