@@ -1,4 +1,4 @@
-"""Look-alike filings: generated ten-page annual reports (PDF) of made-up companies, one per company and fiscal
+"""Look-alike filings: generated thirteen-page annual reports (PDF) of made-up companies, one per company and fiscal
 year, written from one template (as 10-Ks are), with analyst questions that name the company and the period, and
 the pages of the filing that answer them. Prints page hit@1, hit@5 and MRR for each ranking, with document
 routing on and off, and paired significance.
@@ -79,14 +79,14 @@ NOTES = [
 # (slice, question, the pages holding its answer); pages as laid out by filing()
 QUESTIONS = (
     ("cash flow", "What is the {period} capital expenditure amount (in USD millions) for {company}? Give a response "
-                  "to the question by relying on the details shown in the cash flow statement.", (8,)),
-    ("income statement", "What was {company}'s total revenue in {period}?", (5, 6)),
+                  "to the question by relying on the details shown in the cash flow statement.", (9,)),
+    ("income statement", "What was {company}'s total revenue in {period}?", (5, 7)),
     ("income statement", "Using the income statement, what was the operating income of {company} for "
-                         "{period}?", (6,)),
+                         "{period}?", (7,)),
     ("business", "How many people did {company} employ at the end of {year}?", (2,)),
-    ("balance sheet", "What were {company}'s total assets at the end of {period}, per the balance sheet?", (7,)),
+    ("balance sheet", "What were {company}'s total assets at the end of {period}, per the balance sheet?", (8,)),
     ("md&a", "According to management's discussion, why did {company}'s net sales change in {year}?", (5,)),
-    ("cash flow", "How much did {company} pay in dividends in {period}?", (8,)),
+    ("cash flow", "How much did {company} pay in dividends in {period}?", (9,)),
 )
 
 
@@ -130,9 +130,12 @@ def _statement_page(pdf: FPDF, owner: str, title: str, body: dict[str, dict[int,
 
 
 def filing(path: Path, company: str, business: str, year: int, rng: random.Random) -> None:
-    """Ten pages in a 10-K's order: cover, business, risks (2), MD&A, income statement, balance sheet, cash flows,
-    notes, controls. Only the cover, the business section, MD&A and the statements' heading name the company; the
-    statements show three fiscal years (two on the balance sheet), so each year also appears in later filings."""
+    """Thirteen pages in a 10-K's order: cover, business, risks (2), MD&A, liquidity, income statement, balance
+    sheet, cash flows, notes, segment note, quarterly data, controls. Only the cover, the business section, MD&A
+    and the statements' heading name the company; the statements show three fiscal years (two on the balance
+    sheet), so each year also appears in later filings. The liquidity page, the segment note and the quarterly data
+    use the questions' words (capital expenditures, dividends, revenue, operating income) without their answers,
+    as a real filing's other pages do."""
     periods = (year - 2, year - 1, year)
     revenue = {y: rng.randint(800, 40_000) for y in periods}
     income = {
@@ -179,10 +182,26 @@ def filing(path: Path, company: str, business: str, year: int, rng: random.Rando
         f"million in {year - 1}, a change of {change:+.1%}, mainly because of {reason}.",
         f"Operating income was ${income['Operating income'][year]:,} million. We expect capital spending to "
         "remain in line with depreciation."])
+    _text_page(pdf, "Liquidity and Capital Resources", [
+        f"We expect capital expenditures of about ${rng.randint(50, 900):,} million in {year + 1}, mainly for "
+        "capacity and information systems, funded from operating cash flow.",
+        f"In {year + 1} the Board intends to keep paying quarterly dividends and may repurchase shares under the "
+        f"${rng.randint(100, 2000):,} million program. Revenue growth and operating income are expected to fund "
+        "both."])
     _statement_page(pdf, owner, "Consolidated Statements of Income", income)
     _statement_page(pdf, owner, "Consolidated Balance Sheets", balance)
     _statement_page(pdf, owner, "Consolidated Statements of Cash Flows", cash)
     _text_page(pdf, "Notes to Consolidated Financial Statements", rng.sample(NOTES, 4))
+    share = rng.uniform(0.3, 0.7)
+    _statement_page(pdf, owner, "Note 12. Segment Information", {
+        f"{segment} {line}": {y: int(total[y] * part) for y in periods}
+        for segment, part in (("Americas", share), ("International", 1 - share))
+        for line, total in (("revenue", revenue), ("operating income", income["Operating income"]),
+                            ("capital expenditures", {y: -v for y, v in cash["Capital expenditures"].items()}))})
+    quarters = [rng.uniform(0.2, 0.3) for _ in range(4)]
+    _statement_page(pdf, owner, f"Quarterly Financial Data (unaudited), fiscal {year}", {
+        f"{line}, quarter {q + 1}": {y: int(total[y] * quarters[q]) for y in periods}
+        for q in range(4) for line, total in (("Revenue", revenue), ("Operating income", income["Operating income"]))})
     _text_page(pdf, "Item 9A. Controls and Procedures", [
         "Management evaluated the effectiveness of the Company's disclosure controls and procedures as of the end "
         "of the period covered by this report and concluded that they were effective.",
@@ -213,11 +232,12 @@ def main() -> None:
     parser.add_argument("--companies", type=int, default=12, help=f"at most {len(COMPANIES)}")
     parser.add_argument("--years", default="2019,2020,2021")
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--seed", type=int, default=11, help="another seed: other figures, questions and wordings")
     args = parser.parse_args()
     years = [int(y) for y in args.years.split(",")]
     with throwaway_database() as database:
         corpus = database.workdir / "filings"
-        golden = generate(corpus, min(args.companies, len(COMPANIES)), years)
+        golden = generate(corpus, min(args.companies, len(COMPANIES)), years, seed=args.seed)
         golden_path = database.workdir / "filings.jsonl"
         golden_path.write_text("".join(json.dumps(q) + "\n" for q in golden))
         config = database.workdir / "rag.yaml"

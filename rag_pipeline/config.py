@@ -397,7 +397,7 @@ class RoutingConfig(_Section):
     on topic-named pages a manual's "create" or "query" names no page (README: "Retrieval quality")."""
 
     enabled: bool = True
-    weight: float = Field(0.5, ge=0.0, description="RRF weight of the within-document lists, relative to the others")
+    weight: float = Field(1.0, ge=0.0, description="RRF weight of the within-document lists, relative to the others")
     min_score: float = Field(2.0, ge=0.0, description="sum of name-term idfs a document needs to count as named")
     min_terms: int = Field(1, ge=1, le=10, description="distinct query words a document's name must share")
     min_concentration: Fraction = Field(
