@@ -9,8 +9,7 @@
 --   letters-only part of 7 or more letters become name terms too. Lower-case parts ("datatype-uuid.html") are
 --   words already split by their separators and gain nothing. Whether such a prefix identifies a document is still
 --   decided by rag.document_names' concentration test: "BEST" from "BESTBUY" names Best Buy's filings only where
---   "best" is said mostly in them.
--- documents.name_terms is recomputed for the rows whose paths have such a part.
+--   "best" is said mostly in them. documents.name_terms is recomputed for the rows whose paths have such a part.
 -- * The lists ranked within the named documents weigh as much in the fusion as the lists over everything (routing
 --   weight 1.0, was 0.5). At 0.5, on look-alike filings with pages that use a question's words without its answer,
 --   the other years' filings outranked the named one's statement: page hit@5 0.84 (dense alone 0.96); at 1.0, 0.99
@@ -21,8 +20,8 @@
 CREATE FUNCTION rag_name_prefixes(rel_path text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce(string_agg(left(part, n), ' '), '')
     FROM regexp_split_to_table(coalesce(rel_path, ''), '[^[:alnum:]]+') AS part,
-         generate_series(3, length(part) - 3) AS n
-    WHERE part ~ '^[[:upper:]]{7,}$' AND length(part) <= 64
+         generate_series(3, least(length(part), 64) - 3) AS n
+    WHERE part ~ '^[[:upper:]]{7,64}$'
 $$;
 
 CREATE OR REPLACE FUNCTION rag_name_terms(title text, rel_path text, metadata jsonb) RETURNS integer[]
