@@ -4,6 +4,7 @@ the pages of the filing that answer them. Prints page hit@1, hit@5 and MRR for e
 routing on and off, and paired significance.
 
     .venv/bin/python -m bench.golden_filings [--companies 12] [--years 2019,2020,2021] [--model all-MiniLM-L6-v2]
+        [--seed 11]
 
 The question a user asks of forty filings ("What is the FY2019 capital expenditure of 3M?") has its answer's
 words in every filing: only the company and the period tell which. This measures whether the index finds the
