@@ -226,7 +226,8 @@ def _look_in_a_browser(port: int, summary: dict) -> None:
                 skip.click(timeout=15_000)
             for name in ASSET_NAMES:
                 expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=60_000)
-            expect(page.get_by_text("5 / 5 Passed").first).to_be_visible()  # search_index's checks, on the graph
+            # search_index's checks, on the graph: the node's live data (latest event, checks) loads after its name
+            expect(page.get_by_text("5 / 5 Passed").first).to_be_visible(timeout=60_000)
             page.screenshot(path=SCREENSHOTS / "asset-graph.png")
 
             page.goto(f"{base}/assets/search_index?view=checks")
