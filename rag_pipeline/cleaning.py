@@ -15,6 +15,10 @@ _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # Every Unicode whitespace but the newline (\u2028, \u2029, \x85, \u1680 and the rest), and the zero-width space:
 # long runs of any of them must reach later patterns as one space.
 _SPACES_RE = re.compile(r"(?:[^\S\n]|\u200b)+")
+# Inside a Latin word a zero-width space breaks nothing a reader sees (Latin scripts separate words with spaces):
+# removed, so "Ign\u200bore" is read, flagged and searched as the "Ignore" it shows. Elsewhere (Thai, Khmer) it
+# separates words and becomes a space above.
+_ZWSP_IN_LATIN_WORD_RE = re.compile(r"(?<=[A-Za-z\u00c0-\u024f])\u200b+(?=[A-Za-z\u00c0-\u024f])")
 _BLANK_LINES_RE = re.compile(r"\n{3,}")
 # Glyphs a font could not map to text: never content, and noise to every index (pages that have many are read
 # by OCR first; what no tier could read is removed here).
@@ -26,6 +30,7 @@ def clean_text(text: str) -> str:
     """Unicode NFKC, no control characters, single spaces, no trailing blanks, at most one empty line."""
     text = unicodedata.normalize("NFKC", text.replace("\r\n", "\n").replace("\r", "\n"))
     text = _CONTROL_RE.sub("", text)
+    text = _ZWSP_IN_LATIN_WORD_RE.sub("", text)
     lines = [_SPACES_RE.sub(" ", line).strip() for line in text.split("\n")]
     return _BLANK_LINES_RE.sub("\n\n", "\n".join(lines)).strip()
 

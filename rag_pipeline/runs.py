@@ -149,6 +149,10 @@ def run_ingest(
     clashes = sorted({s.name for s in adhoc} & {s.name for s in settings.sources})
     if clashes:  # a command line must not redefine a configured source's folder or labels
         raise ConfigError(f"--source {', '.join(clashes)}: a configured source has that name; pick another name")
+    unknown = sorted(set(confirm_deletions or []) - {s.name for s in (*settings.sources, *adhoc)})
+    if unknown:  # a typo must not look like a confirmation that was given
+        raise ConfigError(f"--confirm-deletions {', '.join(unknown)}: no such source (configured: "
+                          f"{', '.join(s.name for s in settings.sources) or 'none'})")
     run_config = {
         "ops": {"source_documents": {"config": {"confirm_deletions": confirm_deletions or []}}},
         "loggers": {"console": {"config": {"log_level": log_level}}},

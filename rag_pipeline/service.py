@@ -12,6 +12,7 @@ bounded; every error is a JSON object {"error": {"code", "message"}}. The query 
 and follows the active version's model through promotions (rag_pipeline.model_identity).
 """
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -22,12 +23,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+import psycopg
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pgvector.psycopg import register_vector
-from psycopg_pool import ConnectionPool
-from pydantic import BaseModel, ConfigDict, Field
+from psycopg_pool import ConnectionPool, PoolTimeout
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException
 
 from rag_pipeline.config import ConfigError, ServiceConfig, Settings
 from rag_pipeline.embedding import ModelUnavailableError
@@ -84,6 +87,18 @@ class SearchRequest(BaseModel):
     k: int = Field(10, ge=1, description="results wanted (at most service.max_k)")
     mode: Literal["hybrid", "dense", "sparse"] = "hybrid"
 
+    @field_validator("query")
+    @classmethod
+    def _storable(cls, query: str) -> str:
+        # JSON may carry both; the database refuses them (a DataError, which would otherwise be a 500).
+        if "\x00" in query:
+            raise ValueError("must not contain NUL characters")
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("must be valid Unicode (no lone surrogates)") from None
+        return query
+
 
 class SearchResponse(BaseModel):
     results: list[SearchHit]  # flags: e.g. prompt-injection patterns; treat such a text as data
@@ -102,12 +117,16 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-class BodyLimit:
-    """Refuses request bodies over `limit` bytes (413), whether or not Content-Length says so: the body is read
-    (at most `limit` bytes are held) before the application sees it."""
+DATABASE_RETRY_AFTER_SECONDS = 5
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
+
+class BodyLimit:
+    """Refuses request bodies over `limit` bytes (413), whether or not Content-Length says so, and bodies not
+    received within `timeout` seconds (408): the body is read (at most `limit` bytes are held) before the
+    application sees it."""
+
+    def __init__(self, app: Any, limit: int, timeout: float) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
         if scope["type"] != "http":
@@ -119,8 +138,15 @@ class BodyLimit:
             await too_large(scope, receive, send)
             return
         body, more = bytearray(), True
+        deadline = asyncio.get_running_loop().time() + self.timeout
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                slow = _error(408, "request_timeout", f"the request body did not arrive within {self.timeout:g} s",
+                              {"Connection": "close"})
+                await slow(scope, receive, send)
+                return
             if message["type"] == "http.disconnect":
                 return
             body.extend(message.get("body", b""))
@@ -160,7 +186,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
 
     app = FastAPI(title="rag_pipeline search", version="1", lifespan=lifespan,
                   description="Hybrid search over the active index version, filtered by the labels of your token.")
-    app.add_middleware(BodyLimit, limit=config.max_request_bytes)
+    app.add_middleware(BodyLimit, limit=config.max_request_bytes, timeout=config.body_timeout_seconds)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -171,9 +197,11 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
         log.exception("search service: unexpected %s", type(exc).__name__)
         return _error(500, "internal_error", "the search failed; the service's log says why")
 
-    @app.exception_handler(HTTPException)
+    @app.exception_handler(HTTPException)  # Starlette's, so routing's 404 and 405 speak the same shape
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, "http_error", str(exc.detail))
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail),
+                      dict(exc.headers) if exc.headers else None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -201,7 +229,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
             raise ApiError(422, "invalid_request", f"k: at most {config.max_k}")
         started = time.perf_counter()
         try:
-            with pool.connection() as conn:
+            with pool.connection(timeout=config.database_timeout_seconds) as conn:
                 version = versions.active_version(conn)
                 if version is None:
                     raise ApiError(503, "not_ready", "there is no active index version yet")
@@ -209,6 +237,10 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
                               options=options)
         except SearchError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None
+        except (PoolTimeout, psycopg.OperationalError) as exc:  # fail fast: a client can retry elsewhere
+            log.warning("search service: the database does not answer: %s", type(exc).__name__)
+            raise ApiError(503, "database_unavailable", "the index database does not answer; retry later",
+                           {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}) from None
         except ModelUnavailableError as exc:
             log.error("search service: %s", exc)
             raise ApiError(503, "model_unavailable", "the query model is not available here") from None
@@ -223,12 +255,13 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
     def readyz(request: Request) -> JSONResponse:
         """Ready or not for anyone (a load balancer's probe); the version and the checks only for a token holder."""
         try:
-            with pool.connection(timeout=5) as conn:
+            with pool.connection(timeout=config.database_timeout_seconds) as conn:
                 version = versions.active_version(conn)
                 checks = health.latest_checks(conn)
         except Exception as exc:  # any failure to reach the database means not ready; the log says which
             log.warning("search service not ready: %s", type(exc).__name__)
-            return _error(503, "not_ready", "the index database does not answer")
+            return _error(503, "not_ready", "the index database does not answer",
+                          {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
         if version is None:
             return _error(503, "not_ready", "there is no active index version yet")
         try:
@@ -246,8 +279,52 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
     return app
 
 
+def header_timeout_protocol(seconds: float) -> type:
+    """uvicorn's HTTP/1.1 protocol with a deadline for the request line and headers, which uvicorn lacks: a
+    client that trickles its headers (each byte resets uvicorn's keep-alive timer) is disconnected after `seconds`
+    from the connection or from the end of the previous response."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # the headers are in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
 def serve(settings: Settings, database_url: str) -> None:
     import uvicorn
 
     app = create_app(settings, database_url)
-    uvicorn.run(app, host=settings.service.host, port=settings.service.port, log_level="info")
+    uvicorn.run(app, host=settings.service.host, port=settings.service.port, log_level="info",
+                http=header_timeout_protocol(settings.service.header_timeout_seconds))

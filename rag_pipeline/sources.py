@@ -3,7 +3,7 @@
 Sidecars:
 - `<file>.meta.json` next to a file applies to that file;
 - `_meta.json` in a folder applies to every file below it (a nearer folder wins key by key).
-Keys: `acl_labels` (list or comma string), `title`, `password` (kept out of stored metadata), anything else.
+Keys: `acl_labels` (a list of strings), `title`, `password` (kept out of stored metadata), anything else.
 The most specific `acl_labels` replaces the inherited ones: an explicit `[]` means "nobody", and such a
 document is held back (default-deny), never indexed.
 
@@ -118,7 +118,8 @@ class ScanReport:
 def read_sidecar(path: Path, root: Path) -> dict[str, Any]:
     """A sidecar's JSON object. Refused (SidecarError) unless it resolves inside the root, is a regular file of
     at most MAX_SIDECAR_BYTES, decodes as UTF-8 (a byte-order mark is fine) and holds an object whose strings
-    have no NUL and whose `acl_labels` is a list of non-empty strings or a comma-separated string."""
+    have no NUL and whose `acl_labels` is a list of non-empty strings (a string is refused: is "hr, staff" two
+    labels or one?)."""
     name = printable(path.name)
     try:
         resolved = confine(root, path)
@@ -183,9 +184,7 @@ def _refuse_label_lookalikes(data: dict[str, Any], name: str) -> None:
 
 
 def _labels(value: Any, name: str) -> tuple[str, ...]:
-    """Labels normalised as callers' labels are (parse_labels); anything but strings is refused."""
-    if isinstance(value, str):
-        return parse_labels(value)
+    """Labels normalised as callers' labels are (parse_labels); anything but a list of strings is refused."""
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise SidecarError(f"sidecar {name}: acl_labels must be a list of strings, not {json.dumps(value)[:80]}")
     if any(not item.strip() for item in value):

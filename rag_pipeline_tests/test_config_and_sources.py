@@ -67,7 +67,7 @@ def _tree(root: Path) -> None:
     (root / "team" / "_meta.json").write_text(json.dumps({"acl_labels": ["team"], "owner": "ops"}))
     (root / "team" / "b.md").write_text("b")
     (root / "team" / "deep" / "c.md").write_text("c")
-    (root / "team" / "deep" / "c.md.meta.json").write_text(json.dumps({"title": "C doc", "acl_labels": "x, y"}))
+    (root / "team" / "deep" / "c.md.meta.json").write_text(json.dumps({"title": "C doc", "acl_labels": ["x", "y"]}))
     (root / "team" / "secret.md").write_text("s")
     (root / "team" / "secret.md.meta.json").write_text(json.dumps({"acl_labels": [], "password": "pw"}))
 

@@ -74,6 +74,9 @@ def sources_to_scan(rag: RagResource, config: DiscoverConfig) -> ScanPlan:
     if unknown:
         raise dg.Failure(f"sources not configured: {', '.join(unknown)}; a run scans configured sources only "
                          f"(known: {', '.join(sorted(known)) or 'none'})")
+    unconfirmable = sorted(set(config.confirm_deletions) - known.keys())
+    if unconfirmable:  # a typo must not look like a confirmation that was given
+        raise dg.Failure(f"confirm_deletions names sources not configured: {', '.join(unconfirmable)}")
     chosen = [known[name] for name in config.sources] if config.sources else list(known.values())
     return ScanPlan(chosen, "config", removed)
 
