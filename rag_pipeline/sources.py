@@ -11,10 +11,17 @@ Everything here fails closed. A sidecar that cannot be read or validated holds e
 (a folder's: the whole subtree) instead of letting them fall back to wider labels. A bad directory entry is
 reported and skipped on its own, never stopping the scan. Special files are never opened. Folders and files
 that cannot be read keep their documents as they were. A link inside the root speaks with its target's labels.
+
+Files are read exactly as they were judged: the scan records the identity of what it judged (device, inode, link
+count, and the path inside the root it was read through: a link's target). Reading (`open_judged`, sidecars
+included) walks from the root one component at a time without following any link, and compares the open
+descriptor with that identity, so a name swapped for a link or for another file after the scan is never read
+under the labels the scan gave the old one.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -44,6 +51,67 @@ class UnsafePathError(ValueError):
 
 class SidecarError(ValueError):
     """A sidecar that cannot be read or validated: the files it applies to are held, never widened."""
+
+
+class ChangedSinceScanError(OSError):
+    """The file at a path is not the one the scan judged (a link now, another inode, other size, time or links)."""
+
+
+def file_id(info: os.stat_result) -> str:
+    return f"{info.st_dev}:{info.st_ino}"
+
+
+def open_beneath(root: Path, rel_path: str) -> int:
+    """A read-only descriptor of the regular file at `rel_path` under `root`, reached without following any link
+    in any component (each folder opened with O_NOFOLLOW relative to the one before, like openat(2)). Raises
+    ChangedSinceScanError for a link or a special file on the way; FileNotFoundError when it is gone."""
+    pure = PurePosixPath(rel_path)
+    if pure.is_absolute() or not pure.parts or ".." in pure.parts:
+        raise UnsafePathError(f"refusing relative path {rel_path!r}")
+    nofollow = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    folder = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for part in pure.parts[:-1]:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=folder)
+            except NotADirectoryError:  # a link (O_NOFOLLOW on a link to a folder) or a file
+                raise ChangedSinceScanError(f"{part!r} on the way is a link or not a folder") from None
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise ChangedSinceScanError(f"{part!r} on the way is a link") from None
+                raise
+            os.close(folder)
+            folder = child
+        try:
+            # O_NONBLOCK: a FIFO swapped in must not hang the open; it is refused below.
+            fd = os.open(pure.parts[-1], os.O_RDONLY | os.O_NONBLOCK | nofollow, dir_fd=folder)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ChangedSinceScanError("the file is a link now") from None
+            raise
+    finally:
+        os.close(folder)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ChangedSinceScanError("not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_judged(root: Path, read_path: str, size: int, mtime_ns: int, judged_id: str | None,
+                judged_links: int | None) -> int:
+    """`open_beneath`, then the descriptor's device, inode, size, mtime_ns and link count compared with what the
+    scan recorded; any difference raises ChangedSinceScanError (the document waits for the next scan)."""
+    fd = open_beneath(root, read_path)
+    info = os.fstat(fd)
+    differences = [what for what, now, then in (
+        ("file", file_id(info), judged_id), ("size", info.st_size, size),
+        ("modification time", info.st_mtime_ns, mtime_ns), ("link count", info.st_nlink, judged_links),
+    ) if now != then]  # an identity the scan did not record (a row of the release before) is a difference too
+    if differences:
+        os.close(fd)
+        raise ChangedSinceScanError(f"{', '.join(differences)} changed since the scan")
+    return fd
 
 
 def confine(root: Path, candidate: Path) -> Path:
@@ -88,6 +156,11 @@ class DiscoveredFile:
     metadata: dict[str, Any] = field(default_factory=dict)
     # Held back (default-deny): the status that says why, and the reason. Nothing of it is indexed.
     held: tuple[DocumentStatus, str] | None = None
+    # What the scan judged, so that parsing reads exactly that file (open_judged): device and inode, link count,
+    # and for a link the path inside the root of its target (None: rel_path itself).
+    file_id: str | None = None
+    file_links: int | None = None
+    read_path: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -116,24 +189,24 @@ class ScanReport:
 
 
 def read_sidecar(path: Path, root: Path) -> dict[str, Any]:
-    """A sidecar's JSON object. Refused (SidecarError) unless it resolves inside the root, is a regular file of
-    at most MAX_SIDECAR_BYTES, decodes as UTF-8 (a byte-order mark is fine) and holds an object whose strings
+    """A sidecar's JSON object. Refused (SidecarError) unless it is a regular file inside the root, reached
+    without following a link, of at most MAX_SIDECAR_BYTES, decodes as UTF-8 (a byte-order mark is fine) and holds an object whose strings
     have no NUL and whose `acl_labels` is a list of non-empty strings (a string is refused: is "hr, staff" two
     labels or one?)."""
     name = printable(path.name)
     try:
-        resolved = confine(root, path)
-        info = resolved.stat()
-    except UnsafePathError:
-        raise SidecarError(f"sidecar {name} resolves outside the source root") from None
-    except (OSError, RuntimeError) as exc:  # a dangling or looping link, no permission
-        raise SidecarError(f"sidecar {name} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise SidecarError(f"sidecar {name} is not a regular file")  # never opened: a FIFO would hang
-    if info.st_size > MAX_SIDECAR_BYTES:
-        raise SidecarError(f"sidecar {name} is larger than {MAX_SIDECAR_BYTES} bytes")
+        rel_path = path.relative_to(root).as_posix()
+    except ValueError:
+        raise SidecarError(f"sidecar {name} is outside the source root") from None
     try:
-        with open(resolved, "rb") as handle:
+        fd = open_beneath(root, rel_path)  # never through a link: a sidecar is read only as the file it is
+    except ChangedSinceScanError:
+        raise SidecarError(f"sidecar {name} is a link or not a regular file (a sidecar is read only as a regular "
+                           "file)") from None
+    except OSError as exc:  # gone, no permission, a link on the way
+        raise SidecarError(f"sidecar {name} cannot be read: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "rb") as handle:
             raw = handle.read(MAX_SIDECAR_BYTES + 1)
     except OSError as exc:
         raise SidecarError(f"sidecar {name} cannot be read: {exc.strerror or exc}") from None
@@ -344,6 +417,9 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
         title=str(title) if title is not None and not held else None,
         metadata={} if held else {k: v for k, v in meta.items() if k not in SECRET_KEYS},
         held=held,
+        file_id=file_id(info),
+        file_links=info.st_nlink,
+        read_path=resolved.relative_to(root).as_posix() if named is resolved else None,
     )
 
 
@@ -365,11 +441,12 @@ def source_digest(source: SourceConfig) -> str:
     return digest.hexdigest()
 
 
-def document_password(source: SourceConfig, rel_path: str) -> str | None:
-    """The password a file's sidecar supplies for an encrypted PDF, read only when parsing needs it."""
+def document_password(source: SourceConfig, read_path: str) -> str | None:
+    """The password a file's sidecar supplies for an encrypted PDF, read only when parsing needs it (the sidecar
+    beside the file the scan judged: a link's target's)."""
     root = source.root.resolve()
-    path = safe_join(root, rel_path)
-    sidecar = path.with_name(path.name + FILE_SIDECAR_SUFFIX)
+    sidecar = root.joinpath(*PurePosixPath(read_path).parts)
+    sidecar = sidecar.with_name(sidecar.name + FILE_SIDECAR_SUFFIX)
     if not os.path.lexists(sidecar):
         return None
     try:

@@ -176,7 +176,7 @@ def test_alert_configuration_is_validated(tmp_path, make_settings):
 
 def _tick(sensor: dg.SensorDefinition, instance, settings, cursor):
     context = dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"rag": RagResource(config_file=str(settings.config_file))}
+        instance=instance, cursor=cursor, resources={"rag": RagResource(settings)}
     )
     return sensor.evaluate_tick(context)
 

@@ -214,3 +214,29 @@ def test_the_short_name_migration_renames_the_documents_the_previous_main_left(p
             mgm = conn.execute("SELECT rag_term_id('mgm')").fetchone()[0]
         assert mgm in after["m"] and mgm not in before["m"] and set(before["m"]) < set(after["m"])
         assert after["d"] == before["d"]
+
+
+def test_the_file_identity_migration_upgrades_documents_the_previous_main_left(pg_admin_url, tmp_path):
+    """024 on a database at 023: existing documents gain a ref and no identity; a scan records the identity
+    without re-queueing an unchanged document, and parsing refuses a document it has no identity for."""
+    from rag_pipeline.config import SourceConfig
+    from rag_pipeline.stages.discover import discover
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\ntext")
+    info = (root / "a.md").stat()
+    with database_before(pg_admin_url, tmp_path, "024") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) "
+                         "VALUES ('docs', %s, '{*.md}', 86400)", (str(root),))
+            conn.execute(
+                "INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels, "
+                "status) VALUES (%s, 'docs', 'a.md', %s, %s, now(), '{staff}', 'indexed')",
+                (ids.doc_id("docs", "a.md"), f"{info.st_size}:{info.st_mtime_ns}", info.st_size))
+        migrate(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute("SELECT ref IS NOT NULL, file_id FROM documents").fetchone() == (True, None)
+            discover(url, [SourceConfig(name="docs", root=root, acl_labels=("staff",))])
+            status, file_id, links = conn.execute("SELECT status, file_id, file_links FROM documents").fetchone()
+            assert status == "indexed" and file_id == f"{info.st_dev}:{info.st_ino}" and links == 1

@@ -406,20 +406,65 @@ def test_sidecars_that_cannot_be_stored_or_misname_labels_hold_and_links_to_side
 
 
 def test_a_file_swapped_for_a_link_after_the_scan_is_not_parsed_under_the_old_labels(make_settings, tmp_path, db):
+    """The attack: a staff file made to look like hr/salaries.md (same size, same mtime), swapped for a link to it
+    once the scan has queued it, then for another file with the same size and mtime. Before (4500a88) the
+    parser followed the link and indexed the HR text with the staff labels."""
     from rag_pipeline.stages.parse import parse_pending
 
     root = _corpus(tmp_path / "docs")
-    (root / "public" / "x.md").write_text("# Harmless\n\nNothing to see.\n")
+    salaries = root / "hr" / "salaries.md"
+    decoy = root / "public" / "x.md"
+    decoy.write_text("x" * len(SALARY.encode()))
+    os.utime(decoy, ns=(salaries.stat().st_atime_ns, salaries.stat().st_mtime_ns))
     settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
     discover(settings.database_url, settings.sources)
-    (root / "public" / "x.md").unlink()
-    (root / "public" / "x.md").symlink_to(root / "hr" / "salaries.md")  # swapped before parsing runs
+    decoy.unlink()
+    decoy.symlink_to(salaries)  # the hook between scan and parse: swapped before parsing runs
     stats = parse_pending(settings.database_url, settings)
     assert stats.changed_since_scan == 1
     assert db.execute("SELECT count(*) FROM document_pages p JOIN documents d USING (doc_id) "
                       "WHERE d.rel_path = 'public/x.md'").fetchone()[0] == 0
-    discover(settings.database_url, settings.sources)  # the next scan judges the link: its target's labels
+    assert _status(db, "public/x.md")[0] == "pending_parse"  # left queued for the next scan
+    # Another regular file, same size and mtime, moved into place: another inode, refused the same way.
+    decoy.unlink()
+    other = root / "public" / "other.tmp"
+    other.write_text(SALARY)
+    os.utime(other, ns=(salaries.stat().st_atime_ns, salaries.stat().st_mtime_ns))
+    os.replace(other, decoy)
+    assert parse_pending(settings.database_url, settings).changed_since_scan == 1
+    discover(settings.database_url, settings.sources)  # the next scan judges what is there now
+    parse_pending(settings.database_url, settings)
+    assert _status(db, "public/x.md")[0] == "pending_chunk"
+    decoy.unlink()
+    decoy.symlink_to(salaries)
+    discover(settings.database_url, settings.sources)  # a link is judged with its target's labels
     assert db.execute("SELECT acl_labels FROM documents WHERE rel_path = 'public/x.md'").fetchone()[0] == ["hr"]
+
+
+def test_a_folder_on_the_way_swapped_for_a_link_is_not_followed(make_settings, tmp_path, db):
+    from rag_pipeline.stages.parse import parse_pending
+
+    root = _corpus(tmp_path / "docs")
+    (root / "public" / "team").mkdir()
+    (root / "public" / "team" / "salaries.md").write_text(SALARY)
+    info = (root / "hr" / "salaries.md").stat()
+    os.utime(root / "public" / "team" / "salaries.md", ns=(info.st_atime_ns, info.st_mtime_ns))
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    discover(settings.database_url, settings.sources)
+    (root / "public" / "team" / "salaries.md").unlink()
+    (root / "public" / "team").rmdir()
+    (root / "public" / "team").symlink_to(root / "hr")  # a folder component is a link now
+    assert parse_pending(settings.database_url, settings).changed_since_scan == 1
+    assert _status(db, "public/team/salaries.md")[0] == "pending_parse"
+
+
+def test_a_sidecar_that_is_a_link_holds_what_it_speaks_for(make_settings, tmp_path, db):
+    root = _corpus(tmp_path / "docs")
+    (root / "public" / "_meta.json").symlink_to(root / "hr" / "_meta.json")  # inside the root, but a link
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    discover(settings.database_url, settings.sources)
+    status, reason = _status(db, "public/canteen.md")
+    assert status == "held_bad_sidecar" and "link" in reason
 
 
 def test_housekeeping_collects_unused_embeddings_after_their_grace_and_old_deletion_paths(clone):
@@ -525,3 +570,47 @@ def test_injection_flags_read_the_text_as_written_in_every_format(make_settings,
     stored = db.execute("SELECT string_agg(text, ' ') FROM chunks c JOIN documents d USING (doc_id) "
                         "WHERE d.rel_path = 'note.txt'").fetchone()[0]
     assert "previ\u043eus" in stored  # a flag, never a filter: the text keeps its letters as written
+
+
+def _reads_config(definition) -> bool:
+    from dagster._config import ConfigTypeKind
+
+    field = getattr(definition, "config_field", None)
+    return field is not None and field.config_type.kind != ConfigTypeKind.ANY
+
+
+def test_no_run_config_of_any_job_can_re_point_the_configuration(make_settings, tmp_path, db):
+    """Every job (the implicit asset jobs "Materialize all" launches included) refuses run config that would set
+    the configuration file, the database, the data folder, a root or labels, on any resource or op."""
+    import dagster as dg
+
+    from rag_pipeline.defs.code_location import build_definitions
+
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text(f"sources: [{{name: x, root: {tmp_path}, acl_labels: [staff]}}]\n")
+    settings = make_settings([{"name": "docs", "root": str(_corpus(tmp_path / "docs")), "acl_labels": ["staff"]}])
+    defs = build_definitions(settings)
+    jobs = list(defs.resolve_all_job_defs())
+    assert {"ingest", "__ASSET_JOB", "build_index_version", "index_health", "housekeeping_job"} <= {
+        job.name for job in jobs}
+    overrides = {"config_file": str(elsewhere), "database_url": "postgresql://attacker@127.0.0.1/x",
+                 "data_dir": str(tmp_path), "root": str(tmp_path), "acl_labels": ["staff"], "labels": ["staff"]}
+    tried = 0
+    for job in jobs:
+        resource_keys = set(job.resource_defs) - {"io_manager"}
+        assert "rag" in resource_keys
+        attempts = [{"resources": {key: {"config": {name: value}}}} for key in resource_keys
+                    for name, value in overrides.items()]
+        # Ops that declare a config schema (the others never read any config, whatever a run passes them).
+        attempts += [{"ops": {node.name: {"config": {name: value}}}} for node in job.graph.nodes
+                     if _reads_config(node.definition)
+                     for name, value in overrides.items()]
+        for run_config in attempts:
+            tried += 1
+            with pytest.raises(dg.DagsterInvalidConfigError):
+                dg.validate_run_config(job, run_config)
+    assert tried > 100
+    assert sum(_reads_config(node.definition) for job in jobs for node in job.graph.nodes) >= 3  # ops with config
+    # What a run may set is still accepted: which configured sources to scan.
+    ingest = defs.resolve_job_def("ingest")
+    dg.validate_run_config(ingest, {"ops": {"source_documents": {"config": {"sources": ["docs"]}}}})

@@ -10,7 +10,7 @@ from rag_pipeline.alerts import AlertSender, Observation, transitions
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.housekeeping import housekeeping_job
 from rag_pipeline.defs.ingestion import DiscoverConfig, sources_to_scan
-from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.defs.resources import Rag
 from rag_pipeline.sources import source_digest
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
         description="Launches a refresh when files appear, change or disappear in a source folder (or their "
         "sidecar metadata changes). The cursor holds each source's digest and the number of launches.",
     )
-    def source_changes(context: dg.SensorEvaluationContext, rag: RagResource):
+    def source_changes(context: dg.SensorEvaluationContext, rag: Rag):
         digests = {source.name: source_digest(source) for source in sources_to_scan(rag, DiscoverConfig()).sources}
         cursor = json.loads(context.cursor) if context.cursor else {"launches": 0, "digests": {}}
         changed = sorted(name for name, digest in digests.items() if cursor["digests"].get(name) != digest)
@@ -129,7 +129,7 @@ def alert_sensor(job_names: list[str], checks: list[dg.AssetChecksDefinition]) -
         description="Sends an alert (structured log line; webhook and e-mail when configured) when a check or a "
         "job starts failing, and once more when it recovers; never again in between.",
     )
-    def index_alerts(context: dg.SensorEvaluationContext, rag: RagResource):
+    def index_alerts(context: dg.SensorEvaluationContext, rag: Rag):
         observations = _check_observations(context.instance, checks) + _run_observations(context.instance, job_names)
         previous = json.loads(context.cursor) if context.cursor else {}
         alerts, state = transitions(previous, observations)

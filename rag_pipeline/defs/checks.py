@@ -12,7 +12,7 @@ import dagster as dg
 
 from rag_pipeline import health
 from rag_pipeline.defs.metadata import typed_table
-from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.defs.resources import Rag
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.store.database import connect
 
@@ -33,7 +33,7 @@ def _result(outcome: health.CheckOutcome, severity: dg.AssetCheckSeverity) -> dg
     description="Per source: time since the last completed scan and age of the oldest change not yet indexed, "
     "against the source's freshness SLA (freshness_sla in the source's configuration).",
 )
-def staleness_check(rag: RagResource) -> dg.AssetCheckResult:
+def staleness_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
         return _result(health.record(conn, "staleness", health.staleness(conn, rag.settings().sources)), dg.AssetCheckSeverity.WARN)
 
@@ -42,7 +42,7 @@ def staleness_check(rag: RagResource) -> dg.AssetCheckResult:
     asset="search_index", name="deletion_replay", blocking=True,
     description="Every deleted document has zero rows in every index version and every derived table.",
 )
-def deletion_replay_check(rag: RagResource) -> dg.AssetCheckResult:
+def deletion_replay_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
         return _result(health.record(conn, "deletion_replay", health.deletion_replay(conn)), dg.AssetCheckSeverity.ERROR)
 
@@ -51,7 +51,7 @@ def deletion_replay_check(rag: RagResource) -> dg.AssetCheckResult:
     asset="search_index", name="acl_coverage", blocking=True,
     description="No row without labels, none whose labels differ from its document's, none of a held document.",
 )
-def acl_coverage_check(rag: RagResource) -> dg.AssetCheckResult:
+def acl_coverage_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
         return _result(health.record(conn, "acl_coverage", health.acl_coverage(conn)), dg.AssetCheckSeverity.ERROR)
 
@@ -61,7 +61,7 @@ def acl_coverage_check(rag: RagResource) -> dg.AssetCheckResult:
     description="One model and dimension per version, one vector per chunk group, no orphan rows, and the "
     "active alias on an active version.",
 )
-def index_drift_check(rag: RagResource) -> dg.AssetCheckResult:
+def index_drift_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
         return _result(health.record(conn, "index_drift", health.index_drift(conn)), dg.AssetCheckSeverity.ERROR)
 
@@ -71,7 +71,7 @@ def index_drift_check(rag: RagResource) -> dg.AssetCheckResult:
     description="Near-empty pages, documents without text, tier mix and dead letters against the thresholds "
     "in the `checks` configuration.",
 )
-def parse_health_check(rag: RagResource) -> dg.AssetCheckResult:
+def parse_health_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
         return _result(health.record(conn, "parse_health", health.parse_health(conn, rag.settings().checks)), dg.AssetCheckSeverity.WARN)
 
@@ -81,7 +81,7 @@ def parse_health_check(rag: RagResource) -> dg.AssetCheckResult:
     description="Golden-set recall@k and nDCG@k of the active version (and of a version being built) against "
     "the active version's stored baseline; re-evaluated only when the index changed.",
 )
-def retrieval_quality_check(rag: RagResource) -> dg.AssetCheckResult:
+def retrieval_quality_check(rag: Rag) -> dg.AssetCheckResult:
     settings = rag.settings()
     with connect(rag.database_url()) as conn:
         outcome = health.record(conn, "retrieval_quality",

@@ -18,12 +18,11 @@ from rag_pipeline.defs.index_versions import (
 )
 from rag_pipeline.defs.ingestion import ingest_job, ingestion_assets
 from rag_pipeline.defs.io import RUN_OUTPUTS, RunOutputsIOManager
-from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.defs.resources import RagResource, fixed_resource
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
     """Bind resources and configuration in one place."""
-    config_file = str(settings.config_file) if settings.config_file else None
     ingestion, (backfill,), checks = keyed_under(
         settings.asset_key_prefix, ingestion_assets(settings), [index_version_backfill], index_checks)
     health_job = index_health_job(checks)
@@ -35,7 +34,11 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         jobs=jobs,
         schedules=schedules(settings, health_job),
         sensors=[source_changes_sensor(settings), alert_sensor([job.name for job in jobs], checks)],
-        resources={"rag": (rag := RagResource(config_file=config_file)), RUN_OUTPUTS: RunOutputsIOManager(rag=rag)},
+        resources={
+            "rag": fixed_resource(rag := RagResource(settings), "the configuration this code location loaded"),
+            RUN_OUTPUTS: dg.IOManagerDefinition(resource_fn=lambda _: RunOutputsIOManager(rag), config_schema={},
+                                                description="step outputs in the index database"),
+        },
     )
 
 

@@ -2,13 +2,13 @@
 
 import dagster as dg
 
-from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.defs.resources import Rag
 from rag_pipeline.erasure import housekeeping
 
 
 @dg.op(description="Collect embedding-cache entries no index row uses (older than retention.embedding_cache_grace) "
                    "and forget deletion-log paths older than retention.deletion_log.")
-def collect_unused(context: dg.OpExecutionContext, rag: RagResource) -> None:
+def collect_unused(context: dg.OpExecutionContext, rag: Rag) -> None:
     settings = rag.settings()
     report = housekeeping(rag.database_url(), settings.retention.embedding_cache_grace_seconds,
                           settings.retention.deletion_log_seconds, settings.lock_timeout_seconds)

@@ -7,7 +7,7 @@ import dagster as dg
 
 from rag_pipeline import versions
 from rag_pipeline.defs.metadata import typed_table
-from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.defs.resources import Rag
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.status import VersionStatus
 from rag_pipeline.store import versions as version_store
@@ -27,7 +27,7 @@ shards = dg.StaticPartitionsDefinition([f"{i:02d}" for i in range(SHARDS)])
     description="Embeds one hash shard of the live documents into the index version being built "
     "(start one with `rag-pipeline index build --model NAME`); a no-op when none is building.",
 )
-def index_version_backfill(context: dg.AssetExecutionContext, rag: RagResource):
+def index_version_backfill(context: dg.AssetExecutionContext, rag: Rag):
     db_url = rag.database_url()
     with connect(db_url) as conn:
         building = version_store.index_versions(conn, (VersionStatus.BUILDING,))
@@ -67,7 +67,7 @@ class StartBuildConfig(dg.Config):
 
 
 @dg.op(description="Register an index version for a new embedding model, in status 'building'.")
-def start_index_version(context: dg.OpExecutionContext, config: StartBuildConfig, rag: RagResource) -> int:
+def start_index_version(context: dg.OpExecutionContext, config: StartBuildConfig, rag: Rag) -> int:
     version = versions.start_version_build(rag.database_url(), rag.settings(), config.model)
     context.log.info(
         f"{version.label} ({version.embedding_model}, {version.dimensions} dims) is building: launch a "
@@ -90,7 +90,7 @@ class PromoteConfig(dg.Config):
 
 
 @dg.op(description="Check the gates (complete, deletions replayed, golden-set quality) and make the version active.")
-def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: RagResource) -> None:
+def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: Rag) -> None:
     settings = rag.settings()
     with connect(rag.database_url()) as conn, conn.transaction():
         candidate = version_store.get_version(conn, config.version_id)

@@ -10,7 +10,7 @@ import dagster as dg
 from rag_pipeline.config import ConfigError, Settings, SourceConfig
 from rag_pipeline.defs.io import RUN_OUTPUTS
 from rag_pipeline.defs.metadata import index_totals, typed_table
-from rag_pipeline.defs.resources import RagResource
+from rag_pipeline.defs.resources import Rag
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
 from rag_pipeline.stages.index import IndexStats
@@ -61,7 +61,7 @@ class ScanPlan:
     removed: list[str]  # configured sources no longer in the configuration: their documents are held
 
 
-def sources_to_scan(rag: RagResource, config: DiscoverConfig) -> ScanPlan:
+def sources_to_scan(rag: Rag, config: DiscoverConfig) -> ScanPlan:
     if _command_line_sources:
         return ScanPlan(list(_command_line_sources), "command_line", [])
     configured = {s.name: s for s in rag.settings().sources}
@@ -82,7 +82,7 @@ def sources_to_scan(rag: RagResource, config: DiscoverConfig) -> ScanPlan:
 
 
 @dg.asset(group_name=GROUP, description="Every file in every source, reconciled with the documents table.")
-def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: RagResource):
+def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: Rag):
     db_url = rag.database_url()
     plan = sources_to_scan(rag, config)
     if not plan.sources and not plan.removed:
@@ -128,13 +128,13 @@ WORK_STATS = "stats"  # the output name of every document step
        description="Lease queued documents one at a time: worker processes (one per core by default) parse, clean "
                    "and chunk them within a time and memory budget while this step embeds and indexes what they "
                    "finish. Several of these steps share one queue, on one machine or many.")
-def work_documents(context: dg.OpExecutionContext, rag: RagResource) -> dict:
+def work_documents(context: dg.OpExecutionContext, rag: Rag) -> dict:
     return process_pending(rag.database_url(), rag.settings(), progress=context.log.info).as_dict()
 
 
 @dg.op(ins={"worked": dg.In(dg.Nothing)}, out=dg.Out(dict, io_manager_key=RUN_OUTPUTS),
        description="What the document steps did, added up.")
-def report_documents(context: dg.OpExecutionContext, rag: RagResource):
+def report_documents(context: dg.OpExecutionContext, rag: Rag):
     # Read from the database rather than taken as inputs: Dagster's Dask executor does not hand fanned-in
     # outputs of steps that ran on other workers to the step that collects them.
     with connect(rag.database_url()) as conn:
@@ -192,7 +192,7 @@ def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
 
 @dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS,
           description="Structure-aware, token-sized chunks with their contextual prefixes.")
-def document_chunks(context: dg.AssetExecutionContext, rag: RagResource, parsed_documents: dict) -> dg.Output:
+def document_chunks(context: dg.AssetExecutionContext, rag: Rag, parsed_documents: dict) -> dg.Output:
     # Chunked as they were parsed (parsed_documents); here only documents still queued for chunking (none, as a
     # rule) are worked, so materialising this asset alone still does what its name says.
     stats = _this_runs_work(rag.database_url(), context).chunk
@@ -205,7 +205,7 @@ def document_chunks(context: dg.AssetExecutionContext, rag: RagResource, parsed_
 
 @dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS,
           description="Embeddings written into every writable index version (pgvector halfvec + HNSW, BM25).")
-def search_index(context: dg.AssetExecutionContext, rag: RagResource, document_chunks: dict) -> dg.Output:
+def search_index(context: dg.AssetExecutionContext, rag: Rag, document_chunks: dict) -> dg.Output:
     db_url = rag.database_url()
     stats = _this_runs_work(db_url, context).index
     leftover = process_pending(db_url, rag.settings(), progress=context.log.info, parse=False, chunk=False).index

@@ -14,11 +14,13 @@ from rag_pipeline.store.database import connect
 RUN_OUTPUTS = "rag_run_outputs"
 
 
-class RunOutputsIOManager(dg.ConfigurableIOManager):
+class RunOutputsIOManager(dg.IOManager):
     """Op outputs are kept per run and step; an asset's value under its key (its latest materialization), so an
-    asset materialised alone reads the value its upstream asset last had."""
+    asset materialised alone reads the value its upstream asset last had. Bound to the code location's resource
+    (rag_pipeline.defs.resources.fixed_resource): no run config can point it at another database."""
 
-    rag: RagResource
+    def __init__(self, rag: RagResource) -> None:
+        self.rag = rag
 
     @staticmethod
     def _address(context: dg.OutputContext) -> tuple[str, str, str]:

@@ -1,31 +1,38 @@
-"""The one resource every asset, check and sensor uses: the settings (loaded once per run) and the index
-database (started, if embedded, and migrated on first use in a process)."""
+"""The one resource every asset, check and sensor uses: the settings the code location loaded, and the index
+database (started, if embedded, and migrated on first use in a process).
+
+The configuration is fixed when the code location loads: the resource has an empty config schema, so no run
+(launchpad, GraphQL, a schedule's or sensor's run request) can point it at another configuration file, database,
+data folder, source root or label. A run config that tries is refused before the run starts."""
+
+from __future__ import annotations
 
 import dagster as dg
-from pydantic import PrivateAttr
 
-from rag_pipeline.config import Settings, load_settings
+from rag_pipeline.config import Settings
 from rag_pipeline.index_database import prepare
 from rag_pipeline.store.database import resolve_urls
 
 
-class RagResource(dg.ConfigurableResource):
-    """Where the configuration lives; everything else is derived from it (and the environment)."""
+class RagResource:
+    """The loaded settings; everything else is derived from them (and the environment)."""
 
-    config_file: str | None = None
-    _settings: Settings | None = PrivateAttr(default=None)
-
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        # Once per run (and per sensor tick): every step of the run sees the same settings.
-        self._settings = load_settings(self.config_file)
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
 
     def settings(self) -> Settings:
-        if self._settings is None:
-            self._settings = load_settings(self.config_file)
         return self._settings
 
     def database_url(self) -> str:
         """The index database, started (embedded) and prepared (rag_pipeline.index_database) once per process."""
-        url = resolve_urls(self.settings()).index
-        prepare(url, self.settings())
+        url = resolve_urls(self._settings).index
+        prepare(url, self._settings)
         return url
+
+
+def fixed_resource(value: object, description: str) -> dg.ResourceDefinition:
+    """`value` as a resource whose run config must be empty: `{}` refuses every key."""
+    return dg.ResourceDefinition(resource_fn=lambda _context: value, config_schema={}, description=description)
+
+
+Rag = dg.ResourceParam[RagResource]  # how assets, ops, checks and sensors ask for it

@@ -6,8 +6,14 @@ Anything that cannot be parsed is dead-lettered with a specific reason; the run 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 import psycopg
 
@@ -15,7 +21,7 @@ from rag_pipeline.cascade import Cascade, parse_document
 from rag_pipeline.cleaning import clean_parsed_pages, content_hash
 from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.parsing import DeadLetter
-from rag_pipeline.sources import UnsafePathError, document_password, safe_join
+from rag_pipeline.sources import ChangedSinceScanError, UnsafePathError, document_password, open_judged
 from rag_pipeline.stages.common import Progress, StageStats, count, log_progress
 from rag_pipeline.status import DocumentStatus
 from rag_pipeline.store import documents, groups, pages
@@ -54,42 +60,42 @@ def parse_one(
     conn: psycopg.Connection, doc: PendingDocument, source: SourceConfig, version: str, cascade: Cascade,
     stats: ParseStats,
 ) -> None:
+    read_path = doc.read_path or doc.rel_path
+    size, mtime_ns = (int(part) for part in doc.fingerprint.split(":"))
     try:
-        path = safe_join(source.root, doc.rel_path)
-        password = document_password(source, doc.rel_path)
-    except UnsafePathError as exc:
-        dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
-        return
-    try:
-        info = path.stat()
-        # The file read must be the file the scan judged: a name swapped since for a link (to a file with other
-        # labels) or for another file is left for the next scan to judge again, not parsed under these labels.
-        if f"{info.st_size}:{info.st_mtime_ns}" != doc.fingerprint or (
-                info.st_nlink > 1 and not source.allow_hard_links):
-            stats.changed_since_scan += 1
-            return
-        size = info.st_size
         if size > cascade.config.max_file_bytes:
             raise DeadLetter("too_large", f"{size:,} bytes; parsing.max_file_bytes is {cascade.config.max_file_bytes:,}")
-        # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because
-        # furniture is found by comparing pages.
-        parsed = parse_document(path, password, cascade)
+        password = document_password(source, read_path)
+        # Exactly the file the scan judged, reached without following a link: a name swapped since for a link
+        # (to a file with other labels) or for another file is left for the next scan to judge again.
+        fd = open_judged(source.root.resolve(), read_path, size, mtime_ns, doc.file_id, doc.file_links)
+        with private_copy(fd, size, PurePosixPath(read_path).suffix) as path:
+            # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because
+            # furniture is found by comparing pages.
+            parsed = parse_document(path, password, cascade)
         removed = clean_parsed_pages(parsed)
         new_hash = content_hash([page.markdown for page in parsed])
         unchanged = new_hash == doc.indexed_content_hash
         with conn.transaction():
-            if not documents.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint):
+            if not documents.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint, doc.file_id):
                 stats.vanished += 1
                 return
             pages.replace_pages(conn, doc.doc_id, parsed, version)
             documents.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
                                    D.INDEXED if unchanged else D.PENDING_CHUNK, removed)
             pages.clear_dead_letter(conn, doc.doc_id)
-    except DeadLetter as exc:
-        dead_letter(conn, doc, exc, stats)
+    except UnsafePathError as exc:
+        dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
+        return
+    except ChangedSinceScanError as exc:
+        log.info("%s/%s: %s; left for the next scan", doc.source, doc.rel_path, exc)
+        stats.changed_since_scan += 1
         return
     except FileNotFoundError:
         stats.vanished += 1  # deleted after discovery; the next scan logs the deletion
+        return
+    except DeadLetter as exc:
+        dead_letter(conn, doc, exc, stats)
         return
     except Exception as exc:  # a parser bug must not stop the run or lose the document
         log.exception("parser failed on %s/%s", doc.source, doc.rel_path)
@@ -109,6 +115,27 @@ def parse_one(
             stats.unresolved_pages += 1
     for rule, removed_chars in removed.items():
         count(stats.chars_removed, rule, removed_chars)
+
+
+COPY_CHUNK_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def private_copy(fd: int, size: int, suffix: str) -> Iterator[Path]:
+    """The open file's bytes in a private folder (mode 0700), named by the suffix the parsers dispatch on, for
+    parsers that take a path: nothing at the source can change what they read. `fd` is closed. A file that
+    grew past the size the scan saw is changed since the scan."""
+    suffix = suffix if re.fullmatch(r"\.[A-Za-z0-9]{1,16}", suffix) else ""
+    with os.fdopen(fd, "rb") as source, tempfile.TemporaryDirectory(prefix="rag-parse-") as folder:
+        path = Path(folder) / f"document{suffix}"
+        copied = 0
+        with open(path, "wb") as target:
+            while chunk := source.read(min(COPY_CHUNK_BYTES, size + 1 - copied)):
+                copied += len(chunk)
+                if copied > size:
+                    raise ChangedSinceScanError("the file grew since the scan")
+                target.write(chunk)
+        yield path
 
 
 def dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter, stats: ParseStats) -> bool:

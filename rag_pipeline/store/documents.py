@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from rag_pipeline import ids
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.sources import DiscoveredFile, ScanReport
 from rag_pipeline.status import DOCUMENT_HELD, DOCUMENT_LIVE_IN_INDEX, DocumentStatus
@@ -135,11 +136,12 @@ def reconcile_source(
         """CREATE TEMP TABLE scan_files (
                doc_id text PRIMARY KEY, rel_path text NOT NULL, fingerprint text NOT NULL,
                size_bytes bigint NOT NULL, modified_at timestamptz NOT NULL, acl_labels text[] NOT NULL,
-               title text, metadata jsonb NOT NULL, hold_status text, hold_reason text) ON COMMIT DROP"""
+               title text, metadata jsonb NOT NULL, hold_status text, hold_reason text,
+               file_id text, file_links integer, read_path text) ON COMMIT DROP"""
     )
     with conn.cursor().copy(
         "COPY scan_files (doc_id, rel_path, fingerprint, size_bytes, modified_at, acl_labels, title, metadata,"
-        " hold_status, hold_reason) FROM STDIN"
+        " hold_status, hold_reason, file_id, file_links, read_path) FROM STDIN"
     ) as copy:
         for f in files:
             counts.seen += 1
@@ -148,6 +150,7 @@ def reconcile_source(
                     f.doc_id, f.rel_path, f.fingerprint, f.size_bytes,
                     datetime.fromtimestamp(f.mtime_ns / 1e9, tz=UTC),
                     list(f.acl_labels), f.title, Jsonb(f.metadata), *_hold_of(f),
+                    f.file_id, f.file_links, f.read_path,
                 )
             )
     conn.execute("ANALYZE scan_files")
@@ -189,9 +192,10 @@ def reconcile_source(
 
     inserted = conn.execute(
         """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
-                                  acl_labels, title, metadata, status, held_reason)
+                                  acl_labels, title, metadata, status, held_reason, file_id, file_links, read_path)
            SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
-                  s.title, s.metadata, coalesce(s.hold_status, %(pending_parse)s), s.hold_reason
+                  s.title, s.metadata, coalesce(s.hold_status, %(pending_parse)s), s.hold_reason,
+                  s.file_id, s.file_links, s.read_path
            FROM scan_files s
            WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id)
            RETURNING status""",
@@ -200,18 +204,23 @@ def reconcile_source(
     counts.new = len(inserted)
     counts.held = sum(1 for (status,) in inserted if status in DOCUMENT_HELD)
 
-    # Classify every existing document whose file, metadata or hold differs from what is stored.
+    # Classify every existing document whose file, metadata or hold differs from what is stored. Another file
+    # (inode) under the same name is a change even with the same size and time; a row without an identity (from
+    # the release before identities) only gains one.
     conn.execute(
         """CREATE TEMP TABLE scan_changes ON COMMIT DROP AS
            SELECT s.*, d.status AS old_status, d.acl_labels AS old_labels,
                   CASE WHEN s.hold_status IS NOT NULL THEN 'hold'
-                       WHEN d.fingerprint <> s.fingerprint THEN 'changed'
+                       WHEN d.fingerprint <> s.fingerprint OR d.file_id <> s.file_id
+                            OR (d.file_id IS NOT NULL AND d.read_path IS DISTINCT FROM s.read_path) THEN 'changed'
                        WHEN d.status = ANY(%(held)s) THEN 'released'
                        WHEN d.title IS DISTINCT FROM s.title THEN 'retitled'
                        WHEN d.acl_labels <> s.acl_labels THEN 'relabelled'
                        ELSE 'metadata' END AS change
            FROM scan_files s JOIN documents d USING (doc_id)
            WHERE d.fingerprint <> s.fingerprint OR d.acl_labels <> s.acl_labels
+              OR d.file_id IS DISTINCT FROM s.file_id OR d.file_links IS DISTINCT FROM s.file_links
+              OR d.read_path IS DISTINCT FROM s.read_path
               OR d.title IS DISTINCT FROM s.title OR d.metadata <> s.metadata
               OR s.hold_status IS DISTINCT FROM (CASE WHEN d.status = ANY(%(held)s) THEN d.status END)
               OR d.held_reason IS DISTINCT FROM s.hold_reason""",
@@ -228,6 +237,7 @@ def reconcile_source(
     conn.execute(
         """UPDATE documents d SET
                fingerprint = c.fingerprint, size_bytes = c.size_bytes, modified_at = c.modified_at,
+               file_id = c.file_id, file_links = c.file_links, read_path = c.read_path,
                acl_labels = c.acl_labels, title = c.title, metadata = c.metadata, last_seen = now(),
                held_reason = c.hold_reason,
                status = CASE c.change
@@ -280,8 +290,17 @@ def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str], keep_p
     touched_groups = [r[0] for r in conn.execute(
         "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (list(doc_ids),)
     ).fetchall()]
+    # The documents stay known and their embedding-cache entries outlive their rows (for their return, until
+    # gc): what the entries are keyed by is remembered, so that erasure can still find them.
+    inputs = {(doc_id, ids.embedding_input_sha(f"{prefix}\n{text}" if prefix else text))
+              for doc_id, prefix, text in conn.execute(
+                  "SELECT doc_id, prefix, text FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),)).fetchall()}
     for version in versions.index_versions(conn):
-        versions.delete_rows_of(conn, version, doc_ids)
+        inputs.update(versions.delete_rows_of(conn, version, doc_ids))
+    if inputs:
+        with conn.cursor() as cursor:
+            cursor.executemany("INSERT INTO document_embedding_inputs (doc_id, input_sha) VALUES (%s, %s) "
+                               "ON CONFLICT DO NOTHING", sorted(inputs))
     conn.execute("DELETE FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),))
     if keep_pages:
         conn.execute("UPDATE documents SET indexed_content_hash = NULL WHERE doc_id = ANY(%s)", (list(doc_ids),))
@@ -335,15 +354,19 @@ class PendingDocument:
     title: str | None
     acl_labels: tuple[str, ...]
     chunker_version: str | None
+    # The file the scan judged (see sources.FileIdentity): parsing reads exactly that one.
+    file_id: str | None = None
+    file_links: int | None = None
+    read_path: str | None = None
 
 
 PENDING_COLUMN_NAMES = ("doc_id", "source", "rel_path", "fingerprint", "content_hash", "indexed_content_hash",
-                        "title", "acl_labels", "chunker_version")
+                        "title", "acl_labels", "chunker_version", "file_id", "file_links", "read_path")
 _PENDING_COLUMNS = sql.SQL(", ").join(map(sql.Identifier, PENDING_COLUMN_NAMES))
 
 
 def pending_from_rows(rows: list[tuple[Any, ...]]) -> list[PendingDocument]:
-    return [PendingDocument(*r[:7], tuple(r[7]), r[8]) for r in rows]
+    return [PendingDocument(*r[:7], tuple(r[7]), *r[8:12]) for r in rows]
 
 
 def pending_documents(
@@ -382,7 +405,8 @@ def shard_documents(
 
 
 def claim(
-    conn: psycopg.Connection, doc_id: str, expected: DocumentStatus, fingerprint: str | None = None
+    conn: psycopg.Connection, doc_id: str, expected: DocumentStatus, fingerprint: str | None = None,
+    file_id: str | None = None,
 ) -> bool:
     """Lock a document row for this transaction if it is still in the state the work was planned for.
 
@@ -390,9 +414,10 @@ def claim(
     document is picked up again in its new state, so no stale result is ever written over a newer one.
     """
     row = conn.execute(
-        "SELECT status, fingerprint FROM documents WHERE doc_id = %s FOR UPDATE", (doc_id,)
+        "SELECT status, fingerprint, file_id FROM documents WHERE doc_id = %s FOR UPDATE", (doc_id,)
     ).fetchone()
-    return row is not None and row[0] == expected and (fingerprint is None or row[1] == fingerprint)
+    return (row is not None and row[0] == expected and (fingerprint is None or row[1] == fingerprint)
+            and (file_id is None or row[2] == file_id))
 
 
 def lock_queued(conn: psycopg.Connection, doc_id: str, fingerprint: str) -> DocumentStatus | None:

@@ -15,7 +15,7 @@ from rag_pipeline.store import documents, versions
 from rag_pipeline.store.health import table_exists
 
 # Tables keyed by doc_id that outlive or sit beside the documents row (chunks and pages go with it).
-_BY_DOC_ID = ("dead_letters", "prefix_cache", "chunks", "document_pages", "deletion_log")
+_BY_DOC_ID = ("dead_letters", "prefix_cache", "chunks", "document_pages", "deletion_log", "document_embedding_inputs")
 
 
 def documents_of(conn: psycopg.Connection, source: str, rel_path: str | None) -> list[str]:
@@ -42,6 +42,9 @@ def erase_documents(conn: psycopg.Connection, doc_ids: Sequence[str]) -> tuple[d
     input_shas.update(ids_module.embedding_input_sha(f"{prefix}\n{text}" if prefix else text)
                       for prefix, text in conn.execute("SELECT prefix, text FROM chunks WHERE doc_id = ANY(%s)",
                                                        (ids,)).fetchall())
+    # A document held back or dead-lettered before its erasure has no rows left, but its inputs were remembered.
+    input_shas.update(r[0] for r in conn.execute(
+        "SELECT input_sha FROM document_embedding_inputs WHERE doc_id = ANY(%s)", (ids,)).fetchall())
     for version in versions.index_versions(conn):
         if not table_exists(conn, version.table_name):
             continue
