@@ -12,7 +12,8 @@ import psycopg
 import yaml
 
 from rag_pipeline.config import Settings
-from rag_pipeline.defs.ingestion import REFRESH_TAG, STAGE_STATS
+from rag_pipeline.defs.ingestion import STAGE_STATS
+from rag_pipeline.run_monitoring import INDEX_WRITER_POOL, fail_dead_runs, worker_tags
 from rag_pipeline.store.database import sqlalchemy_url
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,9 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
     """The Dagster instance runs go to, with DAGSTER_HOME pointing at it.
 
     The project's own home (`data_dir/dagster_home`, used when DAGSTER_HOME is not set) gets a generated
-    dagster.yaml: runs, event log and schedules in Postgres beside the index, one refresh at a time. A DAGSTER_HOME
+    dagster.yaml: runs, event log and schedules in Postgres beside the index; one run that writes the index at a
+    time (the index writer pool, at run granularity); run monitoring with a launcher that can tell a dead run
+    worker (rag_pipeline.run_monitoring), so a killed run is marked failed instead of holding the pool. A DAGSTER_HOME
     set by an operator is theirs: its dagster.yaml is never written, whatever it holds (or lacks)."""
     home = settings.dagster_home
     own_home = (settings.data_dir / "dagster_home").resolve()
@@ -50,9 +53,14 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
         config = {
             "storage": {"postgres": {"postgres_url": postgres_url}},
             "telemetry": {"enabled": False},
-            "run_queue": {
-                "max_concurrent_runs": 4,
-                "tag_concurrency_limits": [{"key": REFRESH_TAG, "value": "refresh", "limit": 1}],
+            "run_launcher": {"module": "rag_pipeline.run_monitoring", "class": "LocalRunLauncher"},
+            "run_monitoring": {"enabled": True, "poll_interval_seconds": RUN_MONITORING_POLL_SECONDS,
+                               "max_resume_run_attempts": 0},
+            "concurrency": {
+                "runs": {"max_concurrent_runs": 4},
+                # Every asset and op that writes the index is in this pool: a run of any job or asset
+                # selection that holds one ("Materialize all" included) waits for the run before it.
+                "pools": {"granularity": "run", "default_limit": 1},
             },
         }
         text = f"{GENERATED_MARK}\n{yaml.safe_dump(config, sort_keys=False)}"
@@ -74,6 +82,8 @@ def _generated_here(text: str) -> bool:
     return (isinstance(config, dict) and set(config) == {"storage", "telemetry", "run_queue"}
             and set(config["storage"] or {}) == {"postgres"} and config["telemetry"] == {"enabled": False})
 
+
+RUN_MONITORING_POLL_SECONDS = 10  # a killed run is marked failed within about this long (plus a daemon tick)
 
 DAGSTER_SCHEMA_LOCK = 0x7261675F64616773  # "rag_dags": an advisory lock key of its own
 
@@ -159,6 +169,7 @@ def run_ingest(
     }
     if instance is None:
         instance = dg.DagsterInstance.get()
+    fail_dead_runs(instance)  # a killed earlier run must not hold the index writer pool
     if settings.execution.executor != "default":
         if adhoc:
             raise ConfigError("--source: a distributed run scans configured sources only (its steps run in other "
@@ -166,7 +177,8 @@ def run_ingest(
         return _run_distributed(settings, run_config, instance)
     job = build_definitions(settings).resolve_job_def("ingest")
     with command_line_sources(adhoc):
-        result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
+        result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False,
+                                        tags=worker_tags())
     return _summary_with_errors(result)
 
 
@@ -183,7 +195,7 @@ def _run_distributed(settings: Settings, run_config: dict[str, Any], instance: A
                           "that every machine reads")
     os.environ["RAG_CONFIG"] = str(settings.config_file)
     with dg.execute_job(dg.reconstructable(configured_ingest_job), instance=instance, run_config=run_config,
-                        raise_on_error=False) as result:
+                        raise_on_error=False, tags=worker_tags()) as result:
         return _summary_with_errors(result)
 
 
@@ -217,10 +229,11 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
     job = build_definitions(settings).resolve_job_def("build_index_version")
     if instance is None:
         instance = dg.DagsterInstance.get()
+    fail_dead_runs(instance)
     runs = []
     for key in shards.get_partition_keys():
         result = job.execute_in_process(
-            instance=instance, partition_key=key, raise_on_error=False,
+            instance=instance, partition_key=key, raise_on_error=False, tags=worker_tags(),
             run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
         )
         runs.append({"shard": key, "run_id": result.run_id, "success": result.success})

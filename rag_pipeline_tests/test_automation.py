@@ -279,16 +279,23 @@ def test_schedules_and_swap_jobs_are_defined(make_settings):
     assert health.cron_schedule == "*/5 * * * *" and health.job_name == "index_health"
     for name in ("start_index_build", "build_index_version", "promote_index_version"):
         assert defs.resolve_job_def(name) is not None
-    assert defs.resolve_job_def("ingest").tags["rag_pipeline/index_writer"] == "refresh"
+    # Every job and asset job whose steps write the index holds the one-writer pool ("Materialize all" too).
+    pooled = {job.name for job in defs.resolve_all_job_defs()
+              if any(op.pool == "rag_pipeline_index_writer" for op in job.graph.iterate_op_defs())}
+    assert {"ingest", "__ASSET_JOB", "housekeeping_job", "promote_index_version"} <= pooled, pooled
 
 
-def test_the_run_queue_admits_one_refresh_at_a_time(make_settings, tmp_path, monkeypatch, db_url):
+def test_the_run_queue_admits_one_index_writer_at_a_time_and_monitors_runs(make_settings, tmp_path, monkeypatch,
+                                                                          db_url):
+    from rag_pipeline.run_monitoring import LocalRunLauncher
+
     settings = make_settings()
     monkeypatch.setenv("DAGSTER_HOME", str(settings.data_dir / "dagster_home"))  # the project's own home
     home = prepare_dagster_home(settings, db_url)
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
-    assert {"key": "rag_pipeline/index_writer", "value": "refresh", "limit": 1} in limits
+        pools = instance.get_concurrency_config().pool_config
+        assert pools.default_pool_limit == 1 and pools.pool_granularity.value == "run"
+        assert instance.run_monitoring_enabled and isinstance(instance.run_launcher, LocalRunLauncher)
 
 
 def test_an_operators_dagster_yaml_is_never_written_and_no_password_is_written_in_clear(

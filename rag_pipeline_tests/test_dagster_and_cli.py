@@ -284,3 +284,113 @@ def test_exit_codes_follow_the_documented_table(clone, capsys):
     # The table in the module's help is the one these constants implement.
     for code in (cli.EXIT_OK, cli.EXIT_FAILED, cli.EXIT_USAGE, cli.EXIT_REFUSED, cli.EXIT_DELETIONS_HELD, cli.EXIT_ERROR):
         assert f"\n  {code}  " in cli.__doc__
+
+
+KILLED_RUN_BOUND_SECONDS = 240  # from the launch of the queued run to its success: monitoring 10 s, a run start
+
+
+def _runs(home: Path) -> list:
+    previous = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        with DagsterInstance.get() as instance:
+            return [(run.run_id, run.status.value, run.job_name) for run in instance.get_runs()]
+    finally:
+        if previous is None:
+            del os.environ["DAGSTER_HOME"]
+        else:
+            os.environ["DAGSTER_HOME"] = previous
+
+
+def _run_failure_message(home: Path, run_id: str) -> str:
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        with DagsterInstance.get() as instance:
+            return " ".join(str(e.message) for e in instance.all_logs(run_id) if e.is_dagster_event
+                            and e.dagster_event.event_type_value == "PIPELINE_FAILURE")
+    finally:
+        del os.environ["DAGSTER_HOME"]
+
+
+def _kill_mid_run(cli: list[str], env: dict, cwd: Path, home: Path) -> str:
+    """Start `rag-pipeline ingest`, SIGKILL it (with its workers) once its run is STARTED; the run's id."""
+    before = {run[0] for run in _runs(home)} if (home / "dagster.yaml").exists() else set()
+    process = subprocess.Popen([*cli, "ingest"], env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, "the ingest ended before it could be killed"
+        assert time.monotonic() < deadline, "the ingest's run never started"
+        started = [run for run in _runs(home) if run[0] not in before and run[1] == "STARTED"] \
+            if (home / "dagster.yaml").exists() else []
+        if started:
+            break
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    (run_id, status, _), = [run for run in _runs(home) if run[0] == started[0][0]]
+    assert status == "STARTED"  # nothing was left to say it failed
+    return run_id
+
+
+def test_a_killed_run_blocks_nothing_with_the_daemon_running_or_from_the_cli(cli_env, tmp_path):
+    """kill -9 of an ingest leaves its run STARTED. With `rag-pipeline ui` (webserver and daemon) running, an
+    ingest launched from the UI queues behind it (one index writer at a time), the daemon's run monitoring marks
+    the dead run failed, and the queued ingest starts and succeeds within KILLED_RUN_BOUND_SECONDS. The CLI,
+    before it starts, marks failed its own runs whose process is gone. Before (4500a88) the queued run waited for
+    ever."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(REPO / "sample_corpus", corpus)
+    config = yaml.safe_load(Path(cli_env["RAG_CONFIG"]).read_text())
+    config["sources"] = [{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}]
+    Path(cli_env["RAG_CONFIG"]).write_text(yaml.safe_dump(config))
+    cli = [str(Path(sys.executable).with_name("rag-pipeline"))]
+    home = tmp_path / "data" / "dagster_home"
+    killed = _kill_mid_run(cli, cli_env, tmp_path, home)
+
+    port = _free_port()
+    server = subprocess.Popen([*cli, "ui", "--host", "127.0.0.1", "--port", str(port)], env=cli_env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "webserver did not come up"
+                time.sleep(1)
+        launched_at = time.monotonic()
+        result = _graphql(port, """mutation { launchRun(executionParams: {selector: {repositoryLocationName:
+            "rag_pipeline", repositoryName: "__repository__", jobName: "ingest"}, runConfigData: "{}"}) {
+            __typename ... on LaunchRunSuccess { run { runId status } } ... on PythonError { message } } }""")
+        launch = result["data"]["launchRun"]
+        assert launch["__typename"] == "LaunchRunSuccess", launch
+        queued = launch["run"]["runId"]
+        while True:
+            statuses = {run_id: status for run_id, status, _ in _runs(home)}
+            if statuses[queued] in ("SUCCESS", "FAILURE", "CANCELED"):
+                break
+            assert time.monotonic() - launched_at < KILLED_RUN_BOUND_SECONDS, statuses
+            time.sleep(2)
+        assert statuses[queued] == "SUCCESS"
+        assert statuses[killed] == "FAILURE"
+        os.environ["DAGSTER_HOME"] = str(home)
+        try:
+            with DagsterInstance.get() as instance:  # it waited for the dead run, not beside it
+                assert (instance.get_run_record_by_id(queued).start_time
+                        >= instance.get_run_record_by_id(killed).end_time)
+        finally:
+            del os.environ["DAGSTER_HOME"]
+        assert "worker process" in _run_failure_message(home, killed)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+    # Without the daemon: the next CLI run marks its own dead run failed before it starts.
+    killed_again = _kill_mid_run(cli, cli_env, tmp_path, home)
+    again = subprocess.run([*cli, "ingest", "--json"], env=cli_env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    statuses = {run_id: status for run_id, status, _ in _runs(home)}
+    assert statuses[killed_again] == "FAILURE" and "worker process" in _run_failure_message(home, killed_again)

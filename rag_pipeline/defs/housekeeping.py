@@ -3,10 +3,11 @@
 import dagster as dg
 
 from rag_pipeline.defs.resources import Rag
+from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.erasure import housekeeping
 
 
-@dg.op(description="Collect embedding-cache entries no index row uses (older than retention.embedding_cache_grace) "
+@dg.op(pool=INDEX_WRITER_POOL, description="Collect embedding-cache entries no index row uses (older than retention.embedding_cache_grace) "
                    "and forget deletion-log paths older than retention.deletion_log.")
 def collect_unused(context: dg.OpExecutionContext, rag: Rag) -> None:
     settings = rag.settings()

@@ -8,6 +8,7 @@ import dagster as dg
 from rag_pipeline import versions
 from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import Rag
+from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.status import VersionStatus
 from rag_pipeline.store import versions as version_store
@@ -89,7 +90,7 @@ class PromoteConfig(dg.Config):
     force_reason: str = ""
 
 
-@dg.op(description="Check the gates (complete, deletions replayed, golden-set quality) and make the version active.")
+@dg.op(pool=INDEX_WRITER_POOL, description="Check the gates (complete, deletions replayed, golden-set quality) and make the version active.")
 def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: Rag) -> None:
     settings = rag.settings()
     with connect(rag.database_url()) as conn, conn.transaction():

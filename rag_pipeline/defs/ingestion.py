@@ -11,6 +11,7 @@ from rag_pipeline.config import ConfigError, Settings, SourceConfig
 from rag_pipeline.defs.io import RUN_OUTPUTS
 from rag_pipeline.defs.metadata import index_totals, typed_table
 from rag_pipeline.defs.resources import Rag
+from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
 from rag_pipeline.stages.index import IndexStats
@@ -20,7 +21,6 @@ from rag_pipeline.store import documents, pages, run_outputs, versions
 from rag_pipeline.store.database import connect
 
 GROUP = "ingestion"
-REFRESH_TAG = "rag_pipeline/index_writer"
 # Each asset's statistics: the stage's short name and its stats class (rag_pipeline.runs summarises them).
 STAGE_STATS = {
     "source_documents": ("discover", DiscoverStats),
@@ -81,7 +81,8 @@ def sources_to_scan(rag: Rag, config: DiscoverConfig) -> ScanPlan:
     return ScanPlan(chosen, "config", removed)
 
 
-@dg.asset(group_name=GROUP, description="Every file in every source, reconciled with the documents table.")
+@dg.asset(group_name=GROUP, pool=INDEX_WRITER_POOL,
+          description="Every file in every source, reconciled with the documents table.")
 def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: Rag):
     db_url = rag.database_url()
     plan = sources_to_scan(rag, config)
@@ -125,6 +126,7 @@ WORK_STATS = "stats"  # the output name of every document step
 
 
 @dg.op(ins={"scanned": dg.In(dg.Nothing)}, out={WORK_STATS: dg.Out(dict, io_manager_key=RUN_OUTPUTS)},
+       pool=INDEX_WRITER_POOL,
        description="Lease queued documents one at a time: worker processes (one per core by default) parse, clean "
                    "and chunk them within a time and memory budget while this step embeds and indexes what they "
                    "finish. Several of these steps share one queue, on one machine or many.")
@@ -132,7 +134,7 @@ def work_documents(context: dg.OpExecutionContext, rag: Rag) -> dict:
     return process_pending(rag.database_url(), rag.settings(), progress=context.log.info).as_dict()
 
 
-@dg.op(ins={"worked": dg.In(dg.Nothing)}, out=dg.Out(dict, io_manager_key=RUN_OUTPUTS),
+@dg.op(ins={"worked": dg.In(dg.Nothing)}, out=dg.Out(dict, io_manager_key=RUN_OUTPUTS), pool=INDEX_WRITER_POOL,
        description="What the document steps did, added up.")
 def report_documents(context: dg.OpExecutionContext, rag: Rag):
     # Read from the database rather than taken as inputs: Dagster's Dask executor does not hand fanned-in
@@ -190,7 +192,7 @@ def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
     return parsed_documents
 
 
-@dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS,
+@dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS, pool=INDEX_WRITER_POOL,
           description="Structure-aware, token-sized chunks with their contextual prefixes.")
 def document_chunks(context: dg.AssetExecutionContext, rag: Rag, parsed_documents: dict) -> dg.Output:
     # Chunked as they were parsed (parsed_documents); here only documents still queued for chunking (none, as a
@@ -203,7 +205,7 @@ def document_chunks(context: dg.AssetExecutionContext, rag: Rag, parsed_document
     return dg.Output(parsed_documents, metadata={**chunk_metadata(stats), **_totals(rag.database_url())})
 
 
-@dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS,
+@dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS, pool=INDEX_WRITER_POOL,
           description="Embeddings written into every writable index version (pgvector halfvec + HNSW, BM25).")
 def search_index(context: dg.AssetExecutionContext, rag: Rag, document_chunks: dict) -> dg.Output:
     db_url = rag.database_url()
@@ -314,9 +316,6 @@ def ingest_job(settings: Settings, assets: list[dg.AssetsDefinition]):  # an ass
         # These assets, not their group: in a user's project other assets may share the group's name.
         selection=dg.AssetSelection.assets(*assets),
         description="Scan sources and bring the index up to date; work is proportional to what changed.",
-        # The run queue admits one run with this tag at a time (see prepare_dagster_home); the index write lock
-        # in Postgres keeps erasure and housekeeping apart from writers that bypass the queue.
-        tags={REFRESH_TAG: "refresh"},
         executor_def=executor(settings),
     )
 
