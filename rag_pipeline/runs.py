@@ -13,7 +13,7 @@ import yaml
 
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.ingestion import STAGE_STATS
-from rag_pipeline.run_monitoring import INDEX_WRITER_POOL, fail_dead_runs, worker_tags
+from rag_pipeline.run_monitoring import fail_dead_runs, worker_tags
 from rag_pipeline.store.database import sqlalchemy_url
 
 log = logging.getLogger(__name__)

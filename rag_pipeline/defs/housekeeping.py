@@ -3,8 +3,8 @@
 import dagster as dg
 
 from rag_pipeline.defs.resources import Rag
-from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.erasure import housekeeping
+from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
 
 
 @dg.op(pool=INDEX_WRITER_POOL, description="Collect embedding-cache entries no index row uses (older than retention.embedding_cache_grace) "

@@ -8,8 +8,8 @@ import dagster as dg
 from rag_pipeline import versions
 from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import Rag
-from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.retrieval import SearchOptions
+from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.status import VersionStatus
 from rag_pipeline.store import versions as version_store
 from rag_pipeline.store.database import connect
