@@ -99,6 +99,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     with bar:
         summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
                              confirm_deletions=args.confirm_deletions or [])
+    summary["problems"] = _problems_with_paths(settings, summary["problems"])
     if args.json:
         _print_json(summary)
     else:
@@ -165,6 +166,40 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
               + ", ".join(f"{table} {n}" for table, n in sorted(report.removed.items()) if n))
         print("  an audit record (no text, no path) is in `erasures`; deletion_replay checks it")
     return 0
+
+
+def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
+    """What a ref in Dagster's UI (`#123`) names: Dagster's records name documents by ref, never by path."""
+    from rag_pipeline.store import documents
+    from rag_pipeline.store.database import connect
+
+    refs = [int(ref.lstrip("#")) for ref in args.refs]
+    with connect(_index_url(settings)) as conn:
+        found = documents.paths_of(conn, refs)
+    rows = [{"ref": ref, "source": found[ref][0], "path": found[ref][1]} if ref in found else
+            {"ref": ref, "source": None, "path": None} for ref in refs]
+    if args.json:
+        _print_json(rows)
+    else:
+        for row in rows:
+            print(f"#{row['ref']}  {row['source']}:{row['path']}" if row["path"] else
+                  f"#{row['ref']}  no such document (deleted or erased)")
+    return EXIT_OK if len(found) == len(set(refs)) else EXIT_FAILED
+
+
+def _problems_with_paths(settings: Settings, problems: list[dict]) -> list[dict]:
+    """A run's problems as the shell shows them: the refs Dagster's records use resolved back to paths."""
+    from rag_pipeline.document_refs import ref_of_name
+    from rag_pipeline.store import documents
+    from rag_pipeline.store.database import connect
+
+    refs = {ref for p in problems if (ref := ref_of_name(p["path"])) is not None}
+    if not refs:
+        return problems
+    with connect(_index_url(settings)) as conn:
+        paths = {ref: path for ref, (_, path) in documents.paths_of(conn, refs).items()}
+    return [{**p, "path": paths[ref], "problem": p["problem"].replace(p["path"], paths[ref])}
+            if (ref := ref_of_name(p["path"])) in paths else p for p in problems]
 
 
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
@@ -505,6 +540,10 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--source", metavar="NAME", help="every document of a source")
     erase.add_argument("--json", action="store_true", help="print one JSON object")
     erase.set_defaults(func=cmd_erase)
+    doc = sub.add_parser("doc", help="the document a ref in Dagster's UI (#123) names")
+    doc.add_argument("refs", nargs="+", metavar="REF")
+    doc.add_argument("--json", action="store_true", help="print JSON")
+    doc.set_defaults(func=cmd_doc)
     gc = sub.add_parser("gc", help="collect embedding-cache entries and deletion-log paths past their retention")
     gc.add_argument("--json", action="store_true", help="print one JSON object")
     gc.set_defaults(func=cmd_gc)

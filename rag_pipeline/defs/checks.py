@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from rag_pipeline import health
-from rag_pipeline.defs.metadata import typed_table
+from rag_pipeline.defs.metadata import document_table
 from rag_pipeline.defs.resources import Rag
 from rag_pipeline.retrieval import SearchOptions
 from rag_pipeline.store.database import connect
@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 
-def _result(outcome: health.CheckOutcome, severity: dg.AssetCheckSeverity) -> dg.AssetCheckResult:
+def _result(outcome: health.CheckOutcome, severity: dg.AssetCheckSeverity, conn) -> dg.AssetCheckResult:
     metadata: dict = {"summary": outcome.summary, **outcome.numbers}
-    metadata.update({name: typed_table(t.header, t.rows) for name, t in outcome.tables.items()})
+    metadata.update({name: document_table(conn, t.header, t.rows) for name, t in outcome.tables.items()})
     return dg.AssetCheckResult(
         passed=outcome.passed, severity=severity, description=outcome.summary, metadata=metadata
     )
@@ -35,7 +35,7 @@ def _result(outcome: health.CheckOutcome, severity: dg.AssetCheckSeverity) -> dg
 )
 def staleness_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.record(conn, "staleness", health.staleness(conn, rag.settings().sources)), dg.AssetCheckSeverity.WARN)
+        return _result(health.record(conn, "staleness", health.staleness(conn, rag.settings().sources)), dg.AssetCheckSeverity.WARN, conn)
 
 
 @dg.asset_check(
@@ -44,7 +44,7 @@ def staleness_check(rag: Rag) -> dg.AssetCheckResult:
 )
 def deletion_replay_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.record(conn, "deletion_replay", health.deletion_replay(conn)), dg.AssetCheckSeverity.ERROR)
+        return _result(health.record(conn, "deletion_replay", health.deletion_replay(conn)), dg.AssetCheckSeverity.ERROR, conn)
 
 
 @dg.asset_check(
@@ -53,7 +53,7 @@ def deletion_replay_check(rag: Rag) -> dg.AssetCheckResult:
 )
 def acl_coverage_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.record(conn, "acl_coverage", health.acl_coverage(conn)), dg.AssetCheckSeverity.ERROR)
+        return _result(health.record(conn, "acl_coverage", health.acl_coverage(conn)), dg.AssetCheckSeverity.ERROR, conn)
 
 
 @dg.asset_check(
@@ -63,7 +63,7 @@ def acl_coverage_check(rag: Rag) -> dg.AssetCheckResult:
 )
 def index_drift_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.record(conn, "index_drift", health.index_drift(conn)), dg.AssetCheckSeverity.ERROR)
+        return _result(health.record(conn, "index_drift", health.index_drift(conn)), dg.AssetCheckSeverity.ERROR, conn)
 
 
 @dg.asset_check(
@@ -73,7 +73,7 @@ def index_drift_check(rag: Rag) -> dg.AssetCheckResult:
 )
 def parse_health_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
-        return _result(health.record(conn, "parse_health", health.parse_health(conn, rag.settings().checks)), dg.AssetCheckSeverity.WARN)
+        return _result(health.record(conn, "parse_health", health.parse_health(conn, rag.settings().checks)), dg.AssetCheckSeverity.WARN, conn)
 
 
 @dg.asset_check(
@@ -86,7 +86,7 @@ def retrieval_quality_check(rag: Rag) -> dg.AssetCheckResult:
     with connect(rag.database_url()) as conn:
         outcome = health.record(conn, "retrieval_quality",
                                 health.retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings)))
-    return _result(outcome, dg.AssetCheckSeverity.ERROR)
+        return _result(outcome, dg.AssetCheckSeverity.ERROR, conn)
 
 
 index_checks = [

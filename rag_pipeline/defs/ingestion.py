@@ -11,6 +11,7 @@ from rag_pipeline.config import ConfigError, Settings, SourceConfig
 from rag_pipeline.defs.io import RUN_OUTPUTS
 from rag_pipeline.defs.metadata import index_totals, typed_table
 from rag_pipeline.defs.resources import Rag
+from rag_pipeline.document_refs import document_name
 from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
@@ -107,8 +108,8 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
                 ("source", "seen", "new", "changed", "deleted", "relabelled", "held", "deletions held"),
                 [(name, *counts.values()) for name, counts in stats.per_source.items()],
             ),
-            "problems": typed_table(
-                ("source", "path", "problem"), [tuple(p.values()) for p in stats.problems]
+            "problems": typed_table(  # documents named by ref by the stage: see stages.discover
+                ("source", "path or document", "problem"), [tuple(p.values()) for p in stats.problems]
             ),
             "stats": dg.MetadataValue.json(stats.as_dict()),
             **_totals(db_url),
@@ -238,8 +239,8 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
         "chars_removed_by_cleaning": typed_table(("rule", "characters"), sorted(stats.chars_removed.items())),
         "dead_letters_this_run": typed_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
         "dead_letters_all": typed_table(
-            ("source", "path", "reason", "attempts"),
-            [(d["source"], d["rel_path"], d["reason"], d["attempts"]) for d in dead[:50]],
+            ("source", "document", "reason", "attempts"),
+            [(d["source"], document_name(d["ref"]), d["reason"], d["attempts"]) for d in dead[:50]],
         ),
         "stats": dg.MetadataValue.json(stats.as_dict()),
     }

@@ -7,7 +7,8 @@ from typing import Any
 import dagster as dg
 import psycopg
 
-from rag_pipeline.store import health
+from rag_pipeline.document_refs import document_name, without_path
+from rag_pipeline.store import documents, health
 
 _COLUMN_TYPES = ((bool, "bool"), (int, "int"), (float, "float"))
 
@@ -45,3 +46,20 @@ def index_totals(conn: psycopg.Connection) -> dict[str, Any]:
     metadata: dict[str, Any] = {f"index_{name}": dg.MetadataValue.int(value) for name, value in totals.counts.items()}
     metadata["index_pages_by_tier"] = typed_table(("tier", "pages"), sorted(totals.pages_by_tier.items()))
     return metadata
+
+
+def document_table(conn: psycopg.Connection, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> dg.MetadataValue:
+    """typed_table with documents named by ref, never by path: a `path` column (beside `source`) becomes
+    `document`, a `doc_id` column (a hash of the path, so a guess could be confirmed) is dropped. Dagster's storage
+    then keeps no path of a document that is erased from the index database."""
+    if "path" not in header or "source" not in header:
+        return typed_table(header, rows)
+    source_at, path_at = header.index("source"), header.index("path")
+    refs = documents.refs_of(conn, [(row[source_at], row[path_at]) for row in rows])
+    keep = [i for i, name in enumerate(header) if name != "doc_id"]
+    named = []
+    for row in rows:
+        path = row[path_at]
+        name = document_name(refs.get((row[source_at], path)))
+        named.append([name if i == path_at else without_path(row[i], path, name) for i in keep])
+    return typed_table(["document" if i == path_at else header[i] for i in keep], named)

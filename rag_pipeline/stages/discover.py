@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 import psycopg
 
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.sources import ScanReport, scan_source
+from rag_pipeline.document_refs import document_name, without_path
+from rag_pipeline.sources import ScanProblem, ScanReport, scan_source
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
 from rag_pipeline.store import documents, groups
 from rag_pipeline.store.database import connect
@@ -71,6 +72,14 @@ def discover(
     return stats
 
 
+def named_by_ref(problem: ScanProblem, ref: int | None) -> ScanProblem:
+    """The problem as a run reports it: a document named by its ref (see rag_pipeline.document_refs)."""
+    if ref is None:
+        return problem
+    name = document_name(ref)
+    return ScanProblem(name, without_path(problem.problem, problem.rel_path, name))
+
+
 def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, progress: Progress,
                      confirmed: bool, origin: str) -> None:
     scan_started = datetime.now(UTC)
@@ -91,6 +100,9 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         guard = documents.DeletionGuard(source.max_deletion_share, confirmed)
         counts = documents.reconcile_source(conn, source.name, scan_source(source, report), report, guard)
         documents.record_scan(conn, source.name, scan_started, counts)
+        listed = report.problems[:MAX_PROBLEMS_SHOWN]
+        refs = documents.refs_of(conn, [(source.name, p.rel_path) for p in listed])
+    shown = [named_by_ref(p, refs.get((source.name, p.rel_path))) for p in listed]
     stats.documents_seen += counts.seen
     stats.new += counts.new
     stats.changed += counts.changed + counts.released + counts.retitled
@@ -99,7 +111,7 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     stats.deleted += counts.deleted
     stats.held += counts.held
     stats.deletions_held += counts.deletions_held
-    shown = report.problems[:MAX_PROBLEMS_SHOWN]  # a folder of a million bad entries must not flood the run log
+    # At most MAX_PROBLEMS_SHOWN: a folder of a million bad entries must not flood the run log.
     stats.problems += [{"source": source.name, "path": p.rel_path, "problem": p.problem} for p in shown]
     if len(report.problems) > len(shown):
         stats.problems.append({"source": source.name, "path": ".",

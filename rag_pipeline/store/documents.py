@@ -340,6 +340,28 @@ def record_scan(conn: psycopg.Connection, source: str, started_at: datetime, cou
     )
 
 
+# --- how Dagster names documents ---
+
+
+def refs_of(conn: psycopg.Connection, paths: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """The refs of the documents at these (source, rel_path); paths that are no document are left out."""
+    pairs = sorted(set(paths))
+    if not pairs:
+        return {}
+    rows = conn.execute(
+        """SELECT d.source, d.rel_path, d.ref FROM documents d
+           JOIN unnest(%s::text[], %s::text[]) AS p (source, rel_path) USING (source, rel_path)""",
+        ([s for s, _ in pairs], [r for _, r in pairs])).fetchall()
+    return {(source, rel_path): ref for source, rel_path, ref in rows}
+
+
+def paths_of(conn: psycopg.Connection, refs: Iterable[int]) -> dict[int, tuple[str, str]]:
+    """(source, rel_path) of the documents with these refs (the CLI resolving what Dagster shows)."""
+    rows = conn.execute("SELECT ref, source, rel_path FROM documents WHERE ref = ANY(%s)",
+                        (sorted(set(refs)),)).fetchall()
+    return {ref: (source, rel_path) for ref, source, rel_path in rows}
+
+
 # --- the work queue --------------------------------------------------------------------------------
 
 

@@ -61,6 +61,6 @@ def clear_dead_letter(conn: psycopg.Connection, doc_id: str) -> None:
 def dead_letter_summary(conn: psycopg.Connection) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT d.source, d.rel_path, l.reason, l.detail, l.attempts
+            """SELECT d.source, d.rel_path, d.ref, l.reason, l.detail, l.attempts
                FROM dead_letters l JOIN documents d USING (doc_id) ORDER BY d.source, d.rel_path"""
         ).fetchall()

@@ -1,0 +1,29 @@
+"""How what a run reports names documents: by ref (`documents.ref`), never by path.
+
+Dagster keeps what runs report (asset and check metadata, run logs) in its own storage, which `erase` does not
+rewrite. A document named there by a number that means nothing once its row is gone leaves no trace of an erased
+document's path; `rag-pipeline doc REF` resolves a ref while the document exists, and the CLI resolves the refs in
+what it prints. A path that is no document (a name that is not UTF-8, a link out of the root) is shown as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NO_DOCUMENT = "(no document)"
+
+
+def document_name(ref: int | None) -> str:
+    return f"#{ref}" if ref is not None else NO_DOCUMENT
+
+
+def ref_of_name(name: str) -> int | None:
+    """The ref a document_name holds, or None for anything else."""
+    return int(name[1:]) if name.startswith("#") and name[1:].isdigit() else None
+
+
+def without_path(value: Any, rel_path: str, name: str) -> Any:
+    """A text with the document's path and file name (a sidecar's name starts with it) replaced by its name."""
+    if not isinstance(value, str) or not rel_path:
+        return value
+    return value.replace(rel_path, name).replace(rel_path.rsplit("/", 1)[-1], name)
