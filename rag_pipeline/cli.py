@@ -541,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     erase.add_argument("--json", action="store_true", help="print one JSON object")
     erase.set_defaults(func=cmd_erase)
     doc = sub.add_parser("doc", help="the document a ref in Dagster's UI (#123) names")
-    doc.add_argument("refs", nargs="+", metavar="REF")
+    doc.add_argument("refs", nargs="+", metavar="REF", help="a ref as the UI shows it (#123 or 123)")
     doc.add_argument("--json", action="store_true", help="print JSON")
     doc.set_defaults(func=cmd_doc)
     gc = sub.add_parser("gc", help="collect embedding-cache entries and deletion-log paths past their retention")

@@ -418,6 +418,9 @@ def test_a_file_swapped_for_a_link_after_the_scan_is_not_parsed_under_the_old_la
     os.utime(decoy, ns=(salaries.stat().st_atime_ns, salaries.stat().st_mtime_ns))
     settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
     discover(settings.database_url, settings.sources)
+    # The judged file's inode stays allocated (a name outside the source), so nothing below can reuse its number:
+    # a new file with the judged inode number, size and time at the same path would be the same file to any check.
+    os.link(decoy, tmp_path / "judged-inode")
     decoy.unlink()
     decoy.symlink_to(salaries)  # the hook between scan and parse: swapped before parsing runs
     stats = parse_pending(settings.database_url, settings)
@@ -650,9 +653,11 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
     dagster_url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=dagster_db)
     settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}],
                              dagster_database_url=dagster_url)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    # prepare_dagster_home sets DAGSTER_HOME (and may set the URL variable) in os.environ: let monkeypatch undo them.
+    for name in ("DAGSTER_HOME", "RAG_DAGSTER_POSTGRES_URL"):  # set-then-delete: undone to absent afterwards
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     home = prepare_dagster_home(settings, dagster_url)
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
     with DagsterInstance.get() as instance:
         assert run_ingest(settings, instance=instance)["success"]
         assert _status(db, "public/broken-ledger.pdf")[0] == "dead_letter"

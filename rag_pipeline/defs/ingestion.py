@@ -82,8 +82,6 @@ def sources_to_scan(rag: Rag, config: DiscoverConfig) -> ScanPlan:
     return ScanPlan(chosen, "config", removed)
 
 
-@dg.asset(group_name=GROUP, pool=INDEX_WRITER_POOL,
-          description="Every file in every source, reconciled with the documents table.")
 def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: Rag):
     db_url = rag.database_url()
     plan = sources_to_scan(rag, config)
@@ -126,17 +124,10 @@ def _totals(db_url: str) -> dict:
 WORK_STATS = "stats"  # the output name of every document step
 
 
-@dg.op(ins={"scanned": dg.In(dg.Nothing)}, out={WORK_STATS: dg.Out(dict, io_manager_key=RUN_OUTPUTS)},
-       pool=INDEX_WRITER_POOL,
-       description="Lease queued documents one at a time: worker processes (one per core by default) parse, clean "
-                   "and chunk them within a time and memory budget while this step embeds and indexes what they "
-                   "finish. Several of these steps share one queue, on one machine or many.")
 def work_documents(context: dg.OpExecutionContext, rag: Rag) -> dict:
     return process_pending(rag.database_url(), rag.settings(), progress=context.log.info).as_dict()
 
 
-@dg.op(ins={"worked": dg.In(dg.Nothing)}, out=dg.Out(dict, io_manager_key=RUN_OUTPUTS), pool=INDEX_WRITER_POOL,
-       description="What the document steps did, added up.")
 def report_documents(context: dg.OpExecutionContext, rag: Rag):
     # Read from the database rather than taken as inputs: Dagster's Dask executor does not hand fanned-in
     # outputs of steps that ran on other workers to the step that collects them.
@@ -174,10 +165,19 @@ def _this_runs_work(db_url: str, context: dg.AssetExecutionContext) -> ProcessSt
         return _added_up(run_outputs.of_run(conn, _lineage(context), WORK_STATS))
 
 
-def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
+def parsed_documents_asset(steps: int, pool: str | None) -> dg.AssetsDefinition:
     """The document work, in `steps` steps side by side (under a distributed executor each may run on another
     machine). Parsing, chunking and indexing are pipelined per document there; the two assets after this one
     report what it did and pick up anything left in their own queue."""
+    work = dg.op(
+        name="work_documents", ins={"scanned": dg.In(dg.Nothing)},
+        out={WORK_STATS: dg.Out(dict, io_manager_key=RUN_OUTPUTS)}, pool=pool,
+        description="Lease queued documents one at a time: worker processes (one per core by default) parse, clean "
+                    "and chunk them within a time and memory budget while this step embeds and indexes what they "
+                    "finish. Several of these steps share one queue, on one machine or many.")(work_documents)
+    report = dg.op(name="report_documents", ins={"worked": dg.In(dg.Nothing)},
+                   out=dg.Out(dict, io_manager_key=RUN_OUTPUTS), pool=pool,
+                   description="What the document steps did, added up.")(report_documents)
 
     @dg.graph_asset(
         name="parsed_documents", group_name=GROUP, ins={"source_documents": dg.AssetIn(dagster_type=dg.Nothing)},
@@ -186,15 +186,13 @@ def parsed_documents_asset(steps: int) -> dg.AssetsDefinition:
                     "process that parses, cleans and chunks it, while its step embeds and indexes what is done.",
     )
     def parsed_documents(source_documents):
-        reports = [work_documents.alias(f"work_documents_{n}")(source_documents) if steps > 1
-                   else work_documents(source_documents) for n in range(steps)]
-        return report_documents(worked=reports)
+        reports = [work.alias(f"work_documents_{n}")(source_documents) if steps > 1
+                   else work(source_documents) for n in range(steps)]
+        return report(worked=reports)
 
     return parsed_documents
 
 
-@dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS, pool=INDEX_WRITER_POOL,
-          description="Structure-aware, token-sized chunks with their contextual prefixes.")
 def document_chunks(context: dg.AssetExecutionContext, rag: Rag, parsed_documents: dict) -> dg.Output:
     # Chunked as they were parsed (parsed_documents); here only documents still queued for chunking (none, as a
     # rule) are worked, so materialising this asset alone still does what its name says.
@@ -206,8 +204,6 @@ def document_chunks(context: dg.AssetExecutionContext, rag: Rag, parsed_document
     return dg.Output(parsed_documents, metadata={**chunk_metadata(stats), **_totals(rag.database_url())})
 
 
-@dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS, pool=INDEX_WRITER_POOL,
-          description="Embeddings written into every writable index version (pgvector halfvec + HNSW, BM25).")
 def search_index(context: dg.AssetExecutionContext, rag: Rag, document_chunks: dict) -> dg.Output:
     db_url = rag.database_url()
     stats = _this_runs_work(db_url, context).index
@@ -302,8 +298,24 @@ def code_versions(settings: Settings) -> dict[str, str]:
     return versions
 
 
+def writer_pool(settings: Settings) -> str | None:
+    """The one-writer pool of every asset and op that writes the index (see rag_pipeline.run_monitoring). Not
+    under Dask: dagster-dask hands the run to Dask, which cannot serialise the pool accounting Dagster attaches to
+    it; there the index write lock in Postgres alone keeps writers apart."""
+    return None if settings.execution.executor == "dask" else INDEX_WRITER_POOL
+
+
 def ingestion_assets(settings: Settings) -> list[dg.AssetsDefinition]:
-    assets = [source_documents, parsed_documents_asset(settings.execution.steps), document_chunks, search_index]
+    pool = writer_pool(settings)
+    assets = [
+        dg.asset(group_name=GROUP, pool=pool,
+                 description="Every file in every source, reconciled with the documents table.")(source_documents),
+        parsed_documents_asset(settings.execution.steps, pool),
+        dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS, pool=pool,
+                 description="Structure-aware, token-sized chunks with their contextual prefixes.")(document_chunks),
+        dg.asset(group_name=GROUP, io_manager_key=RUN_OUTPUTS, pool=pool, description=(
+            "Embeddings written into every writable index version (pgvector halfvec + HNSW, BM25)."))(search_index),
+    ]
     versions = code_versions(settings)
     return list(dg.map_asset_specs(
         lambda spec: spec.replace_attributes(kinds={"python", "postgres"},
