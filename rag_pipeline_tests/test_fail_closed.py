@@ -657,7 +657,7 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
     for name in ("DAGSTER_HOME", "RAG_DAGSTER_POSTGRES_URL"):  # set-then-delete: undone to absent afterwards
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
-    home = prepare_dagster_home(settings, dagster_url)
+    prepare_dagster_home(settings, dagster_url)
     with DagsterInstance.get() as instance:
         assert run_ingest(settings, instance=instance)["success"]
         assert _status(db, "public/broken-ledger.pdf")[0] == "dead_letter"
