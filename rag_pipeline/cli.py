@@ -170,10 +170,13 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
     """What a ref in Dagster's UI (`#123`) names: Dagster's records name documents by ref, never by path."""
+    from rag_pipeline.document_refs import ref_of_name
     from rag_pipeline.store import documents
     from rag_pipeline.store.database import connect
 
-    refs = [int(ref.lstrip("#")) for ref in args.refs]
+    refs = [ref_of_name(ref if ref.startswith("#") else f"#{ref}") for ref in args.refs]
+    if None in refs:
+        raise ConfigError(f"doc: a ref is a number as the UI shows it (#123), got {args.refs[refs.index(None)]!r}")
     with connect(_index_url(settings)) as conn:
         found = documents.paths_of(conn, refs)
     rows = [{"ref": ref, "source": found[ref][0], "path": found[ref][1]} if ref in found else

@@ -512,6 +512,9 @@ class ServiceConfig(_Section):
     connections: int = Field(8, ge=1, le=256, description="database connections the service keeps open")
     database_timeout_seconds: float = Field(2.0, gt=0, le=60, description="waiting for a database connection "
                                             "longer than this answers 503 with Retry-After")
+    query_timeout_seconds: float = Field(10.0, gt=0, le=600, description="a search the database has not answered by "
+                                         "then is cancelled (503): a hung or locked database does not hold "
+                                         "the service's threads")
     header_timeout_seconds: float = Field(10.0, gt=0, le=300, description="a client that has not sent its "
                                           "request line and headers by then is disconnected")
     body_timeout_seconds: float = Field(10.0, gt=0, le=300, description="a request body not received by then "

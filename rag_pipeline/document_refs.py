@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 NO_DOCUMENT = "(no document)"
+SIDECAR_SUFFIX = ".meta.json"  # sources.FILE_SIDECAR_SUFFIX (not imported: this module stays a leaf)
 
 
 def document_name(ref: int | None) -> str:
@@ -23,7 +24,9 @@ def ref_of_name(name: str) -> int | None:
 
 
 def without_path(value: Any, rel_path: str, name: str) -> Any:
-    """A text with the document's path and file name (a sidecar's name starts with it) replaced by its name."""
+    """A text with the document's path, and its sidecar's name (its file name + .meta.json), replaced by its
+    name. Only these: a bare file name as short as `a` would garble the rest of the text."""
     if not isinstance(value, str) or not rel_path:
         return value
-    return value.replace(rel_path, name).replace(rel_path.rsplit("/", 1)[-1], name)
+    sidecar = rel_path.rsplit("/", 1)[-1] + SIDECAR_SUFFIX
+    return value.replace(rel_path, name).replace(sidecar, name + SIDECAR_SUFFIX)

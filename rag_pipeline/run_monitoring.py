@@ -11,8 +11,9 @@ runs failed, with the reason in the run's log:
 - `fail_dead_runs`, which the CLI calls before it starts a run: its own earlier runs whose process is gone.
 
 A run's worker is known from the `rag_pipeline/run_worker` tag the CLI sets on its runs (host, pid, process
-start time), or, for a run a launcher started, from the pid the run worker reports in its first engine event.
-A pid alone is not proof: a process that started after the run is another process that reuses the pid.
+start time), or, for a run LocalRunLauncher started (it tags the run with its host), from the pid the run worker
+reports in its first engine event. A run of any other launcher or machine is never judged from here, and a pid
+alone is not proof: a process that started after the run is another process that reuses the pid.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, Wor
 log = logging.getLogger(__name__)
 
 RUN_WORKER_TAG = "rag_pipeline/run_worker"
+LAUNCH_HOST_TAG = "rag_pipeline/launch_host"  # set by LocalRunLauncher: its run workers run on this host
 INDEX_WRITER_POOL = "rag_pipeline_index_writer"
 # A process's start time and the run's, as two clocks read a moment apart.
 START_SLACK_SECONDS = 2.0
@@ -61,7 +63,7 @@ def worker_tags() -> dict[str, str]:
 
 
 def run_worker(instance: DagsterInstance, run: DagsterRun) -> Worker | None:
-    """Who runs `run`: from its tag, else from the pid its worker reported (a launched run, on this machine)."""
+    """Who runs `run`: from its tag, else (a run LocalRunLauncher started) from the pid its worker reported."""
     tag = run.tags.get(RUN_WORKER_TAG)
     if tag:
         try:
@@ -69,12 +71,15 @@ def run_worker(instance: DagsterInstance, run: DagsterRun) -> Worker | None:
             return Worker(host, int(pid), float(started_at) or None)
         except ValueError:
             return None
+    host = run.tags.get(LAUNCH_HOST_TAG)
+    if host is None:  # another launcher's run (another machine, a container): not ours to judge
+        return None
     for record in instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT)[:20]:
         event = record.dagster_event
         data = getattr(event, "event_specific_data", None) if event else None
         pid = getattr(data, "metadata", {}).get("pid") if data is not None else None
         if pid is not None and str(getattr(pid, "value", pid)).isdigit():
-            return Worker(socket.gethostname(), int(getattr(pid, "value", pid)), None)
+            return Worker(host, int(getattr(pid, "value", pid)), None)
     return None
 
 
@@ -116,6 +121,11 @@ def fail_dead_runs(instance: DagsterInstance) -> list[str]:
 class LocalRunLauncher(DefaultRunLauncher):
     """Dagster's DefaultRunLauncher (a run worker process on this machine per run), with the worker health check
     that lets Dagster's run monitoring mark a run whose process died as failed."""
+
+    def launch_run(self, context: Any) -> None:
+        # Before the worker exists: the health check trusts the pid it will report only for runs of this host.
+        self._instance.add_run_tags(context.dagster_run.run_id, {LAUNCH_HOST_TAG: socket.gethostname()})
+        super().launch_run(context)
 
     @property
     def supports_check_run_worker_health(self) -> bool:

@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -166,6 +167,11 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+def _options(database_url: str) -> str:
+    """The URL's own `options` (server settings), kept beside the ones the service adds."""
+    return psycopg.conninfo.conninfo_to_dict(database_url).get("options") or ""
+
+
 def create_app(settings: Settings, database_url: str, environ: Mapping[str, str] | None = None) -> FastAPI:
     """The service for `settings` over the (prepared) index database at `database_url`."""
     config = settings.service
@@ -173,8 +179,15 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
     if not tokens:
         raise ConfigError("service.tokens: no API tokens are configured, so nobody could search")
     options = SearchOptions.from_settings(settings)
+    # Every wait on the database is bounded: the pool's queue (database_timeout_seconds, per request), a new
+    # connection (connect_timeout), a statement (statement_timeout) and unacknowledged bytes on a connection whose
+    # server vanished (tcp_user_timeout), so a hung database gives 503s, not threads stuck for ever.
+    query_ms = int(config.query_timeout_seconds * 1000)
     pool = ConnectionPool(database_url, min_size=1, max_size=config.connections, open=False,
-                          kwargs={"autocommit": True}, configure=register_vector, check=ConnectionPool.check_connection)
+                          kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(config.database_timeout_seconds)),
+                                  "options": f"{_options(database_url)} -c statement_timeout={query_ms}".strip(),
+                                  "tcp_user_timeout": query_ms},
+                          configure=register_vector, check=ConnectionPool.check_connection)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

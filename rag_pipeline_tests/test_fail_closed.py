@@ -648,6 +648,7 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
     (root / "hr" / "succession-plan.md").write_text(
         "# Succession\n\nThe quokka programme names Ingrid Vasquez-Oyelaran as the next treasurer.\n")
     (root / "public" / "broken-ledger.pdf").write_bytes(b"%PDF-1.7\n1 0 obj << /Type /Catalog >>\ntrunc")
+    (root / "public" / "old-memo.md").write_text("# Memo\n\nThe pangolin budget of the Zuberbuehler account.\n")
     dagster_db = f"dagster_{tmp_path.name[-8:].replace('-', '_')}"
     ensure_database(pg_admin_url, dagster_db)
     dagster_url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=dagster_db)
@@ -663,14 +664,18 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
         assert _status(db, "public/broken-ledger.pdf")[0] == "dead_letter"
         # Held after it was indexed (a sidecar broken by an edit): its rows go, its cache entries stay.
         (root / "hr" / "succession-plan.md.meta.json").write_text("{broken")
+        memo_inputs = {r[0] for r in db.execute("SELECT embedding_input_sha FROM index_v1 t JOIN documents d "
+                                                "USING (doc_id) WHERE rel_path = 'public/old-memo.md'")}
+        (root / "public" / "old-memo.md").unlink()  # deleted at its source: its rows go, its cache entries stay
         assert run_ingest(settings, instance=instance)["success"]
     assert _status(db, "hr/succession-plan.md")[0] == "held_bad_sidecar"
-    erased = ("hr/salaries.md", "hr/succession-plan.md", "public/broken-ledger.pdf")
+    erased = ("hr/salaries.md", "hr/succession-plan.md", "public/broken-ledger.pdf", "public/old-memo.md")
     inputs = {rel_path: {r[0] for r in db.execute(
         "SELECT input_sha FROM document_embedding_inputs i JOIN documents d USING (doc_id) WHERE rel_path = %s "
         "UNION SELECT embedding_input_sha FROM index_v1 t JOIN documents d USING (doc_id) WHERE rel_path = %s",
         (rel_path, rel_path)).fetchall()} for rel_path in erased}
-    assert inputs["hr/salaries.md"] and inputs["hr/succession-plan.md"]
+    inputs["public/old-memo.md"] = memo_inputs
+    assert inputs["hr/salaries.md"] and inputs["hr/succession-plan.md"] and memo_inputs
     before = _pg_dump(dagster_url)
     assert "#" in before and "Ingrid" not in before  # Dagster's records were written (and never held text)
     for rel_path in erased:
@@ -680,7 +685,8 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
     assert left == 0
     for url in (settings.database_url, dagster_url):
         dump = _pg_dump(url)
-        for needle in (*erased, "salaries.md", "succession-plan", "broken-ledger", "410,000", "Vasquez-Oyelaran"):
+        for needle in (*erased, "salaries.md", "succession-plan", "broken-ledger", "old-memo", "410,000",
+                       "Vasquez-Oyelaran", "Zuberbuehler"):
             at = dump.find(needle)
             assert needle not in dump, dump[max(0, at - 600):at + 200] + f"{needle!r} is still in the dump of {url.rsplit('dbname=', 1)[-1]}"
     assert "canteen" in _pg_dump(settings.database_url)  # what was not erased is still there
@@ -706,3 +712,48 @@ def test_dagster_names_documents_by_ref_and_the_cli_resolves_them(make_settings,
     assert shown == [{"source": "docs", "path": "hr/salaries.md",
                       "problem": "sidecar hr/salaries.md.meta.json cannot be read"},
                      {"source": "docs", "path": "caf\\xe9.md", "problem": "not UTF-8"}]  # paths for a shell
+
+
+def test_the_private_copies_of_a_killed_worker_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from rag_pipeline.stages.parse import PRIVATE_COPY_PREFIX, remove_orphaned_copies
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    dead = tmp_path / f"{PRIVATE_COPY_PREFIX}{gone}-abc"
+    alive = tmp_path / f"{PRIVATE_COPY_PREFIX}{os.getpid()}-def"
+    for folder in (dead, alive):
+        folder.mkdir()
+        (folder / "document.pdf").write_bytes(b"%PDF")
+    assert remove_orphaned_copies(tmp_path) == 1
+    assert not dead.exists() and alive.exists()
+
+
+def test_a_launched_run_is_judged_only_on_the_host_that_launched_it():
+    """A pid in a run's engine event says nothing about which machine it is on: without the launch-host tag
+    (another launcher, another machine sharing Dagster's storage) the run is never marked failed from here."""
+    import socket
+
+    import dagster as dg
+    from dagster._core.events import EngineEventData
+
+    from rag_pipeline.run_monitoring import LAUNCH_HOST_TAG, worker_gone
+
+    @dg.op
+    def noop():
+        pass
+
+    @dg.job
+    def tiny():
+        noop()
+
+    gone_pid = 2**22 + 12345  # above Linux's default pid_max: no such process here
+    with DagsterInstance.ephemeral() as instance:
+        elsewhere = instance.create_run_for_job(tiny, tags={})
+        here = instance.create_run_for_job(tiny, tags={LAUNCH_HOST_TAG: socket.gethostname()})
+        for run in (elsewhere, here):
+            instance.report_engine_event("Started process for run", run, EngineEventData.in_process(gone_pid))
+        assert worker_gone(instance, elsewhere) is None
+        assert "is gone" in worker_gone(instance, here)

@@ -118,15 +118,19 @@ def parse_one(
 
 
 COPY_CHUNK_BYTES = 1 << 20
+PRIVATE_COPY_PREFIX = "rag-parse-"
 
 
 @contextlib.contextmanager
 def private_copy(fd: int, size: int, suffix: str) -> Iterator[Path]:
     """The open file's bytes in a private folder (mode 0700), named by the suffix the parsers dispatch on, for
-    parsers that take a path: nothing at the source can change what they read. `fd` is closed. A file that
-    grew past the size the scan saw is changed since the scan."""
+    parsers that take a path: nothing at the source can change what they read. `fd` is closed. A file whose
+    length or modification time changed while it was copied is changed since the scan. The folder is named after
+    this process, so that a worker killed mid-parse leaves nothing for long (remove_orphaned_copies)."""
     suffix = suffix if re.fullmatch(r"\.[A-Za-z0-9]{1,16}", suffix) else ""
-    with os.fdopen(fd, "rb") as source, tempfile.TemporaryDirectory(prefix="rag-parse-") as folder:
+    with os.fdopen(fd, "rb") as source, tempfile.TemporaryDirectory(
+            prefix=f"{PRIVATE_COPY_PREFIX}{os.getpid()}-") as folder:
+        before = os.fstat(source.fileno())
         path = Path(folder) / f"document{suffix}"
         copied = 0
         with open(path, "wb") as target:
@@ -135,7 +139,26 @@ def private_copy(fd: int, size: int, suffix: str) -> Iterator[Path]:
                 if copied > size:
                     raise ChangedSinceScanError("the file grew since the scan")
                 target.write(chunk)
+        after = os.fstat(source.fileno())
+        if copied != size or after.st_size != size or after.st_mtime_ns != before.st_mtime_ns:
+            raise ChangedSinceScanError("the file changed while it was read")
         yield path
+
+
+def remove_orphaned_copies(folder: Path | None = None) -> int:
+    """Remove the private copies of processes that are gone (a worker killed over its time or memory budget
+    has no chance to); returns how many."""
+    import shutil
+
+    import psutil
+
+    removed = 0
+    for entry in Path(folder or tempfile.gettempdir()).glob(f"{PRIVATE_COPY_PREFIX}*-*"):
+        pid = entry.name[len(PRIVATE_COPY_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter, stats: ParseStats) -> bool:
@@ -143,7 +166,7 @@ def dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter,
     Only a document still queued for parsing or chunking, and for the same file, is parked."""
     with conn.transaction():
         groups.lock_assignment(conn)  # before the row lock (see store.groups)
-        status = documents.lock_queued(conn, doc.doc_id, doc.fingerprint)
+        status = documents.lock_queued(conn, doc.doc_id, doc.fingerprint, doc.file_id)
         if status not in (D.PENDING_PARSE, D.PENDING_CHUNK):
             return False
         documents.delete_derived_rows(conn, [doc.doc_id])

@@ -40,7 +40,7 @@ from rag_pipeline.stages.chunk import (
 )
 from rag_pipeline.stages.common import Progress, log_progress
 from rag_pipeline.stages.index import IndexStats, index_documents
-from rag_pipeline.stages.parse import ParseStats, dead_letter, parse_one
+from rag_pipeline.stages.parse import ParseStats, dead_letter, parse_one, remove_orphaned_copies
 from rag_pipeline.status import DocumentStatus
 from rag_pipeline.store import documents, groups, work
 from rag_pipeline.store.database import connect, index_write_lock
@@ -295,6 +295,7 @@ def _work_documents(
         roots = {s.name: s for s in documents.registered_sources(conn)}
         roots.update({s.name: s for s in settings.sources})
         conn.commit()
+        remove_orphaned_copies()
         with WorkerPool(size, runner, (db_url, settings, plan), limits, isolated=execution.isolation) as pool:
             result.workers = pool.size
             exhausted = False
@@ -338,6 +339,7 @@ def _work_documents(
                     if indexer is not None and index_reporter.due():
                         _report_index(conn, index_reporter, result.index)
             result.workers_replaced = pool.replaced
+        remove_orphaned_copies()  # of the workers killed over their budget in this run
     result.parse.seconds = time.perf_counter() - started
     if done:
         reporter.report(done, 0, result.parse.pages)

@@ -178,6 +178,8 @@ def reconcile_source(
             sql.SQL("""SELECT DISTINCT c.group_id FROM chunks c JOIN documents d USING (doc_id)
                        WHERE {gone} AND c.group_id IS NOT NULL""").format(gone=gone), params,
         ).fetchall()]
+        remember_embedding_inputs(conn, [r[0] for r in conn.execute(
+            sql.SQL("SELECT d.doc_id FROM documents d WHERE {gone}").format(gone=gone), params).fetchall()])
         deleted = conn.execute(
             sql.SQL("""WITH gone AS (
                            DELETE FROM documents d WHERE {gone}
@@ -290,17 +292,9 @@ def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str], keep_p
     touched_groups = [r[0] for r in conn.execute(
         "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (list(doc_ids),)
     ).fetchall()]
-    # The documents stay known and their embedding-cache entries outlive their rows (for their return, until
-    # gc): what the entries are keyed by is remembered, so that erasure can still find them.
-    inputs = {(doc_id, ids.embedding_input_sha(f"{prefix}\n{text}" if prefix else text))
-              for doc_id, prefix, text in conn.execute(
-                  "SELECT doc_id, prefix, text FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),)).fetchall()}
+    remember_embedding_inputs(conn, doc_ids)
     for version in versions.index_versions(conn):
-        inputs.update(versions.delete_rows_of(conn, version, doc_ids))
-    if inputs:
-        with conn.cursor() as cursor:
-            cursor.executemany("INSERT INTO document_embedding_inputs (doc_id, input_sha) VALUES (%s, %s) "
-                               "ON CONFLICT DO NOTHING", sorted(inputs))
+        versions.delete_rows_of(conn, version, doc_ids)
     conn.execute("DELETE FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),))
     if keep_pages:
         conn.execute("UPDATE documents SET indexed_content_hash = NULL WHERE doc_id = ANY(%s)", (list(doc_ids),))
@@ -312,6 +306,20 @@ def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str], keep_p
             (list(doc_ids),),
         )
     repair_groups(conn, touched_groups)
+
+
+def remember_embedding_inputs(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
+    """Record what the documents' embedding-cache entries are keyed by, before their chunks and index rows go:
+    the entries outlive the rows (for a return, until gc), and erasure must still find them."""
+    inputs = {(doc_id, ids.embedding_input_sha(f"{prefix}\n{text}" if prefix else text))
+              for doc_id, prefix, text in conn.execute(
+                  "SELECT doc_id, prefix, text FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),)).fetchall()}
+    for version in versions.index_versions(conn):
+        inputs.update(versions.embedding_inputs_of(conn, version, doc_ids))
+    if inputs:
+        with conn.cursor() as cursor:
+            cursor.executemany("INSERT INTO document_embedding_inputs (doc_id, input_sha) VALUES (%s, %s) "
+                               "ON CONFLICT DO NOTHING", sorted(inputs))
 
 
 def relabel_index_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
@@ -442,12 +450,15 @@ def claim(
             and (file_id is None or row[2] == file_id))
 
 
-def lock_queued(conn: psycopg.Connection, doc_id: str, fingerprint: str) -> DocumentStatus | None:
+def lock_queued(conn: psycopg.Connection, doc_id: str, fingerprint: str,
+                file_id: str | None = None) -> DocumentStatus | None:
     """Lock a document for this transaction and say its status, if its file is still the one the work read."""
     row = conn.execute(
-        "SELECT status, fingerprint FROM documents WHERE doc_id = %s FOR UPDATE", (doc_id,)
+        "SELECT status, fingerprint, file_id FROM documents WHERE doc_id = %s FOR UPDATE", (doc_id,)
     ).fetchone()
-    return DocumentStatus(row[0]) if row is not None and row[1] == fingerprint else None
+    if row is None or row[1] != fingerprint or (file_id is not None and row[2] != file_id):
+        return None
+    return DocumentStatus(row[0])
 
 
 def current_labels(conn: psycopg.Connection, doc_id: str) -> tuple[str, ...]:

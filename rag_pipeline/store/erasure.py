@@ -105,6 +105,9 @@ def ids_anywhere(conn: psycopg.Connection) -> set[str]:
 
 
 def prune_deletion_log(conn: psycopg.Connection, older_than_seconds: float) -> int:
-    """Forget the paths of documents deleted longer ago than the retention."""
+    """Forget the paths of documents deleted longer ago than the retention, and the remembered embedding inputs
+    of documents gone as long (their cache entries are collected by then)."""
+    conn.execute("""DELETE FROM document_embedding_inputs i WHERE recorded_at < now() - make_interval(secs => %s)
+                    AND NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = i.doc_id)""", (older_than_seconds,))
     return conn.execute("DELETE FROM deletion_log WHERE deleted_at < now() - make_interval(secs => %s)",
                         (older_than_seconds,)).rowcount

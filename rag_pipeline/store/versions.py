@@ -288,10 +288,17 @@ def delete_document_rows(conn: psycopg.Connection, version: IndexVersion, doc_id
     return [r[0] for r in rows]
 
 
-def delete_rows_of(conn: psycopg.Connection, version: IndexVersion, doc_ids: Sequence[str]) -> list[tuple[str, str]]:
-    """Delete the documents' rows; returns (doc_id, embedding_input_sha) of each row deleted."""
+def delete_rows_of(conn: psycopg.Connection, version: IndexVersion, doc_ids: Sequence[str]) -> None:
+    conn.execute(
+        sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(sql.Identifier(version.table_name)),
+        (list(doc_ids),),
+    )
+
+
+def embedding_inputs_of(conn: psycopg.Connection, version: IndexVersion, doc_ids: Sequence[str]) -> list[tuple[str, str]]:
+    """(doc_id, embedding_input_sha) of the documents' rows in this version."""
     return conn.execute(
-        sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s) RETURNING doc_id, embedding_input_sha").format(
+        sql.SQL("SELECT doc_id, embedding_input_sha FROM {} WHERE doc_id = ANY(%s)").format(
             sql.Identifier(version.table_name)),
         (list(doc_ids),),
     ).fetchall()
