@@ -509,8 +509,13 @@ def test_a_wrong_torch_device_is_refused_when_the_configuration_is_read(tmp_path
         load_settings(config)
 
 
-def test_confirming_deletions_of_an_unknown_source_exits_2_and_scans_nothing(make_settings, tmp_path, db, capsys):
+def test_confirming_deletions_of_an_unknown_source_exits_2_and_scans_nothing(make_settings, tmp_path, db, capsys,
+                                                                             monkeypatch):
     from rag_pipeline.cli import main
+
+    for name in ("DAGSTER_HOME", "RAG_DAGSTER_POSTGRES_URL"):  # the CLI sets them in os.environ: undone afterwards
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
     root = _corpus(tmp_path / "docs")
     settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
