@@ -67,6 +67,27 @@ def _graphql(port: int, query: str) -> dict:
         return json.loads(response.read())
 
 
+@contextlib.contextmanager
+def _ui(cli: list[str], env: dict, cwd: Path):
+    """`rag-pipeline ui` (webserver and daemon) on a free port, once it answers; stopped afterwards."""
+    port = _free_port()
+    server = subprocess.Popen([*cli, "ui", "--host", "127.0.0.1", "--port", str(port)], env=env, cwd=cwd,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "webserver did not come up"
+                time.sleep(1)
+        yield port
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # dg dev stops its webserver, daemon and code server with it
+        server.wait(timeout=60)
+
+
 def _shipped_config_without_sources(tmp_path: Path) -> Path:
     """The shipped rag_pipeline.yaml with its paths made absolute and no configured source: the CLI test's
     folder comes from the command line (a command line may not redefine a configured source)."""
@@ -145,19 +166,8 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     finally:
         del os.environ["DAGSTER_HOME"]
 
-    port = _free_port()
     # `rag-pipeline ui`: `dg dev` (webserver and daemon) on the same instance the CLI's runs went to.
-    server = subprocess.Popen([*cli, "ui", "--host", "127.0.0.1", "--port", str(port)], env=cli_env, cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "webserver did not come up"
-                time.sleep(1)
+    with _ui(cli, cli_env, tmp_path) as port:
         result = _graphql(
             port,
             "{ assetsOrError { ... on AssetConnection { nodes { key { path } "
@@ -192,9 +202,6 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
         assert "against_baseline" in {entry["label"] for entry in quality["metadataEntries"]}
         assert "recall@10" in quality["description"]
         _look_in_a_browser(port, again)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # dg dev stops its webserver, daemon and code server with it
-        server.wait(timeout=60)
 
 
 SCREENSHOTS = REPO / ".test-artifacts" / "browser"
@@ -348,18 +355,7 @@ def test_a_killed_run_blocks_nothing_with_the_daemon_running_or_from_the_cli(cli
     home = tmp_path / "data" / "dagster_home"
     killed = _kill_mid_run(cli, cli_env, tmp_path, home)
 
-    port = _free_port()
-    server = subprocess.Popen([*cli, "ui", "--host", "127.0.0.1", "--port", str(port)], env=cli_env, cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "webserver did not come up"
-                time.sleep(1)
+    with _ui(cli, cli_env, tmp_path) as port:
         launched_at = time.monotonic()
         result = _graphql(port, """mutation { launchRun(executionParams: {selector: {repositoryLocationName:
             "rag_pipeline", repositoryName: "__repository__", jobName: "ingest"}, runConfigData: "{}"}) {
@@ -383,9 +379,6 @@ def test_a_killed_run_blocks_nothing_with_the_daemon_running_or_from_the_cli(cli
         finally:
             del os.environ["DAGSTER_HOME"]
         assert "worker process" in _run_failure_message(home, killed)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
 
     # Without the daemon: the next CLI run marks its own dead run failed before it starts.
     killed_again = _kill_mid_run(cli, cli_env, tmp_path, home)
