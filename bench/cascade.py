@@ -18,9 +18,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from rag_pipeline.cascade import Cascade, _rapidocr, layout_page, parse_document  # noqa: E402
 from rag_pipeline.config import ParsingConfig  # noqa: E402
-from rag_pipeline.parsing import parse_file  # noqa: E402
+from rag_pipeline.parsing.cascade import Cascade, _rapidocr, layout_page, parse_document  # noqa: E402
+from rag_pipeline.parsing.formats import parse_file  # noqa: E402
 from torture_set.generate import financial_statements  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,11 +36,11 @@ TEXT_LAYER = [
 MEMORY_PROBE = """
 import json, sys, time
 from pathlib import Path
-from rag_pipeline.cascade import Cascade, parse_document
+from rag_pipeline.parsing.cascade import Cascade, parse_document
 from rag_pipeline.config import ParsingConfig
 started = time.perf_counter()
 if sys.argv[2] == "layout":  # every model a worker may load: layout, table structure, OCR
-    from rag_pipeline.cascade import layout_page, ocr_page
+    from rag_pipeline.parsing.cascade import layout_page, ocr_page
     layout_page(Path(sys.argv[1]), 1, ParsingConfig(), None)
     ocr_page(Path(sys.argv[1]), 1, ParsingConfig(), None)
     pages = [1]

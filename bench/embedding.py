@@ -16,14 +16,15 @@ import yaml
 from sentence_transformers import SentenceTransformer
 
 from bench.common import generate_documents, machine, throwaway_database, timed
-from rag_pipeline import ids
+from rag_pipeline import store
 from rag_pipeline.config import load_settings
-from rag_pipeline.embedding import get_embedder, resolve_model
+from rag_pipeline.domain import ids
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.locations import resolve_model
 from rag_pipeline.stages.chunk import chunk_pending
 from rag_pipeline.stages.discover import discover
 from rag_pipeline.stages.index import index_pending
 from rag_pipeline.stages.parse import parse_pending
-from rag_pipeline.store import chunks as chunk_store
 from rag_pipeline.store.database import connect
 
 
@@ -48,7 +49,7 @@ def main() -> None:
         chunk_pending(url, settings)
         with connect(url) as conn:
             doc_ids = [r[0] for r in conn.execute("SELECT doc_id FROM documents").fetchall()]
-            inputs = sorted({c.embedding_input for chunks in chunk_store.chunks_of(conn, doc_ids).values() for c in chunks})
+            inputs = sorted({c.embedding_input for chunks in store.chunks.chunks_of(conn, doc_ids).values() for c in chunks})
         embedder = get_embedder(settings.embedding.model, settings.embedding)
         embedder.embed_documents(inputs[:64])  # warm up
         raw = SentenceTransformer(resolve_model(settings.embedding.model).location, device="cpu")
@@ -58,10 +59,10 @@ def main() -> None:
         def embedding_step() -> None:
             with connect(url) as conn:
                 shas = [ids.embedding_input_sha(text) for text in inputs]
-                cached = chunk_store.cached_embeddings(conn, embedder.model.name, shas)
+                cached = store.chunks.cached_embeddings(conn, embedder.model.name, shas)
                 missing = [(sha, text) for sha, text in zip(shas, inputs, strict=True) if sha not in cached]
                 vectors = embedder.embed_documents([text for _, text in missing])
-                chunk_store.store_embeddings(conn, embedder.model.name, dict(zip([sha for sha, _ in missing], vectors,
+                store.chunks.store_embeddings(conn, embedder.model.name, dict(zip([sha for sha, _ in missing], vectors,
                                                                            strict=True)))
 
         step_seconds = timed(embedding_step)

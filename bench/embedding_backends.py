@@ -22,15 +22,15 @@ import yaml
 from dagster import DagsterInstance
 
 from bench.common import REPO, machine, throwaway_database
+from rag_pipeline import store
 from rag_pipeline.config import load_settings
-from rag_pipeline.embedding import get_embedder, resolve_model
-from rag_pipeline.evaluation import evaluate, load_golden, paired_differences
-from rag_pipeline.retrieval import SearchOptions
-from rag_pipeline.runs import run_index_build, run_ingest
-from rag_pipeline.store import chunks as chunk_store
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.defs.runs import run_index_build, run_ingest
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.locations import resolve_model
+from rag_pipeline.lifecycle.blue_green import retire
+from rag_pipeline.retrieval.evaluation import evaluate, load_golden, paired_differences
+from rag_pipeline.retrieval.search import SearchOptions
 from rag_pipeline.store.database import connect
-from rag_pipeline.versions import retire
 from rag_pipeline_tests.embedding_server import EmbeddingServer
 
 MODEL = "all-MiniLM-L6-v2"
@@ -75,7 +75,7 @@ def main() -> None:
                 assert summary["success"], summary.get("errors")
                 with connect(url) as conn:
                     doc_ids = [r[0] for r in conn.execute("SELECT doc_id FROM documents ORDER BY doc_id").fetchall()]
-                    inputs = sorted({c.embedding_input for chunks in chunk_store.chunks_of(conn, doc_ids).values()
+                    inputs = sorted({c.embedding_input for chunks in store.chunks.chunks_of(conn, doc_ids).values()
                                      for c in chunks})[: args.inputs]
                 print(f"machine: {machine()}; {len(questions)} questions ({args.golden}); "
                       f"{summary['chunks_written']} chunks; {len(inputs)} inputs timed\n")
@@ -96,7 +96,7 @@ def main() -> None:
                     embedder.embed_documents(inputs)
                     speeds[name] = len(inputs) / (time.perf_counter() - started)
                     with connect(url) as conn:
-                        version = {v.embedding_model: v for v in version_store.index_versions(conn)}[
+                        version = {v.embedding_model: v for v in store.versions.index_versions(conn)}[
                             settings.embedding.backend_model]
                         reports[name] = evaluate(conn, questions, labels, k=10, mode="dense", version=version,
                                                  options=SearchOptions.from_settings(settings))

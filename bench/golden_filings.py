@@ -26,9 +26,9 @@ from fpdf import FPDF
 
 from bench.common import REPO, machine, throwaway_database
 from rag_pipeline.config import load_settings
-from rag_pipeline.evaluation import evaluate, load_golden, paired_differences
-from rag_pipeline.retrieval import SearchOptions
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.retrieval.evaluation import evaluate, load_golden, paired_differences
+from rag_pipeline.retrieval.search import SearchOptions
 from rag_pipeline.store.database import connect, resolve_urls
 
 # (name as the text says it, the short name analysts also use, what it does); file names squash the name, as

@@ -19,11 +19,11 @@ import yaml
 from dagster import DagsterInstance
 
 from bench.common import REPO, machine, throwaway_database
+from rag_pipeline import store
 from rag_pipeline.config import load_settings
-from rag_pipeline.evaluation import evaluate, load_golden, paired_differences
-from rag_pipeline.retrieval import SearchOptions
-from rag_pipeline.runs import run_index_build, run_ingest
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.defs.runs import run_index_build, run_ingest
+from rag_pipeline.retrieval.evaluation import evaluate, load_golden, paired_differences
+from rag_pipeline.retrieval.search import SearchOptions
 from rag_pipeline.store.database import connect, resolve_urls
 from scripts.make_pg_manual_corpus import build
 
@@ -58,7 +58,7 @@ def variants(settings) -> dict[str, tuple[str, SearchOptions]]:
 def evaluate_versions(settings, questions) -> None:
     rows, differences = [], []
     with connect(resolve_urls(settings).index) as conn:
-        for version in version_store.index_versions(conn):
+        for version in store.versions.index_versions(conn):
             for name, (mode, options) in variants(settings).items():
                 at5 = evaluate(conn, questions, LABELS, k=5, mode=mode, version=version, options=options)
                 at10 = evaluate(conn, questions, LABELS, k=10, mode=mode, version=version, options=options)

@@ -18,10 +18,10 @@ import yaml
 from dagster import DagsterInstance
 
 from bench.common import generate_documents, machine, throwaway_database
+from rag_pipeline import store
 from rag_pipeline.config import EmbeddingConfig, load_settings
-from rag_pipeline.embedding import get_embedder
-from rag_pipeline.runs import run_ingest
-from rag_pipeline.store import chunks as chunk_store
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.embedding.embedders import get_embedder
 from rag_pipeline.store.database import connect, sqlalchemy_url
 
 
@@ -76,7 +76,7 @@ def main() -> None:
 
         with connect(url) as conn:
             paths = dict(conn.execute("SELECT doc_id, rel_path FROM documents").fetchall())
-            chunks_by_doc = chunk_store.chunks_of(conn, list(paths))
+            chunks_by_doc = store.chunks.chunks_of(conn, list(paths))
         documents = [Document(page_content=chunk.embedding_input, metadata={"source": paths[doc_id]})
                      for doc_id in sorted(paths, key=paths.get) for chunk in chunks_by_doc[doc_id]]
 

@@ -180,7 +180,7 @@ def through_dask(db, workdir: Path, docs: int, pages: int) -> None:
     from dagster import DagsterInstance
     from dask.distributed import LocalCluster
 
-    from rag_pipeline.runs import run_ingest
+    from rag_pipeline.defs.runs import run_ingest
 
     corpus = workdir / "pdfs"
     if not corpus.exists():

@@ -20,10 +20,10 @@ from psycopg import sql
 
 from bench.common import WORDS, machine, throwaway_database
 from bench.synthetic import COMMON_LABEL, RARE_LABEL, ZipfText, load_index, synthetic_vectors
+from rag_pipeline import store
 from rag_pipeline.config import Settings
-from rag_pipeline.embedding import get_embedder
-from rag_pipeline.retrieval import search
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.retrieval.search import search
 from rag_pipeline.store.database import connect
 
 FILTERS = (("none", [COMMON_LABEL, RARE_LABEL]), ("2% labels", [RARE_LABEL]))
@@ -131,7 +131,7 @@ def main() -> None:
                     for cycle in range(args.churn):
                         churn(conn, version, texts, vectors, cycle)
                         conn.autocommit = True  # what the index stage does after each refresh's writes
-                        vacuumed += len(version_store.vacuum_churned(conn, version, Settings().execution.vacuum_dead_share))
+                        vacuumed += len(store.versions.vacuum_churned(conn, version, Settings().execution.vacuum_dead_share))
                         conn.autocommit = False
                     churn_seconds = time.perf_counter() - started
                     after = measure(conn, queries, modes, args.k)

@@ -18,8 +18,8 @@ from dagster import DagsterInstance
 
 from bench.common import generate_documents, machine, throwaway_database
 from rag_pipeline.config import load_settings
-from rag_pipeline.embedding import get_embedder
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.embedding.embedders import get_embedder
 
 
 def run(settings, instance, label: str) -> tuple[float, dict]:

@@ -27,7 +27,7 @@ from dagster import DagsterInstance
 
 from bench.common import WORDS, generate_documents, machine, throwaway_database
 from rag_pipeline.config import load_settings
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.defs.runs import run_ingest
 
 
 def percentile(values: list[float], share: float) -> float:

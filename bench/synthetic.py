@@ -17,10 +17,10 @@ from pgvector import HalfVector
 from psycopg import sql
 
 from bench.common import WORDS, paragraph
+from rag_pipeline import store
 from rag_pipeline.config import EmbeddingConfig
-from rag_pipeline.embedding import get_embedder
-from rag_pipeline.model_identity import configured_identity
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.identity import configured_identity
 
 RARE_LABEL = "rare"  # on 2% of the documents: the selective ACL filter
 COMMON_LABEL = "staff"
@@ -66,7 +66,7 @@ def synthetic_vectors(count: int, passages: int, seed: int = 3) -> tuple[list[st
 
 
 def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, chunks_per_document: int = 50,
-               rare_share: float = 0.02) -> tuple[version_store.IndexVersion, dict[str, float]]:
+               rare_share: float = 0.02) -> tuple[store.versions.IndexVersion, dict[str, float]]:
     """Documents, chunks and one active index version holding every row; returns it and load timings."""
     timings: dict[str, float] = {}
     documents = -(-len(texts) // chunks_per_document)
@@ -79,7 +79,7 @@ def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, 
             for d in range(documents):
                 labels = [RARE_LABEL] if d % rare_every == 0 else [COMMON_LABEL]
                 copy.write_row((f"doc{d:06d}", "synthetic", f"doc{d:06d}.md", "f", 1, "2026-01-01", labels, "indexed"))
-        version = version_store.ensure_active(conn, configured_identity(EmbeddingConfig()), vectors.shape[1], "synthetic",
+        version = store.versions.ensure_active(conn, configured_identity(EmbeddingConfig()), vectors.shape[1], "synthetic",
                                                "synthetic")
     table = sql.Identifier(version.table_name)
     started = time.perf_counter()
@@ -105,7 +105,7 @@ def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, 
     timings["build_hnsw_s"] = time.perf_counter() - started
     started = time.perf_counter()
     with conn.transaction():
-        version_store.rebuild_bm25(conn, version)
+        store.versions.rebuild_bm25(conn, version)
     conn.commit()
     # The steady state autovacuum reaches: visibility maps set, so the impact index is read index-only.
     conn.autocommit = True

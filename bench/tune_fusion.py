@@ -17,8 +17,8 @@ import itertools
 from pathlib import Path
 
 from rag_pipeline.config import load_settings
-from rag_pipeline.evaluation import evaluate, load_golden, paired_differences
-from rag_pipeline.retrieval import SearchOptions
+from rag_pipeline.retrieval.evaluation import evaluate, load_golden, paired_differences
+from rag_pipeline.retrieval.search import SearchOptions
 from rag_pipeline.store.database import connect, resolve_urls
 
 SPARSE_WEIGHTS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)

@@ -73,7 +73,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _index_url(settings: Settings) -> str:
     """The index database, started if embedded and migrated to the schema this code expects."""
-    from rag_pipeline.index_database import prepare
+    from rag_pipeline.lifecycle.prepare import prepare
     from rag_pipeline.store.database import resolve_urls
 
     url = resolve_urls(settings).index
@@ -84,7 +84,7 @@ def _index_url(settings: Settings) -> str:
 def _prepare_instance(settings: Settings) -> Path:
     """The index database ready, and DAGSTER_HOME pointing at Dagster's storage on the same server."""
     require("pipeline", "ingestion and the Dagster UI")
-    from rag_pipeline.runs import prepare_dagster_home
+    from rag_pipeline.defs.runs import prepare_dagster_home
     from rag_pipeline.store.database import resolve_urls
 
     _index_url(settings)
@@ -93,7 +93,7 @@ def _prepare_instance(settings: Settings) -> Path:
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     _prepare_instance(settings)
-    from rag_pipeline.runs import run_ingest
+    from rag_pipeline.defs.runs import run_ingest
 
     bar = _progress_bar() if sys.stdout.isatty() and not args.json else contextlib.nullcontext()
     with bar:
@@ -133,7 +133,7 @@ def _progress_bar() -> Iterator[Any]:
     """A bar per long stage (documents done / total, rate, ETA), drawn from the stages' progress reports."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from rag_pipeline.progress import Snapshot, listening
+    from rag_pipeline.stages.progress import Snapshot, listening
 
     bars = Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), redirect_stderr=True)
@@ -150,7 +150,7 @@ def _progress_bar() -> Iterator[Any]:
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.erasure import erase
+    from rag_pipeline.lifecycle.erasure import erase
 
     if args.doc:
         source, sep, rel_path = args.doc.partition(":")
@@ -170,15 +170,15 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
     """What a ref in Dagster's UI (`#123`) names: Dagster's records name documents by ref, never by path."""
-    from rag_pipeline.document_refs import ref_of_name
-    from rag_pipeline.store import documents
+    from rag_pipeline import store
+    from rag_pipeline.domain.refs import ref_of_name
     from rag_pipeline.store.database import connect
 
     refs = [ref_of_name(ref if ref.startswith("#") else f"#{ref}") for ref in args.refs]
     if None in refs:
         raise ConfigError(f"doc: a ref is a number as the UI shows it (#123), got {args.refs[refs.index(None)]!r}")
     with connect(_index_url(settings)) as conn:
-        found = documents.paths_of(conn, refs)
+        found = store.documents.paths_of(conn, refs)
     rows = [{"ref": ref, "source": found[ref][0], "path": found[ref][1]} if ref in found else
             {"ref": ref, "source": None, "path": None} for ref in refs]
     if args.json:
@@ -192,21 +192,21 @@ def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
 
 def _problems_with_paths(settings: Settings, problems: list[dict]) -> list[dict]:
     """A run's problems as the shell shows them: the refs Dagster's records use resolved back to paths."""
-    from rag_pipeline.document_refs import ref_of_name
-    from rag_pipeline.store import documents
+    from rag_pipeline import store
+    from rag_pipeline.domain.refs import ref_of_name
     from rag_pipeline.store.database import connect
 
     refs = {ref for p in problems if (ref := ref_of_name(p["path"])) is not None}
     if not refs:
         return problems
     with connect(_index_url(settings)) as conn:
-        paths = {ref: path for ref, (_, path) in documents.paths_of(conn, refs).items()}
+        paths = {ref: path for ref, (_, path) in store.documents.paths_of(conn, refs).items()}
     return [{**p, "path": paths[ref], "problem": p["problem"].replace(p["path"], paths[ref])}
             if (ref := ref_of_name(p["path"])) in paths else p for p in problems]
 
 
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.erasure import housekeeping
+    from rag_pipeline.lifecycle.erasure import housekeeping
 
     retention = settings.retention
     report = housekeeping(_index_url(settings), retention.embedding_cache_grace_seconds,
@@ -222,12 +222,12 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
 
 def _print_attention_list(settings: Settings, limit: int = 20) -> None:
     """Documents a person should look at: held back (and why), or dead-lettered."""
-    from rag_pipeline.store import documents, pages
+    from rag_pipeline import store
     from rag_pipeline.store.database import connect
 
     with connect(_index_url(settings)) as conn:
-        held = documents.held_documents(conn)
-        dead = pages.dead_letter_summary(conn)
+        held = store.documents.held_documents(conn)
+        dead = store.pages.dead_letter_summary(conn)
     for source, rel_path, status, reason in held[:limit]:
         print(f"  {status}: {source}:{rel_path}" + (f" ({reason})" if reason else ""))
     for entry in dead[:limit]:
@@ -238,11 +238,11 @@ def _print_attention_list(settings: Settings, limit: int = 20) -> None:
 
 
 def _searchable_version(conn: Any, number: int) -> Any:
-    from rag_pipeline.retrieval import SearchError
-    from rag_pipeline.status import VersionStatus
-    from rag_pipeline.store import versions
+    from rag_pipeline import store
+    from rag_pipeline.domain.status import VersionStatus
+    from rag_pipeline.retrieval.search import SearchError
 
-    version = versions.get_version(conn, number)
+    version = store.versions.get_version(conn, number)
     if version is None or version.status == VersionStatus.RETIRED:
         raise SearchError(f"no searchable index version {number} (see rag-pipeline index list)")
     return version
@@ -253,8 +253,14 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     or --compare-modes A B on one version); or recall and abstention across score floors (--floors)."""
     from dataclasses import asdict
 
-    from rag_pipeline.evaluation import evaluate, floor_sweep, load_golden, paired_differences, report_table
-    from rag_pipeline.retrieval import SearchOptions
+    from rag_pipeline.retrieval.evaluation import (
+        evaluate,
+        floor_sweep,
+        load_golden,
+        paired_differences,
+        report_table,
+    )
+    from rag_pipeline.retrieval.search import SearchOptions
     from rag_pipeline.store.database import connect
 
     golden = args.golden or settings.checks.golden_set
@@ -302,8 +308,8 @@ def cmd_checks(args: argparse.Namespace, settings: Settings) -> int:
     """The six index checks from a shell (the same functions the Dagster asset checks run)."""
     from dataclasses import asdict
 
-    from rag_pipeline import health
-    from rag_pipeline.retrieval import SearchOptions
+    from rag_pipeline.lifecycle import checks as health
+    from rag_pipeline.retrieval.search import SearchOptions
     from rag_pipeline.store.database import connect
 
     with connect(_index_url(settings)) as conn:
@@ -321,7 +327,7 @@ def cmd_checks(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.retrieval import SearchOptions, search
+    from rag_pipeline.retrieval.search import SearchOptions, search
     from rag_pipeline.store.database import connect
 
     with connect(_index_url(settings)) as conn:
@@ -344,13 +350,12 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     """Index versions (blue/green): list, build, promote, roll back, retire."""
-    from rag_pipeline import versions
-    from rag_pipeline.retrieval import SearchOptions
-    from rag_pipeline.store import versions as version_store
+    from rag_pipeline import store
+    from rag_pipeline.retrieval.search import SearchOptions
     from rag_pipeline.store.database import connect
 
     if args.index_command == "build":
-        from rag_pipeline.runs import run_index_build
+        from rag_pipeline.defs.runs import run_index_build
 
         _prepare_instance(settings)
         summary = run_index_build(settings, args.model)
@@ -368,7 +373,7 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
                 golden = Path(args.golden) if args.golden else checks.golden_set
                 labels = list(parse_labels(args.labels)) if args.labels else list(checks.golden_labels)
                 candidate = _searchable_version(conn, args.version)
-                gates = versions.check_gates(
+                gates = store.versions.check_gates(
                     conn, candidate, golden, labels or None, k=args.k or checks.k,
                     tolerance=checks.quality_tolerance if args.tolerance is None else args.tolerance,
                     options=SearchOptions.from_settings(settings),
@@ -378,19 +383,19 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
                 if args.force and gates.failures:
                     print(f"--force: promoting despite failed gates, because: {args.force} (recorded)",
                           file=sys.stderr)
-                versions.promote(conn, candidate.version_id, gates, force=bool(args.force), reason=args.force)
+                store.versions.promote(conn, candidate.version_id, gates, force=bool(args.force), reason=args.force)
                 print(f"{candidate.label} is active")
             elif args.index_command == "rollback":
-                print(f"rolled back: {versions.rollback(conn).label} is active")
+                print(f"rolled back: {store.versions.rollback(conn).label} is active")
             else:
-                versions.retire(conn, args.version)
+                store.versions.retire(conn, args.version)
                 print(f"v{args.version} retired; its table is dropped")
         return 0
 
     with connect(_index_url(settings)) as conn:
-        all_versions = version_store.index_versions(conn)
-        active = version_store.active_version(conn)
-        times = version_store.version_times(conn)
+        all_versions = store.versions.index_versions(conn)
+        active = store.versions.active_version(conn)
+        times = store.versions.version_times(conn)
     rows = [
         {
             "version": v.version_id, "status": v.status, "active": active is not None and v.version_id == active.version_id,
@@ -417,9 +422,9 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
     """Parse one file through the cascade, as ingestion would (cleaning included), and report every page."""
     require("pipeline", "rag-pipeline parse")
-    from rag_pipeline.cascade import Cascade, parse_document
-    from rag_pipeline.cleaning import clean_parsed_pages
-    from rag_pipeline.parsing import DeadLetter, parser_version
+    from rag_pipeline.parsing.cascade import Cascade, parse_document
+    from rag_pipeline.parsing.pages import DeadLetter, parser_version
+    from rag_pipeline.text.cleaning import clean_parsed_pages
 
     path = Path(args.file)
     report: dict[str, Any] = {"file": str(path), "status": "ok", "reason": None, "detail": None,
@@ -494,7 +499,7 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     require("serve", "rag-pipeline serve")
-    from rag_pipeline.service import serve
+    from rag_pipeline.retrieval.service import serve
 
     if args.host or args.port:
         service = settings.service.model_copy(update={k: v for k, v in (("host", args.host), ("port", args.port)) if v})
@@ -654,11 +659,11 @@ def main(argv: list[str] | None = None) -> int:
             found = (getattr(sys.modules.get(module), cls, None) for module, cls in (n.rsplit(".", 1) for n in names))
             return tuple(c for c in found if isinstance(c, type))
 
-        usage = raised("rag_pipeline.retrieval.SearchError", "rag_pipeline.evaluation.GoldenSetError",
+        usage = raised("rag_pipeline.retrieval.search.SearchError", "rag_pipeline.retrieval.evaluation.GoldenSetError",
                        "rag_pipeline.stages.chunk.ModelMismatchError")
-        refused = raised("rag_pipeline.versions.VersionError")
-        reported = raised("rag_pipeline.store.database.DatabaseError", "rag_pipeline.embedding.ModelUnavailableError",
-                          "rag_pipeline.erasure.ErasureError", "psycopg.OperationalError")  # e.g. no server there
+        refused = raised("rag_pipeline.lifecycle.blue_green.VersionError")
+        reported = raised("rag_pipeline.store.database.DatabaseError", "rag_pipeline.embedding.locations.ModelUnavailableError",
+                          "rag_pipeline.lifecycle.erasure.ErasureError", "psycopg.OperationalError")  # e.g. no server there
         if isinstance(exc, usage):  # the request or settings are wrong
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE

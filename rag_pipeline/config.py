@@ -211,7 +211,7 @@ class EmbeddingConfig(_Section):
     @property
     def backend_model(self) -> str:
         """The configured model as its backend runs it (`onnx-int8:all-MiniLM-L6-v2`): what loads it. Its vectors'
-        identity (weights and backend, rag_pipeline.model_identity) is what versions and the cache are keyed by."""
+        identity (weights and backend, rag_pipeline.embedding.identity) is what versions and the cache are keyed by."""
         return backend_model_name(self.model, self)
 
 

@@ -143,7 +143,7 @@ def ingested(pg_admin_url, template_url, tmp_path_factory):
     """A database holding a clean ingest of the sample corpus, used as a template."""
     from dagster import DagsterInstance
 
-    from rag_pipeline.runs import run_ingest
+    from rag_pipeline.defs.runs import run_ingest
 
     workdir = tmp_path_factory.mktemp("checks")
     corpus = workdir / "corpus"

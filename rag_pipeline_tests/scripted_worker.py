@@ -7,7 +7,7 @@ import signal
 import time
 from typing import Any
 
-from rag_pipeline import budget
+from rag_pipeline.workers import budget
 
 
 class ScriptedRunner:

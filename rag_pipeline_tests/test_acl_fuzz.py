@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 from pgvector import HalfVector
 from psycopg import sql
 
+from rag_pipeline import store
 from rag_pipeline.config import EmbeddingConfig
-from rag_pipeline.embedding import get_embedder
-from rag_pipeline.model_identity import configured_identity
-from rag_pipeline.retrieval import SearchError, search
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.identity import configured_identity
+from rag_pipeline.retrieval.search import SearchError, search
 
 LABELS = ["staff", "finance", "hr", "legal", "board"]
 WORDS = ["robot", "battery", "invoice", "salary", "contract", "travel", "policy", "merger", "badge", "audit"]
@@ -30,7 +30,7 @@ def model_dims() -> int:
     return get_embedder("all-MiniLM-L6-v2").dimensions
 
 
-def _load_corpus(db, version: version_store.IndexVersion, corpus, seed: int) -> None:
+def _load_corpus(db, version: store.versions.IndexVersion, corpus, seed: int) -> None:
     rng = np.random.default_rng(seed)
     table = sql.Identifier(version.table_name)
     with db.transaction():
@@ -74,7 +74,7 @@ def test_no_search_returns_a_chunk_the_caller_may_not_read(db, model_dims, corpu
     with db.transaction():
         db.execute("""INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)
                       VALUES ('fuzz', '/nonexistent', '{}', 3600) ON CONFLICT DO NOTHING""")
-        version = version_store.ensure_active(db, model, model_dims, "c", "p")
+        version = store.versions.ensure_active(db, model, model_dims, "c", "p")
     _load_corpus(db, version, corpus, seed)
     if not caller:
         with pytest.raises(SearchError):

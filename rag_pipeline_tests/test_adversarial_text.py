@@ -26,8 +26,8 @@ CRAFTED = {
     "letters": "a" * N,
     "urls": "http://a " * (N // 9),
 }
-MODULES = ("rag_pipeline.cleaning", "rag_pipeline.chunking", "rag_pipeline.safety", "rag_pipeline.parsing",
-           "rag_pipeline.tables", "rag_pipeline.language", "rag_pipeline.rtl", "rag_pipeline.redaction")
+MODULES = ("rag_pipeline.text.cleaning", "rag_pipeline.text.chunking", "rag_pipeline.text.safety", "rag_pipeline.parsing.formats",
+           "rag_pipeline.parsing.tables", "rag_pipeline.text.language", "rag_pipeline.parsing.rtl", "rag_pipeline.endpoints.redaction")
 BOUND_SECONDS = 2.0
 
 
@@ -53,12 +53,12 @@ def test_every_pattern_is_linear_on_crafted_lines(name, pattern):
 
 
 def test_text_functions_are_linear_on_crafted_lines():
-    from rag_pipeline.chunking import sections_of
-    from rag_pipeline.cleaning import clean_text, is_toc_leader_line
-    from rag_pipeline.redaction import redact
-    from rag_pipeline.rtl import logical_text
-    from rag_pipeline.safety import injection_flags
-    from rag_pipeline.tables import find_tables
+    from rag_pipeline.endpoints.redaction import redact
+    from rag_pipeline.parsing.rtl import logical_text
+    from rag_pipeline.parsing.tables import find_tables
+    from rag_pipeline.text.chunking import sections_of
+    from rag_pipeline.text.cleaning import clean_text, is_toc_leader_line
+    from rag_pipeline.text.safety import injection_flags
 
     functions = {
         "clean_text": clean_text,

@@ -20,14 +20,14 @@ import yaml
 from aiosmtpd.controller import Controller
 from psycopg import sql
 
-from rag_pipeline.alerts import Alert, AlertSender, Observation, transitions
+from rag_pipeline import store
 from rag_pipeline.config import AlertsConfig, ConfigError, SmtpConfig
 from rag_pipeline.defs.code_location import build_definitions
 from rag_pipeline.defs.resources import RagResource
-from rag_pipeline.runs import prepare_dagster_home
+from rag_pipeline.defs.runs import prepare_dagster_home
+from rag_pipeline.lifecycle.alerts import Alert, AlertSender, Observation, transitions
 from rag_pipeline.stages.discover import discover
 from rag_pipeline.stages.index import index_pending
-from rag_pipeline.store import versions as version_store
 from rag_pipeline.store.database import IndexLockTimeout, index_write_lock
 
 # --- receivers -------------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_sender_logs_posts_and_mails_each_alert(webhook, smtp, caplog):
                           smtp=SmtpConfig(host="127.0.0.1", port=smtp.port, sender="rag@example.org", recipients=("oncall@example.org",)))
     (alert,), _ = transitions({}, [Observation("job:ingest", True, "run abc failed: boom", {"run_id": "abc"})])
     webhook.fail_next = 1  # a 500 is retried
-    with caplog.at_level(logging.INFO, logger="rag_pipeline.alerts"):
+    with caplog.at_level(logging.INFO, logger="rag_pipeline.lifecycle.alerts"):
         outcome = AlertSender(config).send(alert)
     assert outcome == {"log": "sent", "webhook": "sent", "smtp": "sent"}
     (posted,) = webhook.received
@@ -194,7 +194,7 @@ def test_alert_sensor_sends_failed_checks_and_runs_once_until_they_recover(clone
     defs = build_definitions(settings)
     sensor = defs.resolve_sensor_def("index_alerts")
     health_job = defs.resolve_job_def("index_health")
-    table = sql.Identifier(version_store.active_version(conn).table_name)
+    table = sql.Identifier(store.versions.active_version(conn).table_name)
 
     with dg.DagsterInstance.ephemeral() as instance:
         assert health_job.execute_in_process(instance=instance).success
@@ -287,7 +287,7 @@ def test_schedules_and_swap_jobs_are_defined(make_settings):
 
 def test_the_run_queue_admits_one_index_writer_at_a_time_and_monitors_runs(make_settings, tmp_path, monkeypatch,
                                                                           db_url):
-    from rag_pipeline.run_monitoring import LocalRunLauncher
+    from rag_pipeline.defs.run_monitoring import LocalRunLauncher
 
     settings = make_settings()
     monkeypatch.setenv("DAGSTER_HOME", str(settings.data_dir / "dagster_home"))  # the project's own home
@@ -301,7 +301,7 @@ def test_the_run_queue_admits_one_index_writer_at_a_time_and_monitors_runs(make_
 def test_an_operators_dagster_yaml_is_never_written_and_no_password_is_written_in_clear(
     make_settings, tmp_path, monkeypatch, pg_admin_url
 ):
-    from rag_pipeline.runs import DAGSTER_URL_VARIABLE, GENERATED_MARK
+    from rag_pipeline.defs.runs import DAGSTER_URL_VARIABLE, GENERATED_MARK
 
     # An operator's instance: its dagster.yaml (a run launcher, compute logs elsewhere) is used as it is.
     operator_home = tmp_path / "operator_home"
@@ -395,7 +395,7 @@ def test_a_webhook_url_never_reaches_errors_or_logs(webhook, caplog):
 
 
 def test_redaction_of_urls():
-    from rag_pipeline.redaction import redact, redact_url
+    from rag_pipeline.endpoints.redaction import redact, redact_url
 
     assert redact_url("https://user:pw@llm.example.org:8443/v1?key=abc") == "https://llm.example.org:8443/…"
     assert redact_url("not a url") == "<url>"

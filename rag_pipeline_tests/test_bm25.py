@@ -11,9 +11,8 @@ import pytest
 from pgvector import HalfVector
 from psycopg import sql
 
-from rag_pipeline import ids
-from rag_pipeline.store import search as search_store
-from rag_pipeline.store import versions as version_store
+from rag_pipeline import store
+from rag_pipeline.domain import ids
 
 K1, B = 1.2, 0.75
 FAKE_MODEL = ids.ModelIdentity("torch", "m", "sha256:m")  # these tests write their own vectors
@@ -52,7 +51,7 @@ def corpus_db(pg_admin_url, template_url):
                      " VALUES ('s', '/nonexistent', '{}', 60)")
         conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
                                                acl_labels, status) VALUES ('d', 's', 'd.md', 'f', 1, now(), '{staff}', 'indexed')""")
-        version = version_store.ensure_active(conn, FAKE_MODEL, 8, "c", "p", K1, B)
+        version = store.versions.ensure_active(conn, FAKE_MODEL, 8, "c", "p", K1, B)
         with conn.cursor().copy(sql.SQL(
             "COPY {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,"
             " content_type, acl_labels, embedding_input_sha, embedding) FROM STDIN").format(
@@ -62,7 +61,7 @@ def corpus_db(pg_admin_url, template_url):
                 copy.write_row((f"c{i:05d}", f"c{i:05d}", "d", i, text, "", "", 1, 1, "prose", labels, f"s{i}",
                                 HalfVector(vector)))
     with conn.transaction():
-        version_store.reweight_bm25(conn, version, K1, B)  # as the index stage does after a first build
+        store.versions.reweight_bm25(conn, version, K1, B)  # as the index stage does after a first build
     yield conn, version, vocabulary
     conn.close()
     with psycopg.connect(pg_admin_url, autocommit=True) as admin:
@@ -115,12 +114,12 @@ def _queries(vocabulary: list[str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
-@pytest.mark.parametrize("few_rows", [0, search_store.FEW_ROWS], ids=["impact-ordered postings", "labelled rows"])
+@pytest.mark.parametrize("few_rows", [0, store.search.FEW_ROWS], ids=["impact-ordered postings", "labelled rows"])
 def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels, few_rows):
     conn, version, vocabulary = corpus_db
     for name, query in _queries(vocabulary).items():
         expected = _reference(conn, version, query, set(labels))
-        got = search_store.bm25_ranking(conn, version, query, labels, TOP, max_terms=64, few_rows=few_rows)
+        got = store.search.bm25_ranking(conn, version, query, labels, TOP, max_terms=64, few_rows=few_rows)
         assert len(got.chunk_ids) == len(expected), (name, len(got.chunk_ids), len(expected))
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
@@ -133,7 +132,7 @@ def test_shallow_reads_bound_rescore_and_deepen_to_the_same_list(corpus_db, labe
     conn, version, vocabulary = corpus_db
     for name, query in _queries(vocabulary).items():
         expected = _reference(conn, version, query, set(labels))
-        got = search_store.bm25_ranking(conn, version, query, labels, TOP, depth=depth, max_terms=64, few_rows=0)
+        got = store.search.bm25_ranking(conn, version, query, labels, TOP, depth=depth, max_terms=64, few_rows=0)
         assert len(got.chunk_ids) == len(expected), (name, len(got.chunk_ids), len(expected))
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
@@ -151,9 +150,9 @@ def test_the_impact_path_is_exactly_the_direct_ranking(corpus_db, labels, depth)
                *(" ".join(rng.sample(vocabulary[:2000], rng.randint(2, 8))) for _ in range(25))]
     for query in queries:
         for want in (1, 10, TOP):
-            pruned = search_store.bm25_ranking(conn, version, query, labels, want, depth=depth, max_terms=64,
+            pruned = store.search.bm25_ranking(conn, version, query, labels, want, depth=depth, max_terms=64,
                                                few_rows=0)
-            direct = search_store.bm25_ranking(conn, version, query, labels, want, depth=depth, max_terms=64,
+            direct = store.search.bm25_ranking(conn, version, query, labels, want, depth=depth, max_terms=64,
                                                few_rows=10**9)
             assert pruned.chunk_ids == direct.chunk_ids, (query, want)
             assert pruned.scores == pytest.approx(direct.scores, rel=1e-9), (query, want)
@@ -163,14 +162,14 @@ def test_deletions_and_inserts_keep_the_counters_true(corpus_db):
     conn, version, vocabulary = corpus_db
     table = sql.Identifier(version.table_name)
     conn.execute(sql.SQL("DELETE FROM {} WHERE ordinal %% 10 = 3").format(table), ())
-    state = version_store.bm25_state(conn, version)
-    rows = version_store.row_count(conn, version)
+    state = store.versions.bm25_state(conn, version)
+    rows = store.versions.row_count(conn, version)
     assert state.rows_counted == state.rows_weighted == rows == CHUNKS - CHUNKS // 10
     # No re-weighting after the deletions: the weights still use the build's average length, and the list stays
     # within the tolerance of textbook BM25 on the live corpus.
     for name, query in _queries(vocabulary).items():
         expected = _reference(conn, version, query, {"staff"})
-        got = search_store.bm25_ranking(conn, version, query, ("staff",), TOP, max_terms=64, few_rows=0)
+        got = store.search.bm25_ranking(conn, version, query, ("staff",), TOP, max_terms=64, few_rows=0)
         assert _overlap(got.chunk_ids, expected) >= 0.95, name
     postings = sql.Identifier(f"{version.table_name}_postings")
     orphans = conn.execute(sql.SQL("SELECT count(*) FROM {} p WHERE NOT EXISTS (SELECT 1 FROM {} t"
@@ -179,7 +178,7 @@ def test_deletions_and_inserts_keep_the_counters_true(corpus_db):
 
 
 def test_identifiers_are_matched_as_typed(db):
-    version = version_store.ensure_active(db, FAKE_MODEL, 8, "c", "p")
+    version = store.versions.ensure_active(db, FAKE_MODEL, 8, "c", "p")
     db.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) VALUES ('s', '/x', '{}', 1)")
     db.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels,
                                          status) VALUES ('d', 's', 'd.md', 'f', 1, now(), '{staff}', 'indexed')""")
@@ -192,4 +191,4 @@ def test_identifiers_are_matched_as_typed(db):
             " VALUES (%s, %s, 'd', %s, %s, '', '', 1, 1, 'prose', '{{staff}}', 's', %s)").format(
                 sql.Identifier(version.table_name)), (f"c{i}", f"c{i}", i, text, HalfVector([0.1] * 8)))
     for query, best in (("10-K", "c0"), ("fy2019 filing", "c0"), ("240.13a-15", "c0"), ("pg_stat_activity", "c2")):
-        assert search_store.bm25_ranking(db, version, query, ("staff",), 2).chunk_ids[0] == best, query
+        assert store.search.bm25_ranking(db, version, query, ("staff",), 2).chunk_ids[0] == best, query

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from rag_pipeline.cascade import Cascade, escalation_reason, parse_document
-from rag_pipeline.cleaning import clean_parsed_pages
 from rag_pipeline.config import ParsingConfig, VlmConfig
-from rag_pipeline.parsing import parse_file
+from rag_pipeline.parsing.cascade import Cascade, escalation_reason, parse_document
+from rag_pipeline.parsing.formats import parse_file
+from rag_pipeline.text.cleaning import clean_parsed_pages
 from rag_pipeline_tests.chat_server import FakeChatServer
 from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
 
@@ -131,7 +131,7 @@ def test_parse_cli_contract(tmp_path):
 
 
 def test_scans_turned_sideways_or_upside_down_are_read_upright(tmp_path):
-    from rag_pipeline.cascade import ocr_page
+    from rag_pipeline.parsing.cascade import ocr_page
     from torture_set.generate import ROTATED_SCANS, rotated_scans
 
     path = tmp_path / "turned.pdf"
@@ -142,7 +142,7 @@ def test_scans_turned_sideways_or_upside_down_are_read_upright(tmp_path):
 
 
 def test_spanning_cells_of_the_table_model_fill_their_columns_and_header_rows_merge():
-    from rag_pipeline.layout import html_table_rows
+    from rag_pipeline.parsing.layout import html_table_rows
 
     markup = ("<table><tr><td rowspan='2'>Offense</td><td colspan='2'>Male</td><td>Female</td></tr>"
               "<tr><td>Total</td><td>Minors</td><td>Total</td></tr>"
@@ -160,7 +160,7 @@ def test_spanning_cells_of_the_table_model_fill_their_columns_and_header_rows_me
 def test_layout_tier_reads_borderless_tables_offline():
     import csv
 
-    from rag_pipeline.cascade import layout_page
+    from rag_pipeline.parsing.cascade import layout_page
     from torture_set.harness import markdown_tables, table_cell_recall
 
     truth_dir = TORTURE / "groundtruth" / "camelot_12s0324_borderless_2tables"
@@ -215,7 +215,7 @@ def test_figures_outside_any_table_escalate_to_the_layout_tier(tmp_path):
 def test_ocr_says_when_a_page_needs_a_script_its_models_do_not_read(tmp_path):
     from dataclasses import replace
 
-    from rag_pipeline.parsing import unmapped_scripts
+    from rag_pipeline.parsing.fonts import unmapped_scripts
     from torture_set.generate import image_only
 
     assert unmapped_scripts([{"text": "(cid:52970)", "fontname": "ABCDEF+HYGoThic-Medium-UniKS-UCS2-H"},

@@ -12,18 +12,18 @@ import pytest
 from dagster import AssetCheckKey, AssetKey, DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import health, ids
+from rag_pipeline import store
 from rag_pipeline.config import ChecksConfig, SourceConfig
 from rag_pipeline.defs.checks import CHECK_NAMES
 from rag_pipeline.defs.code_location import build_definitions
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.domain import ids
+from rag_pipeline.lifecycle import checks as health
 from rag_pipeline.stages.index import index_pending
-from rag_pipeline.store import evaluations, groups
-from rag_pipeline.store import versions as version_store
 
 
 def _table(conn) -> sql.Identifier:
-    return sql.Identifier(version_store.active_version(conn).table_name)
+    return sql.Identifier(store.versions.active_version(conn).table_name)
 
 
 def _doc_id(rel_path: str) -> str:
@@ -79,7 +79,7 @@ def test_deletion_replay_finds_rows_of_deleted_documents(clone):
         conn.execute("INSERT INTO deletion_log (doc_id, source, rel_path) VALUES (%s, 'sample', 'products/nw200-faq.html')",
                      (doc_id,))
         conn.execute("DELETE FROM documents WHERE doc_id = %s", (doc_id,))
-        groups.drop_empty(conn, [r[0] for r in conn.execute("SELECT group_id FROM chunk_groups").fetchall()])
+        store.groups.drop_empty(conn, [r[0] for r in conn.execute("SELECT group_id FROM chunk_groups").fetchall()])
     assert health.deletion_replay(conn).passed
 
     # A restore from an old backup (loaded with foreign keys off) brings its rows back.
@@ -91,7 +91,7 @@ def test_deletion_replay_finds_rows_of_deleted_documents(clone):
     outcome = health.deletion_replay(conn)
     assert not outcome.passed and doc_id[:12] in outcome.summary
     places = {row[4] for row in outcome.tables["offenders"].rows}
-    assert places == {"prefix_cache", f"{version_store.active_version(conn).table_name} (active)"}
+    assert places == {"prefix_cache", f"{store.versions.active_version(conn).table_name} (active)"}
     assert outcome.numbers["offending_documents"] == 1
 
     with conn.transaction():
@@ -114,7 +114,7 @@ def _columns(conn) -> list[str]:
 def test_acl_coverage_fails_on_stripped_or_stale_labels(clone):
     conn, _ = clone
     table = _table(conn)
-    table_name = version_store.active_version(conn).table_name
+    table_name = store.versions.active_version(conn).table_name
     chunk_id = conn.execute(sql.SQL("SELECT chunk_id FROM {} LIMIT 1").format(table)).fetchone()[0]
     # The schema refuses an unlabelled row outright...
     with pytest.raises(psycopg.errors.CheckViolation):
@@ -146,7 +146,7 @@ def test_acl_coverage_fails_on_stripped_or_stale_labels(clone):
 def test_index_drift_finds_foreign_vectors_missing_rows_and_a_bad_alias(clone):
     conn, settings = clone
     table = _table(conn)
-    version = version_store.active_version(conn)
+    version = store.versions.active_version(conn)
     chunk_id, doc_id = conn.execute(sql.SQL("SELECT chunk_id, doc_id FROM {} ORDER BY chunk_id LIMIT 1").format(table)).fetchone()
     # A vector another model wrote (same dimension, different numbers).
     saved = conn.execute(sql.SQL("SELECT embedding FROM {} WHERE chunk_id = %s").format(table), (chunk_id,)).fetchone()[0]
@@ -205,7 +205,7 @@ def test_retrieval_quality_fails_against_the_baseline_and_recovers(clone):
     conn, settings = clone
     first = health.retrieval_quality(conn, settings.checks)
     assert first.passed and first.numbers["evaluations_reused"] == 0
-    baseline = evaluations.baseline(conn, version_store.active_version(conn).version_id, health.golden_fingerprint(settings.checks))
+    baseline = store.evaluations.baseline(conn, store.versions.active_version(conn).version_id, health.golden_fingerprint(settings.checks))
     assert baseline.metrics["overall"]["recall@k"] > 0.5 and len(baseline.per_question) == 48
     # Nothing changed: the stored evaluation is reused, no question is asked again.
     assert health.retrieval_quality(conn, settings.checks).numbers["evaluations_reused"] == 1
@@ -269,7 +269,7 @@ def test_checks_from_the_cli(clone, capsys):
 
     # Re-baselining records the current result as the active version's baseline.
     golden_sha = health.golden_fingerprint(settings.checks)
-    version_id = version_store.active_version(conn).version_id
+    version_id = store.versions.active_version(conn).version_id
     # A baseline from an earlier, better index state: every answerable question fully recalled.
     conn.execute("""UPDATE retrieval_evaluations SET index_state = 'earlier', per_question = (
                         SELECT jsonb_agg(CASE WHEN (q->>'answerable')::boolean
@@ -278,7 +278,7 @@ def test_checks_from_the_cli(clone, capsys):
     assert not health.retrieval_quality(conn, settings.checks).passed
     assert main(["--config", str(settings.config_file), "checks", "--set-baseline"]) == 0
     assert "baseline recorded" in capsys.readouterr().out
-    assert evaluations.baseline(conn, version_id, golden_sha).metrics["overall"]["recall@k"] < 1.0
+    assert store.evaluations.baseline(conn, version_id, golden_sha).metrics["overall"]["recall@k"] < 1.0
     assert health.retrieval_quality(conn, settings.checks).passed
 
 

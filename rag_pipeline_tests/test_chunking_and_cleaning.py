@@ -1,8 +1,14 @@
 import pytest
 
-from rag_pipeline.chunking import Chunker, fitted_prefix, sections_of, template_prefix, truncate_to_tokens
-from rag_pipeline.cleaning import clean_text, content_hash
-from rag_pipeline.embedding import load_tokenizer, max_sequence_length, resolve_model
+from rag_pipeline.embedding.locations import load_tokenizer, max_sequence_length, resolve_model
+from rag_pipeline.text.chunking import (
+    Chunker,
+    fitted_prefix,
+    sections_of,
+    template_prefix,
+    truncate_to_tokens,
+)
+from rag_pipeline.text.cleaning import clean_text, content_hash
 from rag_pipeline_tests.conftest import TORTURE
 
 
@@ -146,7 +152,7 @@ def test_content_types(tokenizer):
 
 
 def test_clean_document_strips_page_furniture_and_records_it():
-    from rag_pipeline.cleaning import clean_document
+    from rag_pipeline.text.cleaning import clean_document
 
     pages = [
         f"ACME Corp — Annual Report {2020 + i}\nCONFIDENTIAL\nBody text of page {i} talks about inter-\nnational sales.\n"
@@ -163,7 +169,7 @@ def test_clean_document_strips_page_furniture_and_records_it():
 
 
 def test_repeated_table_headers_are_not_furniture():
-    from rag_pipeline.cleaning import clean_document
+    from rag_pipeline.text.cleaning import clean_document
 
     page = "| Name | City |\n|---|---|\n| Ann | Lyon |"
     cleaned, _ = clean_document([page, page.replace("Ann", "Bob"), page.replace("Ann", "Cy")])
@@ -171,7 +177,7 @@ def test_repeated_table_headers_are_not_furniture():
 
 
 def test_tables_continued_over_page_breaks_are_joined():
-    from rag_pipeline.cleaning import join_continued_tables
+    from rag_pipeline.text.cleaning import join_continued_tables
 
     header = "| Name | City |\n|---|---|"
     pages = [
@@ -190,8 +196,8 @@ def test_tables_continued_over_page_breaks_are_joined():
 
 @pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
 def test_a_sixteen_page_table_becomes_one_table_whose_pieces_repeat_the_header(tokenizer):
-    from rag_pipeline.cleaning import clean_parsed_pages
-    from rag_pipeline.parsing import parse_file
+    from rag_pipeline.parsing.formats import parse_file
+    from rag_pipeline.text.cleaning import clean_parsed_pages
 
     pages = list(parse_file(TORTURE / "docs" / "pdfplumber_WARN_report_16p_table.pdf"))
     clean_parsed_pages(pages)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rag_pipeline import ids
 from rag_pipeline.config import ConfigError, SourceConfig, load_settings, parse_duration, parse_labels
-from rag_pipeline.sources import ScanReport, UnsafePathError, safe_join, scan_source
+from rag_pipeline.domain import ids
+from rag_pipeline.sources.folders import ScanReport, UnsafePathError, safe_join, scan_source
 
 
 def test_durations_and_labels():

@@ -8,8 +8,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from rag_pipeline import ids
-from rag_pipeline.store import versions as version_store
+from rag_pipeline import store
+from rag_pipeline.domain import ids
 from rag_pipeline.store.database import MIGRATIONS_DIR, DatabaseError, EmbeddedPostgres, migrate
 from rag_pipeline_tests.conftest import database_before
 
@@ -37,8 +37,8 @@ def test_schema_has_pgvector_and_the_version_table_indexes(db):
     version = db.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
     assert tuple(int(p) for p in version.split(".")[:2]) >= (0, 8)
     with db.transaction():
-        created = version_store.ensure_active(db, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c1", "p1")
-        again = version_store.ensure_active(db, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c1", "p1")
+        created = store.versions.ensure_active(db, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c1", "p1")
+        again = store.versions.ensure_active(db, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c1", "p1")
     assert created.version_id == again.version_id and created.status == "active"
     indexes = dict(
         db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (created.table_name,)).fetchall()
@@ -104,8 +104,7 @@ def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_ur
     from pgvector import HalfVector
     from psycopg import sql
 
-    from rag_pipeline.store import search as search_store
-    from rag_pipeline.store import versions as version_store
+    from rag_pipeline import store
     from rag_pipeline.store.database import connect, ensure_database
 
     name = f"upgrade_{tmp_path.name[-8:].replace('-', '_')}"
@@ -144,11 +143,11 @@ def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_ur
                 conn.execute("UPDATE documents SET status = 'indexed' WHERE doc_id = 'pending_chunk'")
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute("UPDATE index_versions SET status = 'building' WHERE status = 'active'")
-            version = version_store.active_version(conn)
-            assert search_store.bm25_ranking(conn, version, "robot dock", ("staff",), 5).chunk_ids == ["c0"]
+            version = store.versions.active_version(conn)
+            assert store.search.bm25_ranking(conn, version, "robot dock", ("staff",), 5).chunk_ids == ["c0"]
             conn.execute(sql.SQL("DELETE FROM {} WHERE chunk_id = 'c0'").format(sql.Identifier("index_v1")))
-            assert search_store.bm25_ranking(conn, version, "robot dock", ("staff",), 5).chunk_ids == []
-            state = version_store.bm25_state(conn, version)
+            assert store.search.bm25_ranking(conn, version, "robot dock", ("staff",), 5).chunk_ids == []
+            state = store.versions.bm25_state(conn, version)
             assert state.rows_counted == state.rows_weighted == 1
     finally:
         with psycopg.connect(pg_admin_url, autocommit=True) as conn:
@@ -159,8 +158,8 @@ def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg
     """A database at 015 (the previous main) with queued documents: after 016 they are leased one at a time, a lease
     whose session is gone is free at once, and pending_chunk may go to dead_letter (a chunk over its budget)."""
 
-    from rag_pipeline.status import DocumentStatus as D
-    from rag_pipeline.store import work
+    from rag_pipeline import store
+    from rag_pipeline.domain.status import DocumentStatus as D
     from rag_pipeline.store.database import connect
 
     with database_before(pg_admin_url, tmp_path, "016") as url:
@@ -174,23 +173,22 @@ def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg
         assert migrate(url)[0] == "016_work_units.sql"
         queue = [D.PENDING_PARSE, D.PENDING_CHUNK]
         with connect(url) as keeper, connect(url) as worker:
-            lease = work.open_lease(keeper, "test", 60)
-            first = work.lease_next(worker, queue, lease)
-            second = work.lease_next(worker, queue, lease)
+            lease = store.work.open_lease(keeper, "test", 60)
+            first = store.work.lease_next(worker, queue, lease)
+            second = store.work.lease_next(worker, queue, lease)
             assert (first[0], first[1].doc_id, second[0], second[1].doc_id) == (
                 D.PENDING_PARSE, "a", D.PENDING_CHUNK, "b")
-            assert work.lease_next(worker, queue, lease) is None  # both held
+            assert store.work.lease_next(worker, queue, lease) is None  # both held
         # The keeper's session ended: its leases are void without waiting for them to lapse.
         with connect(url) as conn:
-            other = work.open_lease(conn, "other", 60)
+            other = store.work.open_lease(conn, "other", 60)
             deadline = time.monotonic() + 10  # the ended session's backend exits a moment after its client
-            while (taken := work.lease_next(conn, queue, other)) is None:
+            while (taken := store.work.lease_next(conn, queue, other)) is None:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             assert taken[1].doc_id == "a"
             conn.execute("UPDATE documents SET status = 'dead_letter' WHERE doc_id = 'b'")
             conn.commit()
-
 
 
 def test_the_short_name_migration_renames_the_documents_the_previous_main_left(pg_admin_url, tmp_path):

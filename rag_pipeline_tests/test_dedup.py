@@ -6,10 +6,10 @@ import pytest
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import dedup
-from rag_pipeline.retrieval import search
-from rag_pipeline.runs import run_ingest
-from rag_pipeline.store import versions as version_store
+from rag_pipeline import store
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.retrieval.search import search
+from rag_pipeline.text import dedup
 
 BOILERPLATE = (
     "This document is the property of Northwind Robotics. It may not be copied, forwarded or disclosed to third "
@@ -60,7 +60,7 @@ def boilerplate_corpus(tmp_path):
 
 
 def _boilerplate_rows(db):
-    table = sql.Identifier(version_store.active_version(db).table_name)
+    table = sql.Identifier(store.versions.active_version(db).table_name)
     return db.execute(
         sql.SQL("SELECT chunk_id, doc_id, acl_labels FROM {} WHERE text LIKE %s ORDER BY acl_labels").format(table),
         ("%property of Northwind%",),

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from rag_pipeline.evaluation import (
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.retrieval.evaluation import (
     GoldDoc,
     GoldenSetError,
     GoldQuestion,
@@ -21,8 +22,7 @@ from rag_pipeline.evaluation import (
     report_table,
     score_question,
 )
-from rag_pipeline.retrieval import SearchHit, SearchOptions
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.retrieval.search import SearchHit, SearchOptions
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
 

@@ -13,13 +13,13 @@ import time
 import psycopg
 import pytest
 
-from rag_pipeline import ids
-from rag_pipeline.isolation import Failed, Finished, Limits, WorkerPool
-from rag_pipeline.progress import Reporter, Snapshot, listening
+from rag_pipeline.domain import ids
 from rag_pipeline.stages.discover import discover
 from rag_pipeline.stages.index import IndexStats, index_documents
 from rag_pipeline.stages.process import leases_kept, process_pending
+from rag_pipeline.stages.progress import Reporter, Snapshot, listening
 from rag_pipeline.store.chunks import chunks_of
+from rag_pipeline.workers.pool import Failed, Finished, Limits, WorkerPool
 from rag_pipeline_tests.hanging_worker import HangingRunner
 from rag_pipeline_tests.scripted_worker import ScriptedRunner
 
@@ -297,7 +297,7 @@ def test_sigkill_mid_embedding_of_a_large_document_loses_only_its_unwritten_work
 
 @pytest.mark.parametrize("workers", [0, 3])
 def test_worker_count_defaults_to_the_cores_the_memory_allows(workers):
-    from rag_pipeline.isolation import auto_workers
+    from rag_pipeline.workers.pool import auto_workers
 
     chosen = auto_workers(workers, 256 * 2**20)
     if workers:
@@ -309,9 +309,9 @@ def test_worker_count_defaults_to_the_cores_the_memory_allows(workers):
 
 def test_a_writer_planned_before_a_scan_narrowed_the_labels_writes_the_narrowed_labels(make_settings, db, db_url,
                                                                                     tmp_path):
+    from rag_pipeline import store
+    from rag_pipeline.domain.status import DocumentStatus
     from rag_pipeline.stages.index import ensure_first_version, index_document
-    from rag_pipeline.status import DocumentStatus
-    from rag_pipeline.store import work
     from rag_pipeline.store.database import connect
 
     corpus = tmp_path / "corpus"
@@ -323,7 +323,7 @@ def test_a_writer_planned_before_a_scan_narrowed_the_labels_writes_the_narrowed_
     process_pending(db_url, settings, index=False)
     ensure_first_version(db_url, settings)
     with leases_kept(db_url, 60) as lease, connect(db_url) as conn:
-        _, planned = work.lease_next(conn, [DocumentStatus.PENDING_INDEX], lease)
+        _, planned = store.work.lease_next(conn, [DocumentStatus.PENDING_INDEX], lease)
         assert sorted(planned.acl_labels) == ["legal", "staff"]
         narrowed = make_settings(sources=[{**source, "acl_labels": ["legal"]}])
         assert discover(db_url, narrowed.sources).relabelled == 1  # while the work is in hand
@@ -335,7 +335,7 @@ def test_a_writer_planned_before_a_scan_narrowed_the_labels_writes_the_narrowed_
 def test_a_run_of_two_document_steps_reports_both_and_builds_the_index(make_settings, db, tmp_path):
     from dagster import DagsterInstance
 
-    from rag_pipeline.runs import run_ingest
+    from rag_pipeline.defs.runs import run_ingest
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -353,19 +353,18 @@ def test_a_run_of_two_document_steps_reports_both_and_builds_the_index(make_sett
         "parsed_documents.work_documents_0", "parsed_documents.work_documents_1"]
 
 
-
 def test_a_re_execution_counts_the_steps_it_skipped_from_the_run_it_re_executes(db):
     """Step reports of a run's lineage (the run, then the runs it re-executes): each step once, from the nearest
     run that ran it; other runs' reports are never counted."""
-    from rag_pipeline.store import run_outputs
+    from rag_pipeline import store
 
-    run_outputs.store(db, "parent", "work_documents_0", "stats", {"parsed": 3})
-    run_outputs.store(db, "parent", "work_documents_1", "stats", {"parsed": 4})
-    run_outputs.store(db, "child", "work_documents_1", "stats", {"parsed": 5})  # re-ran the step that failed
-    run_outputs.store(db, "other", "work_documents_0", "stats", {"parsed": 100})  # a refresh beside them
-    assert run_outputs.of_run(db, ["child", "parent"], "stats") == [{"parsed": 3}, {"parsed": 5}]
-    assert run_outputs.of_run(db, ["parent"], "stats") == [{"parsed": 3}, {"parsed": 4}]
-    assert run_outputs.of_run(db, ["child"], "stats") == [{"parsed": 5}]
+    store.run_outputs.store(db, "parent", "work_documents_0", "stats", {"parsed": 3})
+    store.run_outputs.store(db, "parent", "work_documents_1", "stats", {"parsed": 4})
+    store.run_outputs.store(db, "child", "work_documents_1", "stats", {"parsed": 5})  # re-ran the step that failed
+    store.run_outputs.store(db, "other", "work_documents_0", "stats", {"parsed": 100})  # a refresh beside them
+    assert store.run_outputs.of_run(db, ["child", "parent"], "stats") == [{"parsed": 3}, {"parsed": 5}]
+    assert store.run_outputs.of_run(db, ["parent"], "stats") == [{"parsed": 3}, {"parsed": 4}]
+    assert store.run_outputs.of_run(db, ["child"], "stats") == [{"parsed": 5}]
 
 def test_the_cli_draws_a_bar_per_stage_from_the_progress_reports():
     from rag_pipeline.cli import _progress_bar

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from rag_pipeline import health, ids
+from rag_pipeline import store
 from rag_pipeline.config import ChecksConfig, SourceConfig
-from rag_pipeline.retrieval import search
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.domain import ids
+from rag_pipeline.lifecycle import checks as health
+from rag_pipeline.retrieval.search import search
 from rag_pipeline.stages.discover import discover
-from rag_pipeline.store import documents
 
 SALARY = "# Executive salaries\n\nThe executive salary of the chief financial officer is 410,000 euros a year.\n"
 PUBLIC = "# Canteen\n\nThe canteen serves lunch from noon; the executive floor has its own coffee machine.\n"
@@ -220,7 +221,7 @@ def test_retrieval_quality_fails_at_recall_zero_whatever_the_baseline(clone, tmp
     config = ChecksConfig(golden_set=str(golden), golden_labels=["staff"])
     outcome = health.retrieval_quality(conn, config)  # the first evaluation is its own baseline: recall 0
     assert not outcome.passed and "recall@" in outcome.summary and "is 0" in outcome.summary
-    assert documents.held_documents(conn) == [("sample", "drafts/unreviewed-notes.md", "held_no_labels",
+    assert store.documents.held_documents(conn) == [("sample", "drafts/unreviewed-notes.md", "held_no_labels",
                                                "no ACL labels")]
 
 
@@ -251,8 +252,10 @@ def _pdf_with_content(path: Path, content: bytes, pages: int = 1, size: int = 61
 def test_what_a_small_file_unpacks_to_is_bounded(tmp_path):
     import zipfile
 
-    from rag_pipeline.cascade import render_page
-    from rag_pipeline.parsing import DeadLetter, ParseLimits, parse_file
+    from rag_pipeline.parsing.cascade import render_page
+    from rag_pipeline.parsing.formats import parse_file
+    from rag_pipeline.parsing.limits import ParseLimits
+    from rag_pipeline.parsing.pages import DeadLetter
 
     text = b"BT /F1 12 Tf 72 700 Td (Hello) Tj ET\n"
     three_pages = _pdf_with_content(tmp_path / "three.pdf", text, pages=3)
@@ -280,13 +283,13 @@ def test_what_a_small_file_unpacks_to_is_bounded(tmp_path):
 
 
 def test_a_forced_promotion_needs_a_reason_and_records_it(clone):
-    from rag_pipeline import versions
-    from rag_pipeline.store import versions as version_store
+    from rag_pipeline import store
+    from rag_pipeline.lifecycle import blue_green as versions
 
     conn, _ = clone
-    active = version_store.active_version(conn)
+    active = store.versions.active_version(conn)
     model = ids.ModelIdentity("torch", active.embedding_model, active.model_revision)
-    candidate = version_store.create_version(conn, model, active.dimensions, active.chunker_version,
+    candidate = store.versions.create_version(conn, model, active.dimensions, active.chunker_version,
                                              active.parser_version)
     with pytest.raises(versions.VersionError, match="needs a reason"):
         versions.promote(conn, candidate.version_id, None, force=True)
@@ -324,7 +327,7 @@ def test_erase_removes_a_document_everywhere_and_records_it_without_its_path(clo
     import subprocess
     import sys
 
-    from rag_pipeline.erasure import ErasureError, erase, subject
+    from rag_pipeline.lifecycle.erasure import ErasureError, erase, subject
 
     conn, settings = clone
     path = "finance/q3-report.pdf"
@@ -471,7 +474,7 @@ def test_a_sidecar_that_is_a_link_holds_what_it_speaks_for(make_settings, tmp_pa
 
 
 def test_housekeeping_collects_unused_embeddings_after_their_grace_and_old_deletion_paths(clone):
-    from rag_pipeline.erasure import housekeeping
+    from rag_pipeline.lifecycle.erasure import housekeeping
 
     conn, settings = clone
     used = conn.execute("SELECT embedding_input_sha FROM index_v1 LIMIT 1").fetchone()[0]
@@ -644,8 +647,8 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
     named held and dead-lettered documents' paths, and a held document kept its cache entries until gc."""
     import psycopg
 
-    from rag_pipeline.erasure import erase
-    from rag_pipeline.runs import prepare_dagster_home
+    from rag_pipeline.defs.runs import prepare_dagster_home
+    from rag_pipeline.lifecycle.erasure import erase
     from rag_pipeline.store.database import ensure_database
 
     monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", "k" * 32)
@@ -699,7 +702,7 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
 
 def test_dagster_names_documents_by_ref_and_the_cli_resolves_them(make_settings, tmp_path, db, capsys):
     from rag_pipeline.cli import _problems_with_paths, main
-    from rag_pipeline.sources import ScanProblem
+    from rag_pipeline.sources.folders import ScanProblem
     from rag_pipeline.stages.discover import named_by_ref
 
     root = _corpus(tmp_path / "docs")
@@ -744,7 +747,7 @@ def test_a_launched_run_is_judged_only_on_the_host_that_launched_it():
     import dagster as dg
     from dagster._core.events import EngineEventData
 
-    from rag_pipeline.run_monitoring import LAUNCH_HOST_TAG, worker_gone
+    from rag_pipeline.defs.run_monitoring import LAUNCH_HOST_TAG, worker_gone
 
     @dg.op
     def noop():

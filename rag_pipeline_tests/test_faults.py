@@ -23,9 +23,9 @@ import yaml
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import health
 from rag_pipeline.config import load_settings
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.lifecycle import checks as health
 from rag_pipeline.store.database import EmbeddedPostgres, connect, ensure_database, migrate
 
 WORDS = ("glacier moraine valley survey ice meltwater snout discharge gauge altitude station snow depth crevasse "

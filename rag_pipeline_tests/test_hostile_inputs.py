@@ -6,10 +6,10 @@ import os
 
 from dagster import DagsterInstance
 
-from rag_pipeline import health
-from rag_pipeline.retrieval import search
-from rag_pipeline.runs import run_ingest
-from rag_pipeline.store import pages
+from rag_pipeline import store
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.lifecycle import checks as health
+from rag_pipeline.retrieval.search import search
 
 AWKWARD_NAMES = [
     "quote's \"double\".md",
@@ -50,7 +50,7 @@ def test_hostile_inputs_each_get_a_clear_outcome(make_settings, corpus, tmp_path
                                 ).fetchone()
     assert status == "held_bad_sidecar" and "json" in reason.lower()
     assert not any("outside-secret" in path or "vault" in path for path in problems)
-    dead = {d["rel_path"]: d["reason"] for d in pages.dead_letter_summary(db)}
+    dead = {d["rel_path"]: d["reason"] for d in store.pages.dead_letter_summary(db)}
     assert dead["hostile/empty.pdf"] == "empty" and dead["hostile/huge.txt"] == "too_large"
 
     statuses = dict(db.execute("SELECT rel_path, status FROM documents WHERE rel_path LIKE 'hostile/%'").fetchall())

@@ -5,12 +5,13 @@ import pytest
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import ids, versions
-from rag_pipeline.embedding import resolve_model
-from rag_pipeline.model_identity import identity_of
-from rag_pipeline.retrieval import search
-from rag_pipeline.runs import run_index_build, run_ingest
-from rag_pipeline.store import versions as version_store
+from rag_pipeline import store
+from rag_pipeline.defs.runs import run_index_build, run_ingest
+from rag_pipeline.domain import ids
+from rag_pipeline.embedding.identity import identity_of
+from rag_pipeline.embedding.locations import resolve_model
+from rag_pipeline.lifecycle import blue_green as versions
+from rag_pipeline.retrieval.search import search
 from rag_pipeline_tests.conftest import MODELS_DIR
 from rag_pipeline_tests.test_evaluation import GOLDEN
 
@@ -28,7 +29,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
     candidate_model = resolve_model("all-MiniLM-L6-v2").location
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(settings, instance=instance)["success"]
-        v1 = version_store.active_version(db)
+        v1 = store.versions.active_version(db)
 
         # A build that has not run its shards yet is incomplete: promotion refuses.
         with db.transaction():
@@ -44,12 +45,12 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
                 versions.promote(db, draft.version_id, gates)
         with db.transaction():
             versions.retire(db, draft.version_id)
-        assert draft.version_id not in {v.version_id for v in version_store.index_versions(db)}
+        assert draft.version_id not in {v.version_id for v in store.versions.index_versions(db)}
 
         # A deletion while the new version builds reaches it as well.
         summary = run_index_build(settings, candidate_model, instance=instance)
         assert summary["success"] and len(summary["shards"]) == 8 and summary["rows"] == v1.row_count
-        (v2,) = version_store.index_versions(db, ("ready",))  # all shards done and complete
+        (v2,) = store.versions.index_versions(db, ("ready",))  # all shards done and complete
         (corpus / "products" / "nw200-faq.html").unlink()
         assert run_ingest(settings, instance=instance)["deleted"] == 1
         faq = ids.doc_id("sample", "products/nw200-faq.html")
@@ -65,7 +66,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         assert gates.quality["candidate"]["recall@k"] >= gates.quality["active"]["recall@k"] - 0.02
         with db.transaction():
             versions.promote(db, v2.version_id, gates)
-        assert version_store.active_version(db).version_id == v2.version_id
+        assert store.versions.active_version(db).version_id == v2.version_id
         assert db.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == _rows(db, v2)
         hits = search(db, "how far ahead should flights be booked", ["staff"], k=1)
         assert "21 days" in hits[0].text
@@ -75,7 +76,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         run_ingest(settings, instance=instance)
         with db.transaction():
             back = versions.rollback(db)
-        assert back.version_id == v1.version_id and version_store.active_version(db).version_id == v1.version_id
+        assert back.version_id == v1.version_id and store.versions.active_version(db).version_id == v1.version_id
         assert "28 days" in search(db, "how far ahead should flights be booked", ["staff"], k=1)[0].text
 
         with pytest.raises(versions.VersionError, match="is active"):
@@ -94,10 +95,10 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
     settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(settings, instance=instance)["success"]
-        v1 = version_store.active_version(db)
+        v1 = store.versions.active_version(db)
         summary = run_index_build(settings, "all-mpnet-base-v2", instance=instance)
         assert summary["success"] and summary["dimensions"] == 768
-        (v2,) = version_store.index_versions(db, ("ready",))
+        (v2,) = store.versions.index_versions(db, ("ready",))
         column = db.execute(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass"
             " AND attname = 'embedding'", (v2.table_name,)
@@ -112,7 +113,7 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
             versions.promote(db, v2.version_id, gates)
         hits = search(db, "which extension reaches the security desk", ["staff"], k=3)
         assert hits and all(h.path != "handbook/onboarding-guide.docx" for h in hits)
-        assert version_store.active_version(db).dimensions == 768
+        assert store.versions.active_version(db).dimensions == 768
         # The configuration still names the old model: a refresh is refused, pointing at the swap commands.
         refused = run_ingest(settings, instance=instance)
         assert not refused["success"] and any("index build" in e for e in refused["errors"])
@@ -130,15 +131,15 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
 def test_deletions_in_the_middle_of_a_build_reach_both_versions_before_and_after_promotion(
     make_settings, corpus, db
 ):
-    from rag_pipeline import health
     from rag_pipeline.defs.index_versions import SHARDS
-    from rag_pipeline.versions import backfill_version, start_version_build
+    from rag_pipeline.lifecycle import checks as health
+    from rag_pipeline.lifecycle.blue_green import backfill_version, start_version_build
 
     settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
     candidate_model = resolve_model("all-MiniLM-L6-v2").location
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(settings, instance=instance)["success"]
-        v1 = version_store.active_version(db)
+        v1 = store.versions.active_version(db)
         v2 = start_version_build(db.info.dsn, settings, candidate_model)
         shard_of = dict(db.execute("SELECT doc_id, abs(hashtext(doc_id)) %% %s FROM documents WHERE status = 'indexed'",
                                    (SHARDS,)).fetchall())

@@ -10,13 +10,12 @@ import pytest
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline import ids
-from rag_pipeline.chunking import chunker_version
+from rag_pipeline import store
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.domain import ids
 from rag_pipeline.stages.discover import discover
-from rag_pipeline.store import pages
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.text.chunking import chunker_version
 from rag_pipeline_tests.conftest import TORTURE
 
 needs_torture = pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
@@ -60,7 +59,7 @@ def ingest(make_settings, corpus, instance):
 
 
 def _active_table(db) -> sql.Identifier:
-    return sql.Identifier(version_store.active_version(db).table_name)
+    return sql.Identifier(store.versions.active_version(db).table_name)
 
 
 def _index_rows(db, rel_path: str | None = None, columns: str = "doc_id, chunk_id, acl_labels, embedding_input_sha"):
@@ -99,7 +98,7 @@ def test_first_ingest_then_noop(ingest, db):
     assert _doc(db, "drafts/unreviewed-notes.md")["status"] == "held_no_labels"
     assert db.execute("SELECT count(*) FROM chunks c JOIN documents d USING (doc_id) WHERE d.status <> 'indexed'"
                       ).fetchone()[0] == 0
-    dead = pages.dead_letter_summary(db)
+    dead = store.pages.dead_letter_summary(db)
     assert [(d["rel_path"], d["reason"]) for d in dead] == [("legacy/scanned-contract.pdf", "truncated")]
 
     second = ingest()
@@ -151,7 +150,7 @@ def test_deleting_a_file_removes_its_rows_everywhere(ingest, db, corpus):
     (corpus / "products" / "nw200-faq.html").unlink()
     summary = ingest()
     assert summary["deleted"] == 1 and summary["documents_seen"] == 6
-    for table in ("documents", "document_pages", "chunks", version_store.active_version(db).table_name):
+    for table in ("documents", "document_pages", "chunks", store.versions.active_version(db).table_name):
         query = sql.SQL("SELECT count(*) FROM {} WHERE doc_id = %s").format(sql.Identifier(table))
         assert db.execute(query, (doc_id,)).fetchone()[0] == 0, table
     logged = db.execute("SELECT source, rel_path FROM deletion_log WHERE doc_id = %s", (doc_id,)).fetchall()
@@ -190,7 +189,7 @@ def test_dead_letter_is_retried_when_the_file_changes(ingest, db, corpus):
     summary = ingest()
     assert summary["parsed"] == 1 and summary["dead_lettered"] == 0
     assert _doc(db, "legacy/scanned-contract.pdf")["status"] == "indexed"
-    assert pages.dead_letter_summary(db) == []
+    assert store.pages.dead_letter_summary(db) == []
 
 
 def test_a_missing_source_root_deletes_nothing(make_settings, corpus, instance, db):
@@ -268,7 +267,7 @@ def test_three_column_document_chunks_have_no_furniture_and_read_in_order(ingest
 
 @needs_torture
 def test_a_scanned_page_is_escalated_to_ocr_and_becomes_searchable(ingest_torture, db):
-    from rag_pipeline.retrieval import search
+    from rag_pipeline.retrieval.search import search
 
     summary = ingest_torture([("docling_ocr_test_scanned.pdf", "scan.pdf")], ["ops"])
     assert summary["parsed"] == 1 and summary["chunks_written"] == 1
@@ -306,17 +305,17 @@ def test_a_churned_version_is_vacuumed_and_a_quiet_one_is_not(clone):
     """Deleted rows stay in the HNSW graph and the BM25 postings until a vacuum: a version whose tables hold more
     dead rows than execution.vacuum_dead_share of their live ones is vacuumed after the index writes."""
     conn, settings = clone
-    (version,) = version_store.writable_versions(conn)
-    assert version_store.vacuum_churned(conn, version, 0.1) == []  # a fresh build has nothing to collect
+    (version,) = store.versions.writable_versions(conn)
+    assert store.versions.vacuum_churned(conn, version, 0.1) == []  # a fresh build has nothing to collect
     with conn.transaction():
         conn.execute(sql.SQL("DELETE FROM {} WHERE chunk_id IN (SELECT chunk_id FROM {} ORDER BY chunk_id LIMIT 5)")
                      .format(sql.Identifier(version.table_name), sql.Identifier(version.table_name)))
         conn.execute("SELECT pg_stat_force_next_flush()")  # the counts pg_stat_user_tables reads, at commit
-    vacuumed = version_store.vacuum_churned(conn, version, 0.1)
+    vacuumed = store.versions.vacuum_churned(conn, version, 0.1)
     # Five rows are under the floor of 50 dead rows; their few hundred postings are not.
     assert f"{version.table_name}_postings" in vacuumed and version.table_name not in vacuumed
     conn.execute("SELECT pg_stat_clear_snapshot()")
     last = conn.execute("SELECT last_vacuum FROM pg_stat_user_tables WHERE relname = %s",
                         (f"{version.table_name}_postings",)).fetchone()[0]
     assert last is not None
-    assert version_store.vacuum_churned(conn, version, 0.1) == []  # collected: nothing left to do
+    assert store.versions.vacuum_churned(conn, version, 0.1) == []  # collected: nothing left to do

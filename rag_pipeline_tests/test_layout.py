@@ -15,9 +15,14 @@ import psycopg
 import pytest
 import yaml
 
-from rag_pipeline import ids
 from rag_pipeline.defs.code_location import build_definitions
-from rag_pipeline.status import DOCUMENT_TRANSITIONS, VERSION_TRANSITIONS, DocumentStatus, VersionStatus
+from rag_pipeline.domain import ids
+from rag_pipeline.domain.status import (
+    DOCUMENT_TRANSITIONS,
+    VERSION_TRANSITIONS,
+    DocumentStatus,
+    VersionStatus,
+)
 from rag_pipeline.store.database import MIGRATIONS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,7 +52,7 @@ def test_the_code_location_holds_exactly_these_definitions(make_settings):
 def test_asset_keys_go_under_the_configured_prefix_and_a_run_reports_through_them(make_settings, tmp_path):
     import dagster as dg
 
-    from rag_pipeline.runs import run_ingest
+    from rag_pipeline.defs.runs import run_ingest
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -273,10 +278,10 @@ def test_a_core_install_reads_the_index_and_names_the_extra_each_command_lacks(t
     docs = tmp_path / "docs"
     docs.mkdir()
     read_path = _core_install(
-        "import rag_pipeline.retrieval, rag_pipeline.index_database, rag_pipeline.integrations.client\n"
-        "from rag_pipeline.embedding import Embedder, ModelUnavailableError, ResolvedModel\n"
+        "import rag_pipeline.retrieval.search, rag_pipeline.lifecycle.prepare, rag_pipeline.retrieval.integrations.client\n"
+        "from rag_pipeline.embedding.local import Embedder, ModelUnavailableError, ResolvedModel\n"
         "try:\n    Embedder(ResolvedModel('m', '/nowhere'))\nexcept ModelUnavailableError as exc:\n    print(exc)\n"
-        "from rag_pipeline.cascade import TierUnavailable, _rapidocr\n"
+        "from rag_pipeline.parsing.cascade import TierUnavailable, _rapidocr\n"
         "try:\n    _rapidocr()\nexcept TierUnavailable as exc:\n    print(exc)\n", tmp_path)
     assert read_path.returncode == 0, read_path.stderr[-2000:]
     assert "'pipeline' extra" in read_path.stdout and "use embedding.backend: remote" in read_path.stdout

@@ -9,22 +9,21 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
-from rag_pipeline import ids
+from rag_pipeline import store
 from rag_pipeline.config import EmbeddingConfig
-from rag_pipeline.embedding import resolve_model
-from rag_pipeline.model_identity import (
+from rag_pipeline.domain import ids
+from rag_pipeline.embedding.identity import (
     VersionModelError,
     adopt_model_identities,
     cache_key,
     configured_identity,
     identity_of,
     model_for_version,
-    weights_digest,
 )
+from rag_pipeline.embedding.locations import resolve_model, weights_digest
 from rag_pipeline.stages.chunk import ModelMismatchError
 from rag_pipeline.stages.discover import discover
 from rag_pipeline.stages.process import process_pending
-from rag_pipeline.store import versions
 from rag_pipeline.store.database import connect, migrate
 from rag_pipeline_tests.conftest import database_before
 from rag_pipeline_tests.test_execution import _note
@@ -79,7 +78,7 @@ def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_set
 
     _, first = refresh(copies["a"])
     assert first.index.vectors_embedded > 0
-    (active,) = versions.index_versions(db)
+    (active,) = store.versions.index_versions(db)
     key = configured_identity(EmbeddingConfig()).key
     assert active.model_identity == key and active.model_revision == key.removeprefix("torch:")
     # Another machine: the same weights in another folder. Same version, and the unchanged sections' vectors of an
@@ -87,7 +86,7 @@ def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_set
     (corpus / "note-0.md").write_text(_note(0) + "\n## Added later\n\nOne more paragraph about the harbour.\n")
     settings, second = refresh(copies["b"])
     assert second.index.documents_indexed == 1 and second.index.vectors_reused > 0
-    assert [v.version_id for v in versions.index_versions(db)] == [active.version_id]
+    assert [v.version_id for v in store.versions.index_versions(db)] == [active.version_id]
     assert db.execute("SELECT DISTINCT model FROM embedding_cache").fetchall() == [(key,)]
     assert model_for_version(active, settings.embedding) == str(copies["b"])
     # A process configured for another model (here: the changed copy) finds the version's weights under the
@@ -123,7 +122,7 @@ def test_versions_and_cache_rows_from_before_model_identities_are_adopted(pg_adm
             adopted = adopt_model_identities(conn, EmbeddingConfig())
             assert len(adopted) == 1 and adopted[0].startswith("v1: all-MiniLM-L6-v2 -> torch:sha256:")
             assert adopt_model_identities(conn, EmbeddingConfig()) == []  # once only; v2 stays as it was
-            first, second = sorted(versions.index_versions(conn), key=lambda v: v.version_id)
+            first, second = sorted(store.versions.index_versions(conn), key=lambda v: v.version_id)
             key = configured_identity(EmbeddingConfig()).key
             assert (first.embedding_model, first.model_identity) == ("all-MiniLM-L6-v2", key)
             assert first.model_revision == key.removeprefix("torch:")  # the weights, no longer a path

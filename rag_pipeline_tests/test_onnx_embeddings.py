@@ -8,13 +8,14 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
+from rag_pipeline import store
 from rag_pipeline.config import EmbeddingConfig, load_settings
-from rag_pipeline.embedding import get_embedder, resolve_model
-from rag_pipeline.model_identity import configured_identity
-from rag_pipeline.onnx_embedding import OnnxEmbedder, quantized_model_path
-from rag_pipeline.retrieval import SearchOptions, search
-from rag_pipeline.runs import run_ingest
-from rag_pipeline.store import versions
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.identity import configured_identity
+from rag_pipeline.embedding.locations import resolve_model
+from rag_pipeline.embedding.onnx import OnnxEmbedder, quantized_model_path
+from rag_pipeline.retrieval.search import SearchOptions, search
 
 TEXTS = [
     "The warehouse robot charges at dock seven after every shift.",
@@ -57,7 +58,7 @@ def test_an_index_built_with_int8_weights_is_its_own_version(models_dir, db, db_
     with DagsterInstance.ephemeral() as instance:
         summary = run_ingest(settings, instance=instance)
     assert summary["success"], summary.get("errors")
-    active = versions.active_version(db)
+    active = store.versions.active_version(db)
     int8, torch = configured_identity(settings.embedding), configured_identity(EmbeddingConfig())
     # The same weights on another backend: the same digest, another key; the cache holds only the int8 vectors.
     assert int8.weights == torch.weights and int8.key == f"onnx-int8:{torch.weights}" != torch.key

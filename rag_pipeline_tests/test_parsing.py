@@ -2,7 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from rag_pipeline.parsing import DeadLetter, parse_file, table_to_markdown
+from rag_pipeline.parsing.formats import parse_file
+from rag_pipeline.parsing.pages import DeadLetter
+from rag_pipeline.parsing.ruled_tables import table_to_markdown
 from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
 
 TORTURE_DOCS = TORTURE / "docs"
@@ -84,7 +86,7 @@ def test_text_files(tmp_path: Path):
 
 @needs_torture
 def test_three_column_pages_read_column_by_column_without_furniture():
-    from rag_pipeline.cleaning import clean_document
+    from rag_pipeline.text.cleaning import clean_document
 
     pages = list(parse_file(TORTURE_DOCS / "fedreg_2020-17221_3col.pdf"))
     assert pages[1].signals["columns"] == 3
@@ -132,7 +134,7 @@ def test_right_to_left_paragraphs_come_out_in_logical_order(tmp_path):
 
 
 def test_rtl_lines_unit():
-    from rag_pipeline.rtl import logical_text
+    from rag_pipeline.parsing.rtl import logical_text
 
     visual = "ملاعلاب ابحرم"  # as a PDF's glyph positions give it
     assert logical_text(visual) == "مرحبا بالعالم"
@@ -165,7 +167,7 @@ def test_filled_form_values_and_notes_become_text(tmp_path):
 
 
 def test_hostile_annotation_dictionaries_are_bounded():
-    from rag_pipeline.forms import MAX_VALUE_CHARS, annotation_lines
+    from rag_pipeline.parsing.forms import MAX_VALUE_CHARS, annotation_lines
 
     parent: dict = {"T": b"outer"}
     node = parent
@@ -227,6 +229,6 @@ def test_form_widgets_without_a_type_and_shared_references_are_read_quickly(tmp_
 
 
 def test_escaped_pipes_in_rtl_table_cells():
-    from rag_pipeline.rtl import logical_text
+    from rag_pipeline.parsing.rtl import logical_text
 
     assert logical_text("| א\\|ב | 12 |") == "| ב\\|א | 12 |"

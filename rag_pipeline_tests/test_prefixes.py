@@ -5,11 +5,11 @@ from dagster import DagsterInstance
 from psycopg import sql
 from pydantic import ValidationError
 
+from rag_pipeline import store
 from rag_pipeline.config import PrefixConfig
-from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
-from rag_pipeline.retrieval import search
-from rag_pipeline.runs import run_ingest
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.retrieval.search import search
+from rag_pipeline.text.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline_tests.chat_server import FakeChatServer
 
 
@@ -71,7 +71,7 @@ def test_llm_prefixes_are_paid_once(make_settings, corpus, chat_server, db):
         hits = search(db, "how long does the battery last", ["staff"], k=3)
         assert hits[0].prefix.startswith("nw200-faq") and "Situated" in hits[0].prefix
         assert "Situated" not in hits[0].text
-        table = sql.Identifier(version_store.active_version(db).table_name)
+        table = sql.Identifier(store.versions.active_version(db).table_name)
         matched = db.execute(
             sql.SQL("SELECT count(*) FROM {} WHERE tsv @@ to_tsquery('english', 'situated')").format(table)
         ).fetchone()[0]

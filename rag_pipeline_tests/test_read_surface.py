@@ -15,12 +15,13 @@ from pgvector import HalfVector
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
-from rag_pipeline import ids, versions
+from rag_pipeline import store
 from rag_pipeline.config import ServiceConfig, ServiceToken
-from rag_pipeline.embedding import get_embedder
-from rag_pipeline.retrieval import SearchOptions, search
-from rag_pipeline.service import create_app
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.domain import ids
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.lifecycle import blue_green as versions
+from rag_pipeline.retrieval.search import SearchOptions, search
+from rag_pipeline.retrieval.service import create_app
 
 QUERY = "how far ahead should flights be booked"
 FINANCE_DOC = "finance/q3-report.pdf"  # labelled finance only (its folder's _meta.json)
@@ -99,9 +100,9 @@ def test_grants_and_views_on_the_stable_surface_survive_promotion_and_rollback(c
                      " FROM rag.indexed_chunks GROUP BY 1")
         before = dict(conn.execute("SELECT label, n FROM chunks_per_label").fetchall())
         assert before["staff"] > 0 and before["finance"] > 0  # administrators see every row with its labels
-        active = version_store.active_version(conn)
+        active = store.versions.active_version(conn)
         model = ids.ModelIdentity("torch", active.embedding_model, active.model_revision)
-        candidate = version_store.create_version(conn, model, active.dimensions, active.chunker_version,
+        candidate = store.versions.create_version(conn, model, active.dimensions, active.chunker_version,
                                                  active.parser_version)
         versions.promote(conn, candidate.version_id, None, force=True, reason="grant survival drill")
         with _as(conn, role) as app:  # the empty new version answers: nothing, but no permission error
@@ -207,9 +208,9 @@ def test_the_service_is_not_ready_without_an_active_version_and_refuses_to_start
 
 
 def test_the_langchain_and_llamaindex_retrievers_return_labelled_documents(service):
-    from rag_pipeline.integrations.client import SearchServiceError
-    from rag_pipeline.integrations.langchain import RagPipelineRetriever as LangChainRetriever
-    from rag_pipeline.integrations.llamaindex import RagPipelineRetriever as LlamaIndexRetriever
+    from rag_pipeline.retrieval.integrations.client import SearchServiceError
+    from rag_pipeline.retrieval.integrations.langchain import RagPipelineRetriever as LangChainRetriever
+    from rag_pipeline.retrieval.integrations.llamaindex import RagPipelineRetriever as LlamaIndexRetriever
 
     client, _ = service
     documents = LangChainRetriever(token=STAFF_TOKEN, k=3, http_client=client).invoke(QUERY)
@@ -227,7 +228,7 @@ def test_the_langchain_and_llamaindex_retrievers_return_labelled_documents(servi
 
 
 def test_the_retrievers_import_neither_dagster_nor_docling_nor_torch():
-    code = ("import sys, rag_pipeline.integrations.langchain, rag_pipeline.integrations.llamaindex; "
+    code = ("import sys, rag_pipeline.retrieval.integrations.langchain, rag_pipeline.retrieval.integrations.llamaindex; "
             "print(sorted(m for m in ('dagster', 'docling', 'torch', 'sentence_transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "[]"

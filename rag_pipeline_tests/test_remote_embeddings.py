@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 from dagster import DagsterInstance
 
+from rag_pipeline import store
 from rag_pipeline.config import EmbeddingConfig, load_settings
-from rag_pipeline.embedding import EmbeddingEndpointError, RemoteEmbedder, get_embedder, resolve_model
-from rag_pipeline.retrieval import SearchOptions, search
-from rag_pipeline.runs import run_ingest
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.locations import resolve_model
+from rag_pipeline.embedding.remote import EmbeddingEndpointError, RemoteEmbedder
+from rag_pipeline.retrieval.search import SearchOptions, search
 from rag_pipeline.stages.chunk import ModelMismatchError
-from rag_pipeline.store import versions
 from rag_pipeline_tests.embedding_server import EmbeddingServer
 
 TEXTS = [
@@ -87,7 +89,7 @@ def test_an_index_built_remotely_is_its_own_version_and_searchable(server, db, d
         summary = run_ingest(settings, instance=instance)
     assert summary["success"], summary.get("errors")
     assert summary["vectors_embedded"] > 0
-    active = versions.active_version(db)
+    active = store.versions.active_version(db)
     assert active.embedding_model == "remote:all-MiniLM-L6-v2" and active.dimensions == 384
     hits = search(db, "how long does the robot battery last", ["staff"], k=3,
                   options=SearchOptions.from_settings(settings))

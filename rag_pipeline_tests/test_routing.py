@@ -7,12 +7,11 @@ import itertools
 import pytest
 from dagster import DagsterInstance
 
-from rag_pipeline import ids
+from rag_pipeline import store
 from rag_pipeline.config import RoutingConfig
-from rag_pipeline.retrieval import SearchOptions, search
-from rag_pipeline.runs import run_ingest
-from rag_pipeline.store import search as search_store
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.domain import ids
+from rag_pipeline.retrieval.search import SearchOptions, search
 
 # name in the file, name in the text (None: the text never names the company), business
 COMPANIES = {
@@ -57,8 +56,8 @@ def filings(tmp_path, make_settings):
 
 
 def _named(db, question, labels=("analysts",)):
-    version = version_store.active_version(db)
-    return search_store.named_documents(db, version, question, labels, **NAMED)
+    version = store.versions.active_version(db)
+    return store.search.named_documents(db, version, question, labels, **NAMED)
 
 
 def test_a_question_naming_a_filing_is_answered_from_it(filings, db):
@@ -78,9 +77,9 @@ def test_a_question_naming_a_filing_is_answered_from_it(filings, db):
 
 def test_a_company_named_without_a_period_routes_to_all_its_filings(filings, db):
     expected = sorted(ids.doc_id("filings", f"GLOBEX_{year}_10K.md") for year in YEARS)
-    version = version_store.active_version(db)
+    version = store.versions.active_version(db)
     # min_score 1: in 12 filings a name three of them carry is worth an idf of 1.3 (2.5 among 40)
-    named = search_store.named_documents(db, version, "How does Globex describe its business?", ("analysts",),
+    named = store.search.named_documents(db, version, "How does Globex describe its business?", ("analysts",),
                                          **{**NAMED, "min_score": 1.0})
     assert sorted(named) == expected
 
@@ -129,13 +128,13 @@ def manual(tmp_path, make_settings):
 
 
 def test_a_topic_word_shared_with_a_page_name_routes_nothing(manual, db):
-    version = version_store.active_version(db)
+    version = store.versions.active_version(db)
     loose = {**NAMED, "min_score": 1.0}  # eight pages: one name word is worth at most ln 6 = 1.8
     for question in ("How do I create a role?", "Why is my query slow after an update?",
                      "Which locks does a delete take?"):
-        assert search_store.named_documents(db, version, question, ("docs",), **loose) == [], question
+        assert store.search.named_documents(db, version, question, ("docs",), **loose) == [], question
     # what keeps them out is where the word is said: counted by name alone, "create" names both create pages
-    assert len(search_store.named_documents(db, version, "How do I create a role?", ("docs",), **loose,
+    assert len(store.search.named_documents(db, version, "How do I create a role?", ("docs",), **loose,
                                             min_concentration=0.0)) == 2
 
 
@@ -150,11 +149,11 @@ def test_routing_names_only_documents_the_caller_may_read(tmp_path, make_setting
         sources.append({"name": name, "root": str(root), "acl_labels": labels})
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(make_settings(sources), instance=instance)["success"]
-    version = version_store.active_version(db)
+    version = store.versions.active_version(db)
     question = "What was Globex's total revenue in FY2019?"
 
     def named(*labels):
-        return sorted(search_store.named_documents(db, version, question, labels, **{**NAMED, "min_score": 1.0}))
+        return sorted(store.search.named_documents(db, version, question, labels, **{**NAMED, "min_score": 1.0}))
 
     public, board = ids.doc_id("public", "GLOBEX_2019_10K.md"), ids.doc_id("board", "GLOBEX_2019_10K.md")
     assert named("analysts") == [public]

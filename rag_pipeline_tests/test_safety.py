@@ -3,10 +3,10 @@ parse_health; flagged text is kept (a document may discuss injection), never sil
 
 import pytest
 
-from rag_pipeline import health
-from rag_pipeline.retrieval import search
-from rag_pipeline.runs import run_ingest
-from rag_pipeline.safety import injection_flags
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.lifecycle import checks as health
+from rag_pipeline.retrieval.search import search
+from rag_pipeline.text.safety import injection_flags
 
 
 @pytest.mark.parametrize(

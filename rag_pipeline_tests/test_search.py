@@ -6,10 +6,10 @@ import pytest
 from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline.embedding import ModelUnavailableError
-from rag_pipeline.retrieval import SearchError, SearchOptions, search
-from rag_pipeline.runs import run_ingest
-from rag_pipeline.store import versions as version_store
+from rag_pipeline import store
+from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.embedding.locations import ModelUnavailableError
+from rag_pipeline.retrieval.search import SearchError, SearchOptions, search
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_there_is_no_unlabelled_search(indexed):
 
 def test_filtered_dense_search_fills_k_when_few_chunks_match(indexed):
     """10,000 chunks of which 2% carry a label: HNSW iterative scan must still return a full k."""
-    version = version_store.active_version(indexed)
+    version = store.versions.active_version(indexed)
     table = sql.Identifier(version.table_name)
     with indexed.transaction():
         indexed.execute(
@@ -105,7 +105,7 @@ def tiny_cross_encoder(tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from rag_pipeline.embedding import resolve_model
+    from rag_pipeline.embedding.locations import resolve_model
 
     folder = tmp_path_factory.mktemp("cross-encoder")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2").location)
@@ -144,7 +144,7 @@ def share_db(pg_admin_url, template_url):
 
     import psycopg
 
-    from rag_pipeline import ids
+    from rag_pipeline.domain import ids
     from rag_pipeline.store.database import connect
 
     name = f"share_{uuid.uuid4().hex[:8]}"
@@ -156,7 +156,7 @@ def share_db(pg_admin_url, template_url):
                      " VALUES ('s', '/nonexistent', '{}', 60)")
         conn.execute("INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels,"
                      " status) VALUES ('d', 's', 'd.md', 'f', 1, now(), '{rare,staff}', 'indexed')")
-        version = version_store.ensure_active(conn, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c", "p", 1.2, 0.75)
+        version = store.versions.ensure_active(conn, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c", "p", 1.2, 0.75)
         conn.execute("SELECT setseed(0.5)")
         conn.execute(sql.SQL(
             """INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,
@@ -220,7 +220,7 @@ def test_the_query_path_loads_torch_with_passive_openmp_threads_unless_the_opera
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if operator_value:
         env["OMP_WAIT_POLICY"] = operator_value
-    probe = ("import os, sys; import rag_pipeline.retrieval, rag_pipeline.cli; "
+    probe = ("import os, sys; import rag_pipeline.retrieval.search, rag_pipeline.cli; "
              "loaded = 'torch' in sys.modules; import torch; print(loaded, os.environ['OMP_WAIT_POLICY'])")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", expected]

@@ -16,7 +16,7 @@ import uvicorn
 from psycopg import sql
 
 from rag_pipeline.config import ServiceConfig, ServiceToken
-from rag_pipeline.service import create_app, header_timeout_protocol
+from rag_pipeline.retrieval.service import create_app, header_timeout_protocol
 
 TOKEN = "staff-token-" + "z" * 20
 HEADER_SECONDS, BODY_SECONDS, DATABASE_SECONDS = 1.0, 1.0, 2.0

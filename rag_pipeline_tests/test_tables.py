@@ -1,14 +1,14 @@
-"""Tables found by aligned figures (rag_pipeline.tables) on words placed by hand, and through the parser and
+"""Tables found by aligned figures (rag_pipeline.parsing.tables) on words placed by hand, and through the parser and
 chunker on generated financial statements whose cells are known."""
 
 from pathlib import Path
 
 import pytest
 
-from rag_pipeline.chunking import TABLE_SEPARATOR_RE, Chunker
-from rag_pipeline.embedding import load_tokenizer, resolve_model
-from rag_pipeline.parsing import parse_file
-from rag_pipeline.tables import find_tables, is_figure
+from rag_pipeline.embedding.locations import load_tokenizer, resolve_model
+from rag_pipeline.parsing.formats import parse_file
+from rag_pipeline.parsing.tables import find_tables, is_figure
+from rag_pipeline.text.chunking import TABLE_SEPARATOR_RE, Chunker
 from torture_set.generate import financial_statements
 from torture_set.harness import markdown_tables, table_cell_f1, table_cell_recall
 

@@ -24,10 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline.cascade import Cascade, ocr_page, parse_document
-from rag_pipeline.cleaning import clean_parsed_pages
 from rag_pipeline.config import ParsingConfig
-from rag_pipeline.parsing import PDF_SUFFIXES, DeadLetter, ParsedPage, parse_file
+from rag_pipeline.parsing.cascade import Cascade, ocr_page, parse_document
+from rag_pipeline.parsing.formats import PDF_SUFFIXES, parse_file
+from rag_pipeline.parsing.pages import DeadLetter, ParsedPage
+from rag_pipeline.text.cleaning import clean_parsed_pages
 from torture_set.generate import generate
 
 HERE = Path(__file__).resolve().parent

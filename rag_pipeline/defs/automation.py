@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from rag_pipeline.alerts import AlertSender, Observation, transitions
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.housekeeping import housekeeping_job
 from rag_pipeline.defs.ingestion import DiscoverConfig, sources_to_scan
 from rag_pipeline.defs.resources import Rag
-from rag_pipeline.sources import source_digest
+from rag_pipeline.lifecycle.alerts import AlertSender, Observation, transitions
+from rag_pipeline.sources.folders import source_digest
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition

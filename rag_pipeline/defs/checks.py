@@ -1,4 +1,4 @@
-"""Asset checks that keep the index true. Each wraps one function of rag_pipeline.health.
+"""Asset checks that keep the index true. Each wraps one function of rag_pipeline.lifecycle.checks.
 
 The checks that protect what readers see (deletions honoured, labels on every row, one model per version)
 fail with severity ERROR and are blocking: anything downstream of `search_index` in the same run does
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from rag_pipeline import health
 from rag_pipeline.defs.metadata import document_table
 from rag_pipeline.defs.resources import Rag
-from rag_pipeline.retrieval import SearchOptions
+from rag_pipeline.lifecycle import checks as health
+from rag_pipeline.retrieval.search import SearchOptions
 from rag_pipeline.store.database import connect
 
 if TYPE_CHECKING:

@@ -1,10 +1,10 @@
-"""Housekeeping: what the index no longer uses, collected after its grace period (rag_pipeline.erasure)."""
+"""Housekeeping: what the index no longer uses, collected after its grace period (rag_pipeline.lifecycle.erasure)."""
 
 import dagster as dg
 
 from rag_pipeline.defs.resources import Rag
-from rag_pipeline.erasure import housekeeping
-from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
+from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
+from rag_pipeline.lifecycle.erasure import housekeeping
 
 
 @dg.op(pool=INDEX_WRITER_POOL, description="Collect embedding-cache entries no index row uses (older than retention.embedding_cache_grace) "

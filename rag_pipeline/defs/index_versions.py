@@ -5,13 +5,13 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from rag_pipeline import versions
+from rag_pipeline import store
 from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import Rag
-from rag_pipeline.retrieval import SearchOptions
-from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
-from rag_pipeline.status import VersionStatus
-from rag_pipeline.store import versions as version_store
+from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
+from rag_pipeline.domain.status import VersionStatus
+from rag_pipeline.lifecycle import blue_green as versions
+from rag_pipeline.retrieval.search import SearchOptions
 from rag_pipeline.store.database import connect
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ shards = dg.StaticPartitionsDefinition([f"{i:02d}" for i in range(SHARDS)])
 def index_version_backfill(context: dg.AssetExecutionContext, rag: Rag):
     db_url = rag.database_url()
     with connect(db_url) as conn:
-        building = version_store.index_versions(conn, (VersionStatus.BUILDING,))
+        building = store.versions.index_versions(conn, (VersionStatus.BUILDING,))
     if not building:
         context.log.info("no index version is building: nothing to backfill")
         return dg.MaterializeResult(metadata={"building_version": "none", "documents": 0})
@@ -94,7 +94,7 @@ class PromoteConfig(dg.Config):
 def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: Rag) -> None:
     settings = rag.settings()
     with connect(rag.database_url()) as conn, conn.transaction():
-        candidate = version_store.get_version(conn, config.version_id)
+        candidate = store.versions.get_version(conn, config.version_id)
         if candidate is None or candidate.status not in (VersionStatus.BUILDING, VersionStatus.READY):
             raise dg.Failure(f"v{config.version_id} is not a building or ready version")
         checks = settings.checks

@@ -7,22 +7,22 @@ from collections.abc import Iterator
 
 import dagster as dg
 
+from rag_pipeline import store
 from rag_pipeline.config import ConfigError, Settings, SourceConfig
 from rag_pipeline.defs.io import RUN_OUTPUTS
 from rag_pipeline.defs.metadata import index_totals, typed_table
 from rag_pipeline.defs.resources import Rag
-from rag_pipeline.document_refs import document_name
-from rag_pipeline.run_monitoring import INDEX_WRITER_POOL
+from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
+from rag_pipeline.domain.refs import document_name
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
 from rag_pipeline.stages.index import IndexStats
 from rag_pipeline.stages.parse import ParseStats
 from rag_pipeline.stages.process import ProcessStats, process_pending
-from rag_pipeline.store import documents, pages, run_outputs, versions
 from rag_pipeline.store.database import connect
 
 GROUP = "ingestion"
-# Each asset's statistics: the stage's short name and its stats class (rag_pipeline.runs summarises them).
+# Each asset's statistics: the stage's short name and its stats class (rag_pipeline.defs.runs summarises them).
 STAGE_STATS = {
     "source_documents": ("discover", DiscoverStats),
     "parsed_documents": ("parse", ParseStats),
@@ -39,7 +39,7 @@ class DiscoverConfig(dg.Config):
 
 
 # Sources given on the command line (`rag-pipeline ingest --source NAME=PATH`), set only around the CLI's own
-# in-process run (rag_pipeline.runs). A run launched from the UI runs in another process and scans configured
+# in-process run (rag_pipeline.defs.runs). A run launched from the UI runs in another process and scans configured
 # sources only: the UI can neither point ingestion at a folder nor give it labels.
 _command_line_sources: list[SourceConfig] = []
 _command_line_lock = threading.Lock()  # one command-line run at a time per process: the hand-off is global
@@ -68,8 +68,8 @@ def sources_to_scan(rag: Rag, config: DiscoverConfig) -> ScanPlan:
     configured = {s.name: s for s in rag.settings().sources}
     with connect(rag.database_url()) as conn:
         # Sources an earlier command line registered keep being refreshed, with what it gave them.
-        registered = {s.name: s for s in documents.registered_sources(conn, "command_line") if s.name not in configured}
-        removed = documents.configured_sources_removed(conn, list(configured))
+        registered = {s.name: s for s in store.sources.registered_sources(conn, "command_line") if s.name not in configured}
+        removed = store.sources.configured_sources_removed(conn, list(configured))
     known = {**registered, **configured}
     unknown = sorted(set(config.sources) - known.keys())
     if unknown:
@@ -132,8 +132,8 @@ def report_documents(context: dg.OpExecutionContext, rag: Rag):
     # Read from the database rather than taken as inputs: Dagster's Dask executor does not hand fanned-in
     # outputs of steps that ran on other workers to the step that collects them.
     with connect(rag.database_url()) as conn:
-        reports = run_outputs.of_run(conn, _lineage(context), WORK_STATS)
-        dead = pages.dead_letter_summary(conn)
+        reports = store.run_outputs.of_run(conn, _lineage(context), WORK_STATS)
+        dead = store.pages.dead_letter_summary(conn)
     stats = _added_up(reports)
     hosts = sorted({r["host"] for r in reports})
     return dg.Output(stats.as_dict(), metadata={
@@ -162,7 +162,7 @@ def _this_runs_work(db_url: str, context: dg.AssetExecutionContext) -> ProcessSt
     """What this run's document steps did. Not taken from the upstream asset's value: that is the latest one any
     run stored, and two refreshes at once each reported the other's counts (or their own twice)."""
     with connect(db_url) as conn:
-        return _added_up(run_outputs.of_run(conn, _lineage(context), WORK_STATS))
+        return _added_up(store.run_outputs.of_run(conn, _lineage(context), WORK_STATS))
 
 
 def parsed_documents_asset(steps: int, pool: str | None) -> dg.AssetsDefinition:
@@ -210,8 +210,8 @@ def search_index(context: dg.AssetExecutionContext, rag: Rag, document_chunks: d
     leftover = process_pending(db_url, rag.settings(), progress=context.log.info, parse=False, chunk=False).index
     stats.add(leftover)
     with connect(db_url) as conn:
-        statuses = documents.status_counts(conn)
-        all_versions = versions.index_versions(conn)
+        statuses = store.documents.status_counts(conn)
+        all_versions = store.versions.index_versions(conn)
     return dg.Output(document_chunks, metadata={**index_metadata(stats, statuses, all_versions), **_totals(db_url)})
 
 
@@ -284,8 +284,8 @@ def code_versions(settings: Settings) -> dict[str, str]:
     """What each asset's output depends on besides its inputs, known without loading a model: the parser's version,
     the chunker's (chunk size from the configured model's window, overlap), and the model that embeds. The UI marks
     an asset whose code version changed since its last materialization."""
-    from rag_pipeline.embedding import ModelUnavailableError, resolve_model
-    from rag_pipeline.parsing import parser_version
+    from rag_pipeline.embedding.locations import ModelUnavailableError, resolve_model
+    from rag_pipeline.parsing.pages import parser_version
     from rag_pipeline.stages.chunk import current_chunker_version
 
     versions = {"parsed_documents": parser_version()}
@@ -299,7 +299,7 @@ def code_versions(settings: Settings) -> dict[str, str]:
 
 
 def writer_pool(settings: Settings) -> str | None:
-    """The one-writer pool of every asset and op that writes the index (see rag_pipeline.run_monitoring). Not
+    """The one-writer pool of every asset and op that writes the index (see rag_pipeline.defs.run_monitoring). Not
     under Dask: dagster-dask hands the run to Dask, which cannot serialise the pool accounting Dagster attaches to
     it; there the index write lock in Postgres alone keeps writers apart."""
     return None if settings.execution.executor == "dask" else INDEX_WRITER_POOL

@@ -7,8 +7,8 @@ from typing import Any
 
 import dagster as dg
 
+from rag_pipeline import store
 from rag_pipeline.defs.resources import RagResource
-from rag_pipeline.store import run_outputs
 from rag_pipeline.store.database import connect
 
 RUN_OUTPUTS = "rag_run_outputs"
@@ -30,10 +30,10 @@ class RunOutputsIOManager(dg.IOManager):
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         with connect(self.rag.database_url()) as conn:
-            run_outputs.store(conn, *self._address(context), obj)
+            store.run_outputs.store(conn, *self._address(context), obj)
 
     def load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output
         assert upstream is not None
         with connect(self.rag.database_url()) as conn:
-            return run_outputs.load(conn, *self._address(upstream))
+            return store.run_outputs.load(conn, *self._address(upstream))

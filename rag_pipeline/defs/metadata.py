@@ -7,8 +7,8 @@ from typing import Any
 import dagster as dg
 import psycopg
 
-from rag_pipeline.document_refs import document_name, without_path
-from rag_pipeline.store import documents, health
+from rag_pipeline import store
+from rag_pipeline.domain.refs import document_name, without_path
 
 _COLUMN_TYPES = ((bool, "bool"), (int, "int"), (float, "float"))
 
@@ -42,7 +42,7 @@ def typed_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> dg.Meta
 
 def index_totals(conn: psycopg.Connection) -> dict[str, Any]:
     """The whole index, whatever this run did: numbers the UI plots over time, and pages by tier."""
-    totals = health.index_totals(conn)
+    totals = store.health.index_totals(conn)
     metadata: dict[str, Any] = {f"index_{name}": dg.MetadataValue.int(value) for name, value in totals.counts.items()}
     metadata["index_pages_by_tier"] = typed_table(("tier", "pages"), sorted(totals.pages_by_tier.items()))
     return metadata
@@ -55,7 +55,7 @@ def document_table(conn: psycopg.Connection, header: Sequence[str], rows: Sequen
     if "path" not in header or "source" not in header:
         return typed_table(header, rows)
     source_at, path_at = header.index("source"), header.index("path")
-    refs = documents.refs_of(conn, [(row[source_at], row[path_at]) for row in rows])
+    refs = store.documents.refs_of(conn, [(row[source_at], row[path_at]) for row in rows])
     keep = [i for i, name in enumerate(header) if name != "doc_id"]
     named = []
     for row in rows:

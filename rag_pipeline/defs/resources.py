@@ -10,7 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from rag_pipeline.config import Settings
-from rag_pipeline.index_database import prepare
+from rag_pipeline.lifecycle.prepare import prepare
 from rag_pipeline.store.database import resolve_urls
 
 
@@ -24,7 +24,7 @@ class RagResource:
         return self._settings
 
     def database_url(self) -> str:
-        """The index database, started (embedded) and prepared (rag_pipeline.index_database) once per process."""
+        """The index database, started (embedded) and prepared (rag_pipeline.lifecycle.prepare) once per process."""
         url = resolve_urls(self._settings).index
         prepare(url, self._settings)
         return url

@@ -13,18 +13,17 @@ from pathlib import PurePosixPath
 
 import psycopg
 
-from rag_pipeline.chunking import Chunk, Chunker, chunker_version, fitted_prefix, truncate_to_tokens
+from rag_pipeline import store
 from rag_pipeline.config import ConfigError, Settings
-from rag_pipeline.embedding import max_sequence_length, resolve_model
-from rag_pipeline.language import text_search_config
-from rag_pipeline.model_identity import cache_key, configured_identity, model_for_version
-from rag_pipeline.prefixes import LlmPrefixer, PrefixError, PrefixRequest
-from rag_pipeline.safety import injection_flags
-from rag_pipeline.stages.common import Progress, StageStats, log_progress
-from rag_pipeline.status import DocumentStatus
-from rag_pipeline.store import chunks as chunk_store
-from rag_pipeline.store import documents, groups, pages, versions
-from rag_pipeline.store.documents import PendingDocument
+from rag_pipeline.domain.status import DocumentStatus
+from rag_pipeline.embedding.identity import cache_key, configured_identity, model_for_version
+from rag_pipeline.embedding.locations import max_sequence_length, resolve_model
+from rag_pipeline.stages.common import StageStats
+from rag_pipeline.store.queue import PendingDocument
+from rag_pipeline.text.chunking import Chunk, Chunker, chunker_version, fitted_prefix, truncate_to_tokens
+from rag_pipeline.text.language import text_search_config
+from rag_pipeline.text.prefixes import LlmPrefixer, PrefixError, PrefixRequest
+from rag_pipeline.text.safety import injection_flags
 
 log = logging.getLogger(__name__)
 D = DocumentStatus
@@ -58,7 +57,7 @@ def check_configured_model(conn: psycopg.Connection, settings: Settings) -> None
     """Refuse a refresh whose model (weights or backend) differs from the active version's: writing chunks sized
     and vectors embedded for another model into the live index would be a silent swap. The same weights in another
     folder are the same model."""
-    active = versions.active_version(conn)
+    active = store.versions.active_version(conn)
     if active is None:
         return
     active_key = cache_key(active)
@@ -77,7 +76,7 @@ def sizing_model_location(conn: psycopg.Connection, settings: Settings) -> str:
     """The model whose window sizes the chunks: the shortest among the configured model and the versions that
     receive writes (each as the model that gives its vectors here)."""
     names = [settings.embedding.backend_model,
-             *(model_for_version(v, settings.embedding) for v in versions.writable_versions(conn))]
+             *(model_for_version(v, settings.embedding) for v in store.versions.writable_versions(conn))]
     locations = {resolve_model(name, settings.embedding.models_dir).location for name in names}
     return min(sorted(locations), key=max_sequence_length)
 
@@ -106,13 +105,6 @@ def current_chunker_version(settings: Settings, model_location: str) -> str:
     return chunker_version(chunk_size(settings, model_location), settings.chunking.overlap_tokens)
 
 
-def chunk_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> ChunkStats:
-    """Chunk every document now queued for chunking (see process_pending for the pipeline)."""
-    from rag_pipeline.stages.process import process_pending
-
-    return process_pending(db_url, settings, progress, parse=False, index=False).chunk
-
-
 def chunk_one(
     conn: psycopg.Connection,
     doc: PendingDocument,
@@ -121,8 +113,8 @@ def chunk_one(
     settings: Settings,
     stats: ChunkStats,
 ) -> None:
-    document_pages = pages.document_pages(conn, doc.doc_id)
-    table_reach = pages.table_continuations(conn, doc.doc_id)
+    document_pages = store.pages.document_pages(conn, doc.doc_id)
+    table_reach = store.pages.table_continuations(conn, doc.doc_id)
     conn.commit()  # end the read: the write below must be a transaction of its own
     chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
     title = doc.title or PurePosixPath(doc.rel_path).stem
@@ -147,12 +139,12 @@ def chunk_one(
     # The document's language decides how its words are stemmed for BM25.
     text_config = text_search_config("\n".join(text for _, text in document_pages))
     with conn.transaction():
-        groups.lock_assignment(conn)  # before the row lock (see store.groups)
-        if not documents.claim(conn, doc.doc_id, D.PENDING_CHUNK):
+        store.groups.lock_assignment(conn)  # before the row lock (see store.groups)
+        if not store.queue.claim(conn, doc.doc_id, D.PENDING_CHUNK):
             return
-        chunk_store.replace_chunks(conn, doc.doc_id, chunks, prefixes, flags, chunker.version,
-                                   documents.parser_version_of(conn, doc.doc_id), text_config)
-        documents.mark_chunked(conn, doc.doc_id, chunker.version)
+        store.chunks.replace_chunks(conn, doc.doc_id, chunks, prefixes, flags, chunker.version,
+                                   store.queue.parser_version_of(conn, doc.doc_id), text_config)
+        store.queue.mark_chunked(conn, doc.doc_id, chunker.version)
     stats.documents_chunked += 1
     stats.chunks_written += len(chunks)
     stats.token_counts.extend(c.token_count for c in chunks)
@@ -169,7 +161,7 @@ def _llm_sentences(
 ) -> dict[str, str]:
     version = settings.prefix.prompt_version
     doc_hash = doc.content_hash or ""
-    sentences = chunk_store.cached_prefixes(conn, doc.doc_id, doc_hash, version)
+    sentences = store.chunks.cached_prefixes(conn, doc.doc_id, doc_hash, version)
     conn.commit()
     missing = [PrefixRequest(c.content_hash, c.text) for c in chunks if c.content_hash not in sentences]
     stats.prefixes_cached += len({c.content_hash for c in chunks}) - len({r.chunk_hash for r in missing})
@@ -177,7 +169,7 @@ def _llm_sentences(
         document = "\n\n".join(text for _, text in document_pages)
         fresh = prefixer.prefixes(document, missing)
         with conn.transaction():
-            chunk_store.store_prefixes(conn, doc.doc_id, doc_hash, version, fresh)
+            store.chunks.store_prefixes(conn, doc.doc_id, doc_hash, version, fresh)
         sentences.update(fresh)
         stats.prefixes_generated += len(fresh)
     return sentences

@@ -4,18 +4,19 @@ deleted), one transaction per source, without reading any document's bytes."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import psycopg
 
+from rag_pipeline import store
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.document_refs import document_name, without_path
-from rag_pipeline.sources import ScanProblem, ScanReport, scan_source
+from rag_pipeline.domain.refs import document_name, without_path
+from rag_pipeline.sources.folders import DiscoveredFile, ScanProblem, ScanReport, scan_source
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
-from rag_pipeline.store import documents, groups
 from rag_pipeline.store.database import connect
+from rag_pipeline.store.scans import ReconcileCounts
 
 log = logging.getLogger(__name__)
 MAX_PROBLEMS_SHOWN = 200  # per source and run
@@ -31,11 +32,50 @@ class DiscoverStats(StageStats):
     relabelled: int = 0
     deleted: int = 0
     held: int = 0  # newly held back: no labels, a bad sidecar, hard links
-    deletions_held: int = 0  # deletions a guarded scan refused (see store.documents.DeletionGuard)
+    deletions_held: int = 0  # deletions a guarded scan refused (see DeletionGuard)
     problems: list[dict[str, str]] = field(default_factory=list)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
     SUMMARY = ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held", "deletions_held",
                "problems")
+
+
+@dataclass(frozen=True)
+class DeletionGuard:
+    """When a scan may not delete on its own: a source found empty (an unmounted mount point reads as an empty
+    folder), or more than `max_share` of its documents gone. `confirmed` lets one scan through."""
+
+    max_share: float = 0.5
+    confirmed: bool = False
+
+
+def deletion_hold_reason(guard: DeletionGuard, seen: int, missing: int, judged: int) -> str | None:
+    """Why a scan that saw `seen` files and missed `missing` of the `judged` documents must not delete, or None.
+    The share is of what the scan could judge: documents kept under unreadable paths are not in it."""
+    if not missing or guard.confirmed:
+        return None
+    if seen == 0:
+        return f"the root holds no files but {judged} documents are indexed from it (an unmounted or emptied folder?)"
+    if missing > 1 and missing > guard.max_share * judged:
+        return f"would delete {missing} of {judged} documents, more than max_deletion_share {guard.max_share:g}"
+    return None
+
+
+def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredFile], report: ScanReport,
+              guard: DeletionGuard) -> ReconcileCounts:
+    """Compare one scan of a source with the documents table, in this transaction: the store stages the scan and
+    counts what is gone, the guard decides whether it may be deleted, then new, changed, relabelled and held
+    documents are applied. Documents under paths the scan could not read (`report.unreadable`, complete once
+    `files` is consumed) are kept as they were."""
+    counts = ReconcileCounts(seen=store.scans.stage_scan(conn, files))
+    unreadable = list(report.unreadable)  # read after the scan has run, not before
+    missing, judged = store.scans.count_gone(conn, source, unreadable)
+    reason = deletion_hold_reason(guard, counts.seen, missing, judged)
+    if reason:
+        counts.deletions_held, counts.deletions_held_reason = missing, reason
+    elif missing:
+        counts.deleted = store.scans.delete_gone(conn, source, unreadable)
+    store.scans.apply_scan(conn, source, counts)
+    return counts
 
 
 def discover(
@@ -62,7 +102,7 @@ def discover(
                 progress(f"source {source.name}: scan failed ({type(exc).__name__}: {exc}); nothing changed")
         for name in removed:
             with connect(db_url) as conn, conn.transaction():
-                held = documents.hold_source(conn, name)
+                held = store.sources.hold_source(conn, name)
             stats.held += held
             if held:
                 stats.problems.append({"source": name, "path": ".", "problem": (
@@ -73,7 +113,7 @@ def discover(
 
 
 def named_by_ref(problem: ScanProblem, ref: int | None) -> ScanProblem:
-    """The problem as a run reports it: a document named by its ref (see rag_pipeline.document_refs)."""
+    """The problem as a run reports it: a document named by its ref (see rag_pipeline.domain.refs)."""
     if ref is None:
         return problem
     name = document_name(ref)
@@ -91,17 +131,17 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         progress(f"source {source.name}: root folder {source.root} is missing; skipped, nothing deleted")
         return
     with connect(db_url) as conn, conn.transaction():
-        documents.lock_source_scan(conn, source.name)  # two scans of one source at once would race
+        store.sources.lock_source_scan(conn, source.name)  # two scans of one source at once would race
         # Writers take turns with the scan (see store.groups): a scan that narrows labels or deletes is never
         # half-seen by an index write. Parse and embedding work goes on meanwhile; only their writes wait.
-        groups.lock_assignment(conn)
-        documents.upsert_source(conn, source, origin)
+        store.groups.lock_assignment(conn)
+        store.sources.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
-        guard = documents.DeletionGuard(source.max_deletion_share, confirmed)
-        counts = documents.reconcile_source(conn, source.name, scan_source(source, report), report, guard)
-        documents.record_scan(conn, source.name, scan_started, counts)
+        guard = DeletionGuard(source.max_deletion_share, confirmed)
+        counts = reconcile(conn, source.name, scan_source(source, report), report, guard)
+        store.sources.record_scan(conn, source.name, scan_started, counts)
         listed = report.problems[:MAX_PROBLEMS_SHOWN]
-        refs = documents.refs_of(conn, [(source.name, p.rel_path) for p in listed])
+        refs = store.documents.refs_of(conn, [(source.name, p.rel_path) for p in listed])
     shown = [named_by_ref(p, refs.get((source.name, p.rel_path))) for p in listed]
     stats.documents_seen += counts.seen
     stats.new += counts.new

@@ -16,20 +16,20 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from rag_pipeline import dedup, ids
+from rag_pipeline import store
 from rag_pipeline.config import Settings
-from rag_pipeline.embedding import get_embedder
-from rag_pipeline.model_identity import cache_key, configured_identity, model_for_version
-from rag_pipeline.parsing import parser_version
+from rag_pipeline.domain import ids
+from rag_pipeline.domain.status import DocumentStatus
+from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.identity import cache_key, configured_identity, model_for_version
+from rag_pipeline.parsing.pages import parser_version
 from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
-from rag_pipeline.stages.common import Progress, StageStats, log_progress
-from rag_pipeline.status import DocumentStatus
-from rag_pipeline.store import chunks as chunk_store
-from rag_pipeline.store import documents, groups, versions, work
+from rag_pipeline.stages.common import StageStats
 from rag_pipeline.store.chunks import StoredChunk
 from rag_pipeline.store.database import connect
-from rag_pipeline.store.documents import PendingDocument
+from rag_pipeline.store.queue import PendingDocument
 from rag_pipeline.store.versions import IndexRow, IndexVersion
+from rag_pipeline.text import dedup
 
 D = DocumentStatus
 # The embedding stages read this many batches at a time: one encode call over more inputs sorts them by length
@@ -62,7 +62,7 @@ def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
     The model is loaded only when a version must be created: a no-op refresh never pays for it.
     """
     with connect(db_url) as conn:
-        current = versions.active_version(conn)
+        current = store.versions.active_version(conn)
     if current is not None:
         return current
     identity = configured_identity(settings.embedding)
@@ -70,18 +70,11 @@ def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
     with connect(db_url) as conn, conn.transaction():
         chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
         bm25 = settings.retrieval.bm25
-        return versions.ensure_active(conn, identity, embedder.dimensions, chunker, parser_version(), bm25.k1, bm25.b)
-
-
-def index_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> IndexStats:
-    """Index every pending document now queued (see index_documents), reporting progress as it goes."""
-    from rag_pipeline.stages.process import process_pending
-
-    return process_pending(db_url, settings, progress, parse=False, chunk=False).index
+        return store.versions.ensure_active(conn, identity, embedder.dimensions, chunker, parser_version(), bm25.k1, bm25.b)
 
 
 def index_documents(
-    db_url: str, settings: Settings, lease: work.Lease, stats: IndexStats,
+    db_url: str, settings: Settings, lease: store.work.Lease, stats: IndexStats,
     more_coming: Callable[[], bool] = lambda: False, stop: Callable[[], bool] = lambda: False,
 ) -> None:
     """Lease pending_index documents one at a time and write each into every writable version: near-duplicate
@@ -97,13 +90,13 @@ def index_documents(
     try:
         with connect(db_url) as conn:
             while not stop():
-                leased = work.lease_next(conn, [D.PENDING_INDEX], lease)
+                leased = store.work.lease_next(conn, [D.PENDING_INDEX], lease)
                 if leased is None:
                     if more_coming():
                         time.sleep(IDLE_POLL_SECONDS)
                         continue
                     # Once more: a document may have been queued between the look above and the end of parsing.
-                    leased = work.lease_next(conn, [D.PENDING_INDEX], lease)
+                    leased = store.work.lease_next(conn, [D.PENDING_INDEX], lease)
                     if leased is None:
                         break
                 _, doc = leased
@@ -113,16 +106,16 @@ def index_documents(
                     for version in index_document(conn, doc, settings, stats):
                         touched[version.version_id] = version
                 finally:
-                    work.release_moved_on(conn, doc.doc_id, lease, [D.PENDING_INDEX])
+                    store.work.release_moved_on(conn, doc.doc_id, lease, [D.PENDING_INDEX])
             with conn.transaction():
                 for version in touched.values():
-                    versions.refresh_stats(conn, version)
+                    store.versions.refresh_stats(conn, version)
             for version in touched.values():
                 rebalance_bm25(conn, version, settings)
         if settings.execution.vacuum_dead_share > 0:  # deletions by the scan count too, not only this stage's writes
             with connect(db_url, autocommit=True) as conn:
-                for version in versions.writable_versions(conn):
-                    stats.tables_vacuumed += versions.vacuum_churned(conn, version, settings.execution.vacuum_dead_share)
+                for version in store.versions.writable_versions(conn):
+                    stats.tables_vacuumed += store.versions.vacuum_churned(conn, version, settings.execution.vacuum_dead_share)
             stats.versions = [f"{v.label} ({v.status}, {v.embedding_model})" for v in touched.values()]
     finally:
         stats.seconds = time.perf_counter() - started
@@ -139,22 +132,22 @@ def index_document(
     """Embed (what the cache lacks) and write one leased document; returns the versions written."""
     if not doc.acl_labels:
         return []  # cannot happen through discovery; the table's CHECK would refuse it anyway
-    stored = chunk_store.chunks_of(conn, [doc.doc_id]).get(doc.doc_id, [])
-    targets = versions.writable_versions(conn)
+    stored = store.chunks.chunks_of(conn, [doc.doc_id]).get(doc.doc_id, [])
+    targets = store.versions.writable_versions(conn)
     conn.commit()
     inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input for c in stored}
     vectors = {v.version_id: embed_inputs(conn, v, settings, inputs, stats) for v in targets}
     with conn.transaction():
-        groups.lock_assignment(conn)  # before the row lock (see store.groups)
-        if not documents.claim(conn, doc.doc_id, D.PENDING_INDEX):
+        store.groups.lock_assignment(conn)  # before the row lock (see store.groups)
+        if not store.queue.claim(conn, doc.doc_id, D.PENDING_INDEX):
             return []
-        versions.share_registry(conn)
-        current = versions.writable_versions(conn)
+        store.versions.share_registry(conn)
+        current = store.versions.writable_versions(conn)
         for version in current:  # a version created since the vectors were made (rare): its vectors now
             if version.version_id not in vectors:
                 vectors[version.version_id] = embed_inputs(conn, version, settings, inputs, stats, commit=False)
         write_document(conn, doc, stored, current, vectors, settings, stats)
-        documents.mark_indexed(conn, doc.doc_id)
+        store.queue.mark_indexed(conn, doc.doc_id)
     stats.documents_indexed += 1
     stats.chunks_indexed += len(stored)
     return current
@@ -165,11 +158,11 @@ def rebalance_bm25(conn: psycopg.Connection, version: IndexVersion, settings: Se
     computed with (a first build, a corpus that changed shape) or k1/b changed: scores stay textbook BM25."""
     bm25 = settings.retrieval.bm25
     with conn.transaction():
-        state = versions.bm25_state(conn, version)
+        state = store.versions.bm25_state(conn, version)
         drifted = (state.live_avgdl is not None and state.weights_avgdl is not None
                    and abs(state.live_avgdl - state.weights_avgdl) > bm25.reweight_drift * state.weights_avgdl)
         if drifted or (state.k1, state.b) != (bm25.k1, bm25.b):
-            versions.reweight_bm25(conn, version, bm25.k1, bm25.b)
+            store.versions.reweight_bm25(conn, version, bm25.k1, bm25.b)
             return True
     return False
 
@@ -181,18 +174,18 @@ def assign_groups(
     labels_key = dedup.acl_key(labels)
     assigned: list[StoredChunk] = []
     for chunk in chunks:
-        if chunk.group_id and groups.group_key(conn, chunk.group_id) == (labels_key, params.key):
+        if chunk.group_id and store.groups.group_key(conn, chunk.group_id) == (labels_key, params.key):
             assigned.append(chunk)
             continue
         sig = dedup.signature(chunk.text)
         buckets = dedup.band_buckets(sig, params, labels_key, dedup.figures_key(chunk.text))
-        group_id = dedup.closest_group(sig, groups.candidates(conn, buckets, labels_key, params.key), params.threshold)
+        group_id = dedup.closest_group(sig, store.groups.candidates(conn, buckets, labels_key, params.key), params.threshold)
         if group_id is None:
             # Derived from the label set too: a relabelled chunk opens a new group, never re-labels an old one
             # that other documents' chunks still belong to.
             group_id = ids.group_id(chunk.chunk_id, labels_key, params.key)
-            groups.open_group(conn, group_id, labels_key, params.key, sig, buckets)
-        chunk_store.set_group(conn, chunk.chunk_id, group_id)
+            store.groups.open_group(conn, group_id, labels_key, params.key, sig, buckets)
+        store.chunks.set_group(conn, chunk.chunk_id, group_id)
         assigned.append(replace(chunk, group_id=group_id))
     return assigned
 
@@ -209,35 +202,35 @@ def write_document(
     """Replace one document's rows in the given versions (inside the caller's transaction, which has claimed the
     document's row). The labels are read here, under that row lock, never taken from when the work was planned:
     a scan that narrowed them meanwhile must not be undone by a writer holding the old ones."""
-    labels = documents.current_labels(conn, doc.doc_id)
+    labels = store.queue.current_labels(conn, doc.doc_id)
     if not labels:
         return  # held back meanwhile (no labels): nothing of it may reach the index
     doc = replace(doc, acl_labels=labels)
-    groups.lock_assignment(conn)
+    store.groups.lock_assignment(conn)
     chunks = assign_groups(conn, stored_chunks, doc.acl_labels, dedup.lsh_params(settings.dedup.threshold))
     stats.occurrences += len(chunks)
     for version in targets:
         vectors = vectors_by_version[version.version_id]
-        released = versions.delete_document_rows(conn, version, doc.doc_id)
+        released = store.versions.delete_document_rows(conn, version, doc.doc_id)
         rows = [IndexRow(c, sha, vectors[sha]) for c in chunks for sha in (ids.embedding_input_sha(c.embedding_input),)]
-        written = versions.insert_group_rows(conn, version, doc.acl_labels, rows)
+        written = store.versions.insert_group_rows(conn, version, doc.acl_labels, rows)
         stats.rows_written += written
         stats.near_duplicates += len(rows) - written
         # Groups this document owned but no longer holds get a row from another occurrence.
         _rehome_groups(conn, version, settings, released, stats)
-    groups.drop_empty(conn, [c.group_id for c in stored_chunks if c.group_id])
+    store.groups.drop_empty(conn, [c.group_id for c in stored_chunks if c.group_id])
 
 
 def _rehome_groups(
     conn: psycopg.Connection, version: IndexVersion, settings: Settings, group_ids: list[str], stats: IndexStats
 ) -> None:
-    for chunk, labels in versions.rowless_group_occurrences(conn, version, group_ids):
+    for chunk, labels in store.versions.rowless_group_occurrences(conn, version, group_ids):
         sha = ids.embedding_input_sha(chunk.embedding_input)
-        vectors = chunk_store.cached_embeddings(conn, cache_key(version), [sha])
+        vectors = store.chunks.cached_embeddings(conn, cache_key(version), [sha])
         if sha not in vectors:
             vectors = _embed_once(conn, version, settings, {sha: chunk.embedding_input}, stats, lock=False)
-        stats.rows_written += versions.insert_group_rows(conn, version, labels, [IndexRow(chunk, sha, vectors[sha])])
-    groups.drop_empty(conn, group_ids)
+        stats.rows_written += store.versions.insert_group_rows(conn, version, labels, [IndexRow(chunk, sha, vectors[sha])])
+    store.groups.drop_empty(conn, group_ids)
 
 
 def _embedder(version: IndexVersion, settings: Settings) -> Any:
@@ -263,7 +256,7 @@ def vectors_ahead(
     def prepare(batch: list[PendingDocument]) -> tuple[Prepared, IndexStats]:
         counts = IndexStats()
         with connect(db_url) as worker_conn:
-            chunks_by_doc = chunk_store.chunks_of(worker_conn, [d.doc_id for d in batch])
+            chunks_by_doc = store.chunks.chunks_of(worker_conn, [d.doc_id for d in batch])
             vectors = {v.version_id: _vectors_for(worker_conn, v, settings, chunks_by_doc, counts) for v in targets}
         return (chunks_by_doc, vectors), counts
 
@@ -303,7 +296,7 @@ def embed_inputs(
     """Vectors for inputs (by their sha): from the cache where possible, embedded (once) otherwise, each call of
     `execution.embed_batch` inputs cached as soon as it is made (in a transaction of its own when `commit`)."""
     key = cache_key(version)
-    vectors = chunk_store.cached_embeddings(conn, key, list(inputs))
+    vectors = store.chunks.cached_embeddings(conn, key, list(inputs))
     if commit:
         conn.commit()
     stats.vectors_reused += len(vectors)
@@ -335,8 +328,8 @@ def _embed_once(
     cycle with a batch that holds some of its inputs; at worst it embeds an input another run is embedding too."""
     key = cache_key(version)
     if lock and len(inputs) <= MAX_INPUT_LOCKS:
-        chunk_store.lock_inputs(conn, key, list(inputs))
-    vectors = chunk_store.cached_embeddings(conn, key, list(inputs))  # made meanwhile by whoever held the locks
+        store.chunks.lock_inputs(conn, key, list(inputs))
+    vectors = store.chunks.cached_embeddings(conn, key, list(inputs))  # made meanwhile by whoever held the locks
     stats.vectors_reused += len(vectors)
     missing = [sha for sha in inputs if sha not in vectors]
     if not missing:
@@ -349,6 +342,6 @@ def _embed_once(
             f"{version.label} holds {version.dimensions}: nothing was written. A different model is a new "
             "index version (rag-pipeline index build).")
     fresh = dict(zip(missing, embedded, strict=True))
-    chunk_store.store_embeddings(conn, key, fresh)
+    store.chunks.store_embeddings(conn, key, fresh)
     stats.vectors_embedded += len(missing)
     return {**vectors, **fresh}

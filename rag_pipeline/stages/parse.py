@@ -17,15 +17,20 @@ from pathlib import Path, PurePosixPath
 
 import psycopg
 
-from rag_pipeline.cascade import Cascade, parse_document
-from rag_pipeline.cleaning import clean_parsed_pages, content_hash
-from rag_pipeline.config import Settings, SourceConfig
-from rag_pipeline.parsing import DeadLetter
-from rag_pipeline.sources import ChangedSinceScanError, UnsafePathError, document_password, open_judged
-from rag_pipeline.stages.common import Progress, StageStats, count, log_progress
-from rag_pipeline.status import DocumentStatus
-from rag_pipeline.store import documents, groups, pages
-from rag_pipeline.store.documents import PendingDocument
+from rag_pipeline import store
+from rag_pipeline.config import SourceConfig
+from rag_pipeline.domain.status import DocumentStatus
+from rag_pipeline.parsing.cascade import Cascade, parse_document
+from rag_pipeline.parsing.pages import DeadLetter
+from rag_pipeline.sources.folders import (
+    ChangedSinceScanError,
+    UnsafePathError,
+    document_password,
+    open_judged,
+)
+from rag_pipeline.stages.common import StageStats, count
+from rag_pipeline.store.queue import PendingDocument
+from rag_pipeline.text.cleaning import clean_parsed_pages, content_hash
 
 log = logging.getLogger(__name__)
 D = DocumentStatus
@@ -49,13 +54,6 @@ class ParseStats(StageStats):
     SUMMARY = ("parsed", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages")
 
 
-def parse_pending(db_url: str, settings: Settings, progress: Progress = log_progress) -> ParseStats:
-    """Parse every document now queued for parsing (not chunking it: see process_pending for the pipeline)."""
-    from rag_pipeline.stages.process import process_pending
-
-    return process_pending(db_url, settings, progress, chunk=False, index=False).parse
-
-
 def parse_one(
     conn: psycopg.Connection, doc: PendingDocument, source: SourceConfig, version: str, cascade: Cascade,
     stats: ParseStats,
@@ -77,13 +75,13 @@ def parse_one(
         new_hash = content_hash([page.markdown for page in parsed])
         unchanged = new_hash == doc.indexed_content_hash
         with conn.transaction():
-            if not documents.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint, doc.file_id):
+            if not store.queue.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint, doc.file_id):
                 stats.vanished += 1
                 return
-            pages.replace_pages(conn, doc.doc_id, parsed, version)
-            documents.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
+            store.pages.replace_pages(conn, doc.doc_id, parsed, version)
+            store.queue.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
                                    D.INDEXED if unchanged else D.PENDING_CHUNK, removed)
-            pages.clear_dead_letter(conn, doc.doc_id)
+            store.pages.clear_dead_letter(conn, doc.doc_id)
     except UnsafePathError as exc:
         dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
         return
@@ -165,13 +163,13 @@ def dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter,
     """Park the document with its reason; its old rows leave the index. It is retried when its file changes.
     Only a document still queued for parsing or chunking, and for the same file, is parked."""
     with conn.transaction():
-        groups.lock_assignment(conn)  # before the row lock (see store.groups)
-        status = documents.lock_queued(conn, doc.doc_id, doc.fingerprint, doc.file_id)
+        store.groups.lock_assignment(conn)  # before the row lock (see store.groups)
+        status = store.queue.lock_queued(conn, doc.doc_id, doc.fingerprint, doc.file_id)
         if status not in (D.PENDING_PARSE, D.PENDING_CHUNK):
             return False
-        documents.delete_derived_rows(conn, [doc.doc_id])
-        pages.record_dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
-        documents.mark_dead_letter(conn, doc.doc_id)
+        store.scans.delete_derived_rows(conn, [doc.doc_id])
+        store.pages.record_dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
+        store.queue.mark_dead_letter(conn, doc.doc_id)
     log.warning("dead-lettered %s/%s: %s", doc.source, doc.rel_path, exc)
     stats.dead_lettered += 1
     count(stats.dead_letter_reasons, exc.reason)

@@ -1,6 +1,6 @@
 """The refresh's document work, one document at a time per worker.
 
-Worker processes (one per core by default, rag_pipeline.isolation) each lease a queued document from Postgres
+Worker processes (one per core by default, rag_pipeline.workers.pool) each lease a queued document from Postgres
 (rag_pipeline.store.work), parse and clean it and chunk it, within a time and a memory budget; this process
 meanwhile embeds and indexes what they finish, so parsing overlaps with embedding. Any number of such runs, in
 any number of processes or machines, share the same queue: a lease is taken with FOR UPDATE SKIP LOCKED and
@@ -25,11 +25,11 @@ from typing import Any
 
 import psycopg
 
+from rag_pipeline import store
 from rag_pipeline.config import Settings, SourceConfig
-from rag_pipeline.isolation import Failed, Finished, Limits, Runner, WorkerPool, auto_workers
-from rag_pipeline.model_identity import adopt_model_identities
-from rag_pipeline.parsing import DeadLetter
-from rag_pipeline.progress import Reporter
+from rag_pipeline.domain.status import DocumentStatus
+from rag_pipeline.embedding.identity import adopt_model_identities
+from rag_pipeline.parsing.pages import DeadLetter
 from rag_pipeline.stages.chunk import (
     ChunkStats,
     check_configured_model,
@@ -41,10 +41,10 @@ from rag_pipeline.stages.chunk import (
 from rag_pipeline.stages.common import Progress, log_progress
 from rag_pipeline.stages.index import IndexStats, index_documents
 from rag_pipeline.stages.parse import ParseStats, dead_letter, parse_one, remove_orphaned_copies
-from rag_pipeline.status import DocumentStatus
-from rag_pipeline.store import documents, groups, work
+from rag_pipeline.stages.progress import Reporter
 from rag_pipeline.store.database import connect, index_write_lock
-from rag_pipeline.store.documents import PendingDocument
+from rag_pipeline.store.queue import PendingDocument
+from rag_pipeline.workers.pool import Failed, Finished, Limits, Runner, WorkerPool, auto_workers
 
 log = logging.getLogger(__name__)
 D = DocumentStatus
@@ -128,18 +128,18 @@ class DocumentRunner:
     def setup(self, db_url: str, settings: Settings, plan: ChunkPlan | None) -> _WorkerState:
         """Everything a document needs, loaded once per worker: a failure here is the machine's (a missing model,
         an unreachable database), and stops the run instead of dead-lettering every document."""
-        from rag_pipeline.cascade import Cascade
-        from rag_pipeline.parsing import parser_version
+        from rag_pipeline.parsing.cascade import Cascade
+        from rag_pipeline.parsing.pages import parser_version
 
         state = _WorkerState(db_url, settings, plan, connect(db_url), parser_version())
         state.cascade = Cascade(settings.parsing)
         if plan is not None:
-            from rag_pipeline.chunking import Chunker
-            from rag_pipeline.embedding import load_tokenizer
+            from rag_pipeline.embedding.locations import load_tokenizer
+            from rag_pipeline.text.chunking import Chunker
 
             state.chunker = Chunker(load_tokenizer(plan.model_location), plan.size, plan.overlap)
         if settings.prefix.mode == "llm":
-            from rag_pipeline.prefixes import LlmPrefixer
+            from rag_pipeline.text.prefixes import LlmPrefixer
 
             state.prefixer = LlmPrefixer(settings.prefix)
         return state
@@ -152,7 +152,7 @@ class DocumentRunner:
             parse_one(state.conn, task.doc, task.source, state.parser_version, state.cascade, result.parse)
             result.parse.seconds = time.perf_counter() - started
             result.parse.tiers_unavailable = dict(state.cascade.unavailable)
-            doc = documents.pending_document(state.conn, task.doc.doc_id, D.PENDING_CHUNK) if task.chunk else None
+            doc = store.queue.pending_document(state.conn, task.doc.doc_id, D.PENDING_CHUNK) if task.chunk else None
         if doc is not None and state.chunker is not None:
             started = time.perf_counter()
             chunk_one(state.conn, doc, state.chunker, state.prefixer, state.settings, result.chunk)
@@ -165,18 +165,18 @@ def lease_owner() -> str:
 
 
 @contextlib.contextmanager
-def leases_kept(db_url: str, lease_seconds: float) -> Iterator[work.Lease]:
+def leases_kept(db_url: str, lease_seconds: float) -> Iterator[store.work.Lease]:
     """A lease for this run, kept alive by a connection of its own (a third of the lease apart it renews every
     lease taken under it); every lease still held is released at the block's end. If this process dies, its
     session ends and the leases are void at once."""
     keeper_conn = connect(db_url)
-    lease = work.open_lease(keeper_conn, lease_owner(), lease_seconds)
+    lease = store.work.open_lease(keeper_conn, lease_owner(), lease_seconds)
     stop = threading.Event()
 
     def renew() -> None:
         while not stop.wait(lease_seconds / 3):
             try:
-                work.renew(keeper_conn, lease, lease_seconds)
+                store.work.renew(keeper_conn, lease, lease_seconds)
             except psycopg.Error as exc:  # try again next time; the session itself keeps the leases alive
                 log.warning("could not renew the document leases of %s: %s", lease.owner, exc)
 
@@ -188,7 +188,7 @@ def leases_kept(db_url: str, lease_seconds: float) -> Iterator[work.Lease]:
         stop.set()
         keeper.join(5)
         with contextlib.suppress(psycopg.Error):
-            work.release_all(keeper_conn, lease)
+            store.work.release_all(keeper_conn, lease)
         keeper_conn.close()
 
 
@@ -217,8 +217,8 @@ def process_pending(
                                  current_chunker_version(settings, location))
                 result.chunk.chunker_version = plan.version
                 with conn.transaction():
-                    groups.lock_assignment(conn)  # before the row locks (see store.groups)
-                    result.chunk.requeued_for_new_chunker = documents.requeue_for_chunker(conn, plan.version)
+                    store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
+                    result.chunk.requeued_for_new_chunker = store.queue.requeue_for_chunker(conn, plan.version)
         with leases_kept(db_url, execution.lease_seconds) as lease:
             parsing, stop = threading.Event(), threading.Event()
             indexer = (_IndexThread(db_url, settings, lease, result.index, parsing.is_set, stop.is_set)
@@ -255,7 +255,7 @@ def process_pending(
 class _IndexThread(threading.Thread):
     """Embeds and indexes in this process while the workers parse (torch releases the GIL while it computes)."""
 
-    def __init__(self, db_url: str, settings: Settings, lease: work.Lease, stats: IndexStats,
+    def __init__(self, db_url: str, settings: Settings, lease: store.work.Lease, stats: IndexStats,
                  more_coming: Callable[[], bool], stop: Callable[[], bool]):
         super().__init__(name="index", daemon=True)
         self.args_ = (db_url, settings, lease, stats, more_coming, stop)
@@ -273,12 +273,12 @@ class _IndexThread(threading.Thread):
 
 
 def _report_index(conn: psycopg.Connection, reporter: Reporter, stats: IndexStats) -> None:
-    reporter.report(stats.documents_indexed, work.queued(conn, [D.PENDING_INDEX])[D.PENDING_INDEX],
+    reporter.report(stats.documents_indexed, store.work.queued(conn, [D.PENDING_INDEX])[D.PENDING_INDEX],
                     stats.chunks_indexed)
 
 
 def _work_documents(
-    db_url: str, settings: Settings, lease: work.Lease, statuses: list[DocumentStatus], plan: ChunkPlan | None,
+    db_url: str, settings: Settings, lease: store.work.Lease, statuses: list[DocumentStatus], plan: ChunkPlan | None,
     runner: Runner, result: ProcessStats, progress: Progress, indexer: _IndexThread | None, index_reporter: Reporter,
 ) -> None:
     execution = settings.execution
@@ -292,7 +292,7 @@ def _work_documents(
     started = time.perf_counter()
     with connect(db_url) as conn:
         # The configured definition where there is one (it carries allow_hard_links); else what is registered.
-        roots = {s.name: s for s in documents.registered_sources(conn)}
+        roots = {s.name: s for s in store.sources.registered_sources(conn)}
         roots.update({s.name: s for s in settings.sources})
         conn.commit()
         remove_orphaned_copies()
@@ -301,7 +301,7 @@ def _work_documents(
             exhausted = False
             while True:
                 while not exhausted and pool.idle():
-                    leased = work.lease_next(conn, statuses, lease)
+                    leased = store.work.lease_next(conn, statuses, lease)
                     if leased is None:
                         exhausted = True
                         break
@@ -327,14 +327,14 @@ def _work_documents(
                     done += 1
                     # Documents that moved on are released (the index worker leases them next); the others keep
                     # their lease until the run ends, so nothing is retried in a loop within one run.
-                    work.release_moved_on(conn, task.doc.doc_id, lease, statuses)
+                    store.work.release_moved_on(conn, task.doc.doc_id, lease, statuses)
                     exhausted = False
                 if exhausted and not in_hand:
                     break
                 if indexer is not None and indexer.failure is not None:
                     indexer.raise_failure()  # no point parsing what cannot be indexed
                 if reporter.due():
-                    left = sum(work.queued(conn, statuses).values())
+                    left = sum(store.work.queued(conn, statuses).values())
                     reporter.report(done, left, result.parse.pages)
                     if indexer is not None and index_reporter.due():
                         _report_index(conn, index_reporter, result.index)

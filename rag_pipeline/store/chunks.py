@@ -9,7 +9,7 @@ import numpy as np
 import psycopg
 from pgvector import HalfVector
 
-from rag_pipeline.chunking import Chunk
+from rag_pipeline.text.chunking import Chunk
 
 
 @dataclass(frozen=True)

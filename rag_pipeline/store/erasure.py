@@ -10,8 +10,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from rag_pipeline import ids as ids_module
-from rag_pipeline.store import documents, versions
+from rag_pipeline.domain import ids as ids_module
+from rag_pipeline.store import scans, versions
 from rag_pipeline.store.health import table_exists
 
 # Tables keyed by doc_id that outlive or sit beside the documents row (chunks and pages go with it).
@@ -58,7 +58,7 @@ def erase_documents(conn: psycopg.Connection, doc_ids: Sequence[str]) -> tuple[d
             sql.SQL("DELETE FROM {} WHERE doc_id = ANY(%s)").format(sql.Identifier(table_name)), (ids,)).rowcount
     removed["documents"] = conn.execute("DELETE FROM documents WHERE doc_id = ANY(%s)", (ids,)).rowcount
     # Near-duplicates of an erased document that it answered for get rows of their own (from the cache).
-    documents.repair_groups(conn, touched_groups)
+    scans.repair_groups(conn, touched_groups)
     return removed, sorted(input_shas)
 
 

@@ -1,4 +1,4 @@
-"""Near-duplicate groups and their LSH bands. Which group a chunk joins is decided in rag_pipeline.dedup."""
+"""Near-duplicate groups and their LSH bands. Which group a chunk joins is decided in rag_pipeline.text.dedup."""
 
 from __future__ import annotations
 

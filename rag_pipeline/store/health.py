@@ -1,4 +1,4 @@
-"""The read-only queries behind the six checks (rag_pipeline.health decides what passes)."""
+"""The read-only queries behind the six checks (rag_pipeline.lifecycle.checks decides what passes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from rag_pipeline.status import DOCUMENT_HELD, DOCUMENT_QUEUED, DocumentStatus
+from rag_pipeline.domain.status import DOCUMENT_HELD, DOCUMENT_QUEUED, DocumentStatus
 from rag_pipeline.store.versions import ACTIVE_ALIAS, IndexVersion, index_versions
 
 D = DocumentStatus

@@ -9,7 +9,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from rag_pipeline.parsing import ParsedPage
+from rag_pipeline.parsing.pages import ParsedPage
 
 DETAIL_CHARS = 2000  # a dead letter's detail is for people; a parser's megabyte of traceback is not
 

@@ -1,6 +1,6 @@
 """The search: every statement of the ranking is a function in the database (migration 019, schema `rag`), so
 applications that search with SQL (`rag.search`) and the pipeline's own search run the same ranking. This module
-calls them; rag_pipeline.retrieval validates the request and embeds the query.
+calls them; rag_pipeline.retrieval.search validates the request and embeds the query.
 
 The BM25 list (rag.bm25_ranking, migrations 020 and 021) reads impact-ordered postings: the `depth` highest-weighted
 postings of each query term, or the whole list when it is at most twice that (never every match of a longer list),
@@ -78,10 +78,10 @@ def named_documents(
 class SearchQuery:
     text: str
     vector: HalfVector | None  # None when the dense list is off
-    labels: tuple[str, ...]  # never empty: rag_pipeline.retrieval refuses a search without labels
+    labels: tuple[str, ...]  # never empty: rag_pipeline.retrieval.search refuses a search without labels
     k: int
     mode: str  # hybrid | dense | sparse
-    options: dict[str, Any]  # rag.search_version's p_options (rag_pipeline.retrieval.SearchOptions.sql_options)
+    options: dict[str, Any]  # rag.search_version's p_options (rag_pipeline.retrieval.search.SearchOptions.sql_options)
 
 
 def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> list[dict[str, Any]]:

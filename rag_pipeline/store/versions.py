@@ -14,8 +14,8 @@ from pgvector import HalfVector
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from rag_pipeline import ids
-from rag_pipeline.status import DOCUMENT_LIVE_IN_INDEX, VERSION_WRITABLE, DocumentStatus, VersionStatus
+from rag_pipeline.domain import ids
+from rag_pipeline.domain.status import DOCUMENT_LIVE_IN_INDEX, VERSION_WRITABLE, DocumentStatus, VersionStatus
 from rag_pipeline.store.chunks import StoredChunk
 
 V = VersionStatus
@@ -36,7 +36,7 @@ class IndexVersion:
     status: VersionStatus
     row_count: int = 0
     # ids.ModelIdentity.key: the embedding cache key of its vectors. None: a version from before model identities
-    # whose weights were not identified yet (rag_pipeline.versions.adopt_model_identities).
+    # whose weights were not identified yet (rag_pipeline.lifecycle.blue_green.adopt_model_identities).
     model_identity: str | None = None
 
     @property
@@ -84,7 +84,7 @@ def active_version(conn: psycopg.Connection) -> IndexVersion | None:
 
 
 def writable_versions(conn: psycopg.Connection) -> list[IndexVersion]:
-    """Versions that receive every write (rag_pipeline.status.VERSION_WRITABLE)."""
+    """Versions that receive every write (rag_pipeline.domain.status.VERSION_WRITABLE)."""
     return index_versions(conn, VERSION_WRITABLE)
 
 

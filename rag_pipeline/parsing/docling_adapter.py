@@ -1,0 +1,54 @@
+"""DOCX, PPTX, XLSX, HTML and Markdown through Docling's native converters, which run offline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from rag_pipeline.parsing.pages import TABLE_SEPARATOR_RE, DeadLetter, ParsedPage
+
+# The converter is shared; Docling does not promise thread safety.
+_converter_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _docling_converter() -> Any:
+    from docling.datamodel.base_models import InputFormat
+    from docling.document_converter import DocumentConverter
+
+    # PDFs never reach Docling here: its PDF pipeline needs layout-model weights (the cascade issue adds it).
+    return DocumentConverter(
+        allowed_formats=[InputFormat.DOCX, InputFormat.PPTX, InputFormat.XLSX, InputFormat.HTML, InputFormat.MD]
+    )
+
+
+def parse_with_docling(path: Path) -> Iterator[ParsedPage]:
+    from docling.datamodel.base_models import ConversionStatus
+
+    started = time.perf_counter()
+    with _converter_lock:  # the converter is shared; Docling does not promise thread safety
+        try:
+            result = _docling_converter().convert(path, raises_on_error=False)
+        except Exception as exc:
+            raise DeadLetter("corrupt", f"{type(exc).__name__}: {exc}") from exc
+    if result.status not in (ConversionStatus.SUCCESS, ConversionStatus.PARTIAL_SUCCESS):
+        errors = "; ".join(e.error_message for e in result.errors) or str(result.status)
+        raise DeadLetter("corrupt", errors)
+    document = result.document
+    elapsed = time.perf_counter() - started
+    page_numbers = sorted(document.pages) or [None]
+    per_page = elapsed / len(page_numbers)
+    for number in page_numbers:
+        markdown = document.export_to_markdown(page_no=number) if number else document.export_to_markdown()
+        yield ParsedPage(
+            page=number or 1,
+            tier="docling",
+            markdown=markdown,
+            seconds=per_page,
+            tables=len(TABLE_SEPARATOR_RE.findall(markdown)),
+            signals={"chars": len(markdown), "format": path.suffix.lower().lstrip(".")},
+        )

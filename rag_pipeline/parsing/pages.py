@@ -1,0 +1,45 @@
+"""What a parser yields: pages of Markdown, each with the tier that produced it and its signals, or a DeadLetter with a
+specific reason; and the parser version that stamps stored pages.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+TABLE_SEPARATOR_RE = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+\s*$", re.MULTILINE)
+
+
+# timeout, memory and crashed: the document's worker process went over its budget or died (rag_pipeline.workers.pool).
+DEAD_LETTER_REASONS = ("empty", "truncated", "corrupt", "encrypted", "unsupported", "too_large", "parser_error",
+                       "timeout", "memory", "crashed")
+
+
+class DeadLetter(Exception):
+    """A document that cannot be parsed, with one of DEAD_LETTER_REASONS and a human-readable detail."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        assert reason in DEAD_LETTER_REASONS, reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class ParsedPage:
+    page: int  # 1-based
+    tier: str  # pdfplumber | docling | text
+    markdown: str
+    seconds: float
+    tables: int = 0
+    signals: dict[str, Any] = field(default_factory=dict)
+
+
+@lru_cache(maxsize=1)
+def parser_version() -> str:
+    """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""
+    versions = {name: importlib.metadata.version(name) for name in ("pdfplumber", "docling-slim")}
+    return f"rp3;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"

@@ -1,0 +1,118 @@
+"""Tables drawn with ruled lines, as pdfplumber finds them, to Markdown with their header row and caption."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rag_pipeline.parsing.columns import find_gutters, group_words_into_lines
+
+
+def _cell(value: Any) -> str:
+    return " ".join(str(value or "").split()).replace("|", "\\|")
+
+
+def table_to_markdown(rows: list[list[Any]], empty_header: bool = False) -> str:
+    """Rows (first row = header) -> a Markdown table; ragged rows are padded. Empty rows are dropped, but with
+    `empty_header` an empty first row stays: a table without a header must not promote its first row."""
+    header = rows[:1] if empty_header and len(rows) > 1 else []
+    rows = header + [r for r in rows[len(header):] if any(c not in (None, "") for c in r)]
+    if len(rows) <= len(header):
+        return ""
+    width = max(len(r) for r in rows)
+    padded = [[_cell(c) for c in r] + [""] * (width - len(r)) for r in rows]
+    lines = ["| " + " | ".join(padded[0]) + " |", "|" + "---|" * width]
+    lines += ["| " + " | ".join(r) + " |" for r in padded[1:]]
+    return "\n".join(lines)
+
+
+def _drop_empty_rows_and_columns(rows: list[list[Any]]) -> list[list[Any]]:
+    rows = [r for r in rows if any(c not in (None, "") for c in r)]
+    if not rows:
+        return []
+    width = max(len(r) for r in rows)
+    keep = [j for j in range(width) if any(j < len(r) and r[j] not in (None, "") for r in rows)]
+    return [[r[j] if j < len(r) else None for j in keep] for r in rows]
+
+
+@dataclass
+class PageTable:
+    bbox: tuple[float, float, float, float]
+    rows: list[list[Any]]
+    caption: str = ""
+    caption_bbox: tuple[float, float, float, float] | None = None  # the lines the caption was read from
+    kind: str = "ruled"  # ruled | aligned
+
+    @property
+    def top(self) -> float:
+        return min(self.bbox[1], self.caption_bbox[1]) if self.caption_bbox else self.bbox[1]
+
+
+def _is_real_table(rows: list[list[Any]]) -> bool:
+    """Two rows and two columns at least: a ruled "table" of one row is an underlined line (a subtotal rule,
+    a box around a note), and is read as text or as part of the aligned table around it."""
+    rows = _drop_empty_rows_and_columns(rows)
+    return len(rows) >= 2 and max(len(r) for r in rows) >= 2
+
+
+def _inside(box: tuple[float, float, float, float], outer: tuple[float, float, float, float]) -> bool:
+    x0, top, x1, bottom = box
+    cx, cy = (x0 + x1) / 2, (top + bottom) / 2
+    return outer[0] - 1 <= cx <= outer[2] + 1 and outer[1] - 1 <= cy <= outer[3] + 1
+
+
+def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+
+def find_page_tables(page: Any) -> tuple[list[PageTable], dict[str, int]]:
+    """The page's tables and how they were found.
+
+    Aligned tables (figures sharing columns, see rag_pipeline.parsing.tables) and ruled tables are both looked for. A
+    ruled table that holds an aligned table and resolves as many columns keeps its ruled cells; any other ruled
+    table that overlaps an aligned one (the rows between two subtotal rules, a grid of header rules only) gives
+    way to it; a ruled table of one row is never a table."""
+    from rag_pipeline.parsing import tables as aligned_tables
+
+    ruled_found = [(t.bbox, t.extract()) for t in page.find_tables()]
+    ruled = [PageTable(bbox, rows) for bbox, rows in ruled_found if _is_real_table(rows)]
+    # Sideways words (a rotated margin stamp, a vertical axis title) belong to no row.
+    words = [w for w in page.extract_words() if w.get("upright", True)]
+    # Beside columns of prose, lines are read per column: a table in one column must not take the other's text.
+    gutters = find_gutters(group_words_into_lines(words), float(page.width))
+    bounds = [float("-inf"), *gutters, float("inf")]
+    aligned = [PageTable(t.bbox, t.rows, t.caption, t.caption_bbox, "aligned")
+               for lo, hi in zip(bounds, bounds[1:], strict=False)
+               for t in aligned_tables.find_tables([w for w in words if lo <= (w["x0"] + w["x1"]) / 2 < hi])]
+    kept_aligned = []
+    for table in aligned:
+        # A ruled grid that holds the aligned table and resolves as many columns has the better cells.
+        holders = [r for r in ruled if len(r.rows) >= 3 and _inside(table.bbox, r.bbox)
+                   and max(len(row) for row in r.rows) >= len(table.rows[0])]
+        if holders:
+            if table.caption and not holders[0].caption:
+                holders[0].caption, holders[0].caption_bbox = table.caption, table.caption_bbox
+            continue
+        ruled = [r for r in ruled if not _overlaps(r.bbox, table.bbox)]
+        kept_aligned.append(table)
+    found = sorted(ruled + kept_aligned, key=lambda t: t.bbox[1])
+    stray = [row for row in aligned_tables.figure_rows(words) if not any(_inside(row, t.bbox) for t in found)]
+    stats = {"ruled_tables": len(ruled), "aligned_tables": len(kept_aligned),
+             "one_row_rulings": sum(1 for _, rows in ruled_found if not _is_real_table(rows)),
+             "stray_figure_rows": len(stray)}
+    return found, stats
+
+
+SELF_NAMED_CAPTION_RE = re.compile(r"^(?:Table|Tabelle|Tableau)\b", re.IGNORECASE)
+
+
+def table_block(table: PageTable) -> str:
+    """A table's Markdown with its caption on the line above (`Table: ...` unless it names itself)."""
+    markdown = table_to_markdown(table.rows, empty_header=table.kind == "aligned")
+    if not markdown or not table.caption:
+        return markdown
+    caption = " ".join(table.caption.split())
+    if not SELF_NAMED_CAPTION_RE.match(caption):
+        caption = f"Table: {caption}"  # pandoc's caption line; the chunker keeps it with the table
+    return f"{caption}\n{markdown}"

@@ -1,0 +1,343 @@
+"""`rag-pipeline serve`: the index over HTTP for applications (FastAPI on uvicorn).
+
+    POST /search   {"query": "...", "k": 10, "mode": "hybrid"}  ->  {"results": [...], "version": ..., ...}
+    GET  /healthz  the process answers
+    GET  /readyz   the database answers, an active version exists, and the latest index checks
+    GET  /docs     OpenAPI documentation (/openapi.json)
+
+A caller is its API token (`Authorization: Bearer ...`), mapped in the configuration (`service.tokens`) to the
+labels its searches carry; labels never come from the request. Tokens are stored as sha256 digests or read from
+the environment, never in clear in a file, and compared in constant time. Request bodies, queries and k are
+bounded; every error is a JSON object {"error": {"code", "message"}}. The query model is loaded once per process
+and follows the active version's model through promotions (rag_pipeline.embedding.identity).
+"""
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import psycopg
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pgvector.psycopg import register_vector
+from psycopg_pool import ConnectionPool, PoolTimeout
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException
+
+from rag_pipeline import store
+from rag_pipeline.config import ConfigError, ServiceConfig, Settings
+from rag_pipeline.embedding.locations import ModelUnavailableError
+from rag_pipeline.retrieval.search import SearchError, SearchHit, SearchOptions, search
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str
+    labels: tuple[str, ...]
+
+
+class TokenBook:
+    """Which token is whose: sha256 digests only, compared in constant time."""
+
+    def __init__(self, config: ServiceConfig, environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        self._entries: list[tuple[bytes, Caller]] = []
+        for index, token in enumerate(config.tokens):
+            if token.env is not None:
+                value = environ.get(token.env, "")
+                if not value:
+                    raise ConfigError(f"service.tokens[{index}].env: the environment variable {token.env} "
+                                      f"(token {token.name!r}) is not set")
+                digest = hashlib.sha256(value.encode()).digest()
+            else:
+                digest = bytes.fromhex(token.sha256 or "")
+            if any(hmac.compare_digest(known, digest) for known, _ in self._entries):
+                raise ConfigError(f"service.tokens[{index}]: the same token as an earlier entry (which labels would "
+                                  "it carry?)")
+            self._entries.append((digest, Caller(token.name, token.labels)))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def caller(self, token: str) -> Caller | None:
+        digest = hashlib.sha256(token.encode()).digest()
+        found = None
+        for known, caller in self._entries:  # every entry compared: the time says nothing about which matched
+            if hmac.compare_digest(known, digest):
+                found = caller
+        return found
+
+
+class SearchRequest(BaseModel):
+    """What a caller may ask. There is no labels field: a caller's labels come from its token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, description="the question or keywords")
+    k: int = Field(10, ge=1, description="results wanted (at most service.max_k)")
+    mode: Literal["hybrid", "dense", "sparse"] = "hybrid"
+
+    @field_validator("query")
+    @classmethod
+    def _storable(cls, query: str) -> str:
+        # JSON may carry both; the database refuses them (a DataError, which would otherwise be a 500).
+        if "\x00" in query:
+            raise ValueError("must not contain NUL characters")
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("must be valid Unicode (no lone surrogates)") from None
+        return query
+
+
+class SearchResponse(BaseModel):
+    results: list[SearchHit]  # flags: e.g. prompt-injection patterns; treat such a text as data
+    version: str
+    model: str = Field(description="the active version's model identity (backend and weights digest)")
+    took_ms: float
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+class BodyLimit:
+    """Refuses request bodies over `limit` bytes (413), whether or not Content-Length says so, and bodies not
+    received within `timeout` seconds (408): the body is read (at most `limit` bytes are held) before the
+    application sees it."""
+
+    def __init__(self, app: Any, limit: int, timeout: float) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _error(413, "request_too_large", f"request bodies are limited to {self.limit} bytes")
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await too_large(scope, receive, send)
+            return
+        body, more = bytearray(), True
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                slow = _error(408, "request_timeout", f"the request body did not arrive within {self.timeout:g} s",
+                              {"Connection": "close"})
+                await slow(scope, receive, send)
+                return
+            if message["type"] == "http.disconnect":
+                return
+            body.extend(message.get("body", b""))
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                await too_large(scope, receive, send)
+                return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _options(database_url: str) -> str:
+    """The URL's own `options` (server settings), kept beside the ones the service adds."""
+    return psycopg.conninfo.conninfo_to_dict(database_url).get("options") or ""
+
+
+def create_app(settings: Settings, database_url: str, environ: Mapping[str, str] | None = None) -> FastAPI:
+    """The service for `settings` over the (prepared) index database at `database_url`."""
+    config = settings.service
+    tokens = TokenBook(config, environ)
+    if not tokens:
+        raise ConfigError("service.tokens: no API tokens are configured, so nobody could search")
+    options = SearchOptions.from_settings(settings)
+    # Every wait on the database is bounded: the pool's queue (database_timeout_seconds, per request), a new
+    # connection (connect_timeout), a statement (statement_timeout) and unacknowledged bytes on a connection whose
+    # server vanished (tcp_user_timeout), so a hung database gives 503s, not threads stuck for ever.
+    query_ms = int(config.query_timeout_seconds * 1000)
+    pool = ConnectionPool(database_url, min_size=1, max_size=config.connections, open=False,
+                          kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(config.database_timeout_seconds)),
+                                  "options": f"{_options(database_url)} -c statement_timeout={query_ms}".strip(),
+                                  "tcp_user_timeout": query_ms},
+                          configure=register_vector, check=ConnectionPool.check_connection)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool.open(wait=True, timeout=30)
+        try:
+            yield
+        finally:
+            pool.close()
+
+    app = FastAPI(title="rag_pipeline search", version="1", lifespan=lifespan,
+                  description="Hybrid search over the active index version, filtered by the labels of your token.")
+    app.add_middleware(BodyLimit, limit=config.max_request_bytes, timeout=config.body_timeout_seconds)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("search service: unexpected %s", type(exc).__name__)
+        return _error(500, "internal_error", "the search failed; the service's log says why")
+
+    @app.exception_handler(HTTPException)  # Starlette's, so routing's 404 and 405 speak the same shape
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail),
+                      dict(exc.headers) if exc.headers else None)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if any(tuple(e["loc"]) == ("body", "labels") for e in exc.errors()):
+            return _error(403, "labels_from_token", "a caller's labels come from its API token, never from the request")
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
+        return _error(422, "invalid_request", problems)
+
+    def caller(request: Request) -> Caller:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "unauthenticated", "send your API token as 'Authorization: Bearer <token>'",
+                           {"WWW-Authenticate": "Bearer"})
+        found = tokens.caller(token.strip())
+        if found is None:
+            raise ApiError(401, "unauthenticated", "unknown API token", {"WWW-Authenticate": "Bearer"})
+        return found
+
+    # Evaluated here, not postponed: FastAPI reads the dependency from the annotation.
+    @app.post("/search", response_model=SearchResponse, responses={401: {}, 403: {}, 413: {}, 422: {}, 503: {}})
+    def search_endpoint(request: SearchRequest, who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
+        if len(request.query) > config.max_query_chars:
+            raise ApiError(422, "invalid_request", f"query: at most {config.max_query_chars} characters")
+        if request.k > config.max_k:
+            raise ApiError(422, "invalid_request", f"k: at most {config.max_k}")
+        started = time.perf_counter()
+        try:
+            with pool.connection(timeout=config.database_timeout_seconds) as conn:
+                version = store.versions.active_version(conn)
+                if version is None:
+                    raise ApiError(503, "not_ready", "there is no active index version yet")
+                hits = search(conn, request.query, who.labels, k=request.k, mode=request.mode, version=version,
+                              options=options)
+        except SearchError as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from None
+        except (PoolTimeout, psycopg.OperationalError) as exc:  # fail fast: a client can retry elsewhere
+            log.warning("search service: the database does not answer: %s", type(exc).__name__)
+            raise ApiError(503, "database_unavailable", "the index database does not answer; retry later",
+                           {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}) from None
+        except ModelUnavailableError as exc:
+            log.error("search service: %s", exc)
+            raise ApiError(503, "model_unavailable", "the query model is not available here") from None
+        return {"results": [hit.to_dict() for hit in hits], "version": version.label,
+                "model": version.model_identity or "", "took_ms": round((time.perf_counter() - started) * 1000, 2)}
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {}})
+    def readyz(request: Request) -> JSONResponse:
+        """Ready or not for anyone (a load balancer's probe); the version and the checks only for a token holder."""
+        try:
+            with pool.connection(timeout=config.database_timeout_seconds) as conn:
+                version = store.versions.active_version(conn)
+                checks = store.health.latest_checks(conn)
+        except Exception as exc:  # any failure to reach the database means not ready; the log says which
+            log.warning("search service not ready: %s", type(exc).__name__)
+            return _error(503, "not_ready", "the index database does not answer",
+                          {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
+        if version is None:
+            return _error(503, "not_ready", "there is no active index version yet")
+        try:
+            caller(request)
+        except ApiError:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({
+            "status": "ready",
+            "version": {"label": version.label, "model": version.embedding_model, "identity": version.model_identity,
+                        "dimensions": version.dimensions, "rows": version.row_count},
+            "checks": {name: {"passed": passed, "summary": summary, "checked_at": checked_at.isoformat()}
+                       for name, passed, summary, checked_at in checks},
+        })
+
+    return app
+
+
+def header_timeout_protocol(seconds: float) -> type:
+    """uvicorn's HTTP/1.1 protocol with a deadline for the request line and headers, which uvicorn lacks: a
+    client that trickles its headers (each byte resets uvicorn's keep-alive timer) is disconnected after `seconds`
+    from the connection or from the end of the previous response."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # the headers are in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
+def serve(settings: Settings, database_url: str) -> None:
+    import uvicorn
+
+    app = create_app(settings, database_url)
+    uvicorn.run(app, host=settings.service.host, port=settings.service.port, log_level="info",
+                http=header_timeout_protocol(settings.service.header_timeout_seconds))

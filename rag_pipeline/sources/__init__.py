@@ -1,0 +1,1 @@
+"""Sources of documents: a scanner yields DiscoveredFiles; local folders today."""

@@ -1,0 +1,270 @@
+"""A scan reconciled with the documents table, in SQL so it scales with the corpus: the scan staged into a
+temporary table, what it did not find counted and deleted, new and changed documents applied. Whether a scan
+may delete is decided by the discover stage (rag_pipeline.stages.discover.DeletionGuard), not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from rag_pipeline.domain import ids
+from rag_pipeline.domain.status import DOCUMENT_HELD, DocumentStatus
+from rag_pipeline.sources.folders import DiscoveredFile
+from rag_pipeline.store import groups, versions
+
+D = DocumentStatus
+# Every status by name, for statements that name several: bound as parameters, never written as literals.
+_STATUS = {status.name.lower(): status.value for status in DocumentStatus}
+
+
+@dataclass
+class ReconcileCounts:
+    seen: int = 0
+    new: int = 0
+    changed: int = 0
+    released: int = 0  # held before, admissible now
+    retitled: int = 0
+    relabelled: int = 0  # ACL-only change: labels updated in place, nothing re-embedded
+    held: int = 0  # newly held back (no labels, a bad sidecar, hard links)
+    deleted: int = 0
+    deletions_held: int = 0  # what a guarded scan would have deleted, and did not
+    deletions_held_reason: str | None = None
+
+    @property
+    def unchanged(self) -> int:
+        return self.seen - self.new - self.changed - self.released - self.retitled
+
+
+# Documents of the source its scan did not find, except those under paths the scan could not read.
+_GONE = """d.source = %(source)s AND NOT EXISTS (SELECT 1 FROM scan_files s WHERE s.doc_id = d.doc_id)
+           AND NOT EXISTS (SELECT 1 FROM unnest(%(unreadable)s::text[]) u
+                           WHERE u = '.' OR d.rel_path = u OR starts_with(d.rel_path, u || '/'))"""
+
+
+_JUDGED = """d.source = %(source)s AND NOT EXISTS (SELECT 1 FROM unnest(%(unreadable)s::text[]) u
+                           WHERE u = '.' OR d.rel_path = u OR starts_with(d.rel_path, u || '/'))"""
+
+
+def _hold_of(f: DiscoveredFile) -> tuple[str | None, str | None]:
+    if f.held:
+        return f.held[0].value, f.held[1]
+    if not f.acl_labels:
+        return D.HELD_NO_LABELS.value, "no ACL labels"
+    return None, None
+
+
+def stage_scan(conn: psycopg.Connection, files: Iterable[DiscoveredFile]) -> int:
+    """Stream one scan of a source into a temporary table (COPY) for the set operations of this transaction;
+    returns the number of files seen. Reconciliation is in SQL so it scales with the corpus."""
+    conn.execute(
+        """CREATE TEMP TABLE scan_files (
+               doc_id text PRIMARY KEY, rel_path text NOT NULL, fingerprint text NOT NULL,
+               size_bytes bigint NOT NULL, modified_at timestamptz NOT NULL, acl_labels text[] NOT NULL,
+               title text, metadata jsonb NOT NULL, hold_status text, hold_reason text,
+               file_id text, file_links integer, read_path text) ON COMMIT DROP"""
+    )
+    seen = 0
+    with conn.cursor().copy(
+        "COPY scan_files (doc_id, rel_path, fingerprint, size_bytes, modified_at, acl_labels, title, metadata,"
+        " hold_status, hold_reason, file_id, file_links, read_path) FROM STDIN"
+    ) as copy:
+        for f in files:
+            seen += 1
+            copy.write_row(
+                (
+                    f.doc_id, f.rel_path, f.fingerprint, f.size_bytes,
+                    datetime.fromtimestamp(f.mtime_ns / 1e9, tz=UTC),
+                    list(f.acl_labels), f.title, Jsonb(f.metadata), *_hold_of(f),
+                    f.file_id, f.file_links, f.read_path,
+                )
+            )
+    conn.execute("ANALYZE scan_files")
+    return seen
+
+
+def count_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> tuple[int, int]:
+    """(documents of the source the staged scan did not find, documents the scan could judge): documents under
+    paths the scan could not read are in neither."""
+    missing, total = conn.execute(
+        sql.SQL("SELECT count(*) FILTER (WHERE {gone}), count(*) FILTER (WHERE {judged}) FROM documents d").format(
+            gone=sql.SQL(_GONE), judged=sql.SQL(_JUDGED)),
+        {"source": source, "unreadable": list(unreadable)},
+    ).fetchone()
+    return missing, total
+
+
+def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> int:
+    """Delete the documents the staged scan did not find (cascading to pages, chunks and every index version),
+    write them to the deletion log, and repair the near-duplicate groups that lost occurrences."""
+    params = {"source": source, "unreadable": list(unreadable)}
+    gone = sql.SQL(_GONE)
+    # Groups that lose occurrences with the deleted documents must be repaired after the deletion.
+    touched_groups = [r[0] for r in conn.execute(
+        sql.SQL("""SELECT DISTINCT c.group_id FROM chunks c JOIN documents d USING (doc_id)
+                   WHERE {gone} AND c.group_id IS NOT NULL""").format(gone=gone), params,
+    ).fetchall()]
+    remember_embedding_inputs(conn, [r[0] for r in conn.execute(
+        sql.SQL("SELECT d.doc_id FROM documents d WHERE {gone}").format(gone=gone), params).fetchall()])
+    deleted = conn.execute(
+        sql.SQL("""WITH gone AS (
+                       DELETE FROM documents d WHERE {gone}
+                       RETURNING d.doc_id, d.source, d.rel_path)
+                   INSERT INTO deletion_log (doc_id, source, rel_path)
+                   SELECT doc_id, source, rel_path FROM gone
+                   RETURNING doc_id""").format(gone=gone),
+        params,
+    ).fetchall()
+    repair_groups(conn, touched_groups)
+    return len(deleted)
+
+
+def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts) -> None:
+    """Insert the new documents of the staged scan and classify every changed one (counted into `counts`):
+    changed files go back to parsing, relabelled ones get their labels on every index row at once, newly held
+    ones lose everything served from them (their parsed pages stay, never served). Drops the staged scan."""
+    params = {"source": source, "held": list(DOCUMENT_HELD), **_STATUS}
+    inserted = conn.execute(
+        """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                  acl_labels, title, metadata, status, held_reason, file_id, file_links, read_path)
+           SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
+                  s.title, s.metadata, coalesce(s.hold_status, %(pending_parse)s), s.hold_reason,
+                  s.file_id, s.file_links, s.read_path
+           FROM scan_files s
+           WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id)
+           RETURNING status""",
+        params,
+    ).fetchall()
+    counts.new = len(inserted)
+    counts.held = sum(1 for (status,) in inserted if status in DOCUMENT_HELD)
+
+    # Classify every existing document whose file, metadata or hold differs from what is stored. Another file
+    # (inode) under the same name is a change even with the same size and time; a row without an identity (from
+    # the release before identities) only gains one.
+    conn.execute(
+        """CREATE TEMP TABLE scan_changes ON COMMIT DROP AS
+           SELECT s.*, d.status AS old_status, d.acl_labels AS old_labels,
+                  CASE WHEN s.hold_status IS NOT NULL THEN 'hold'
+                       WHEN d.fingerprint <> s.fingerprint OR d.file_id <> s.file_id
+                            OR (d.file_id IS NOT NULL AND d.read_path IS DISTINCT FROM s.read_path) THEN 'changed'
+                       WHEN d.status = ANY(%(held)s) THEN 'released'
+                       WHEN d.title IS DISTINCT FROM s.title THEN 'retitled'
+                       WHEN d.acl_labels <> s.acl_labels THEN 'relabelled'
+                       ELSE 'metadata' END AS change
+           FROM scan_files s JOIN documents d USING (doc_id)
+           WHERE d.fingerprint <> s.fingerprint OR d.acl_labels <> s.acl_labels
+              OR d.file_id IS DISTINCT FROM s.file_id OR d.file_links IS DISTINCT FROM s.file_links
+              OR d.read_path IS DISTINCT FROM s.read_path
+              OR d.title IS DISTINCT FROM s.title OR d.metadata <> s.metadata
+              OR s.hold_status IS DISTINCT FROM (CASE WHEN d.status = ANY(%(held)s) THEN d.status END)
+              OR d.held_reason IS DISTINCT FROM s.hold_reason""",
+        params,
+    )
+    # A document that is held back now loses everything served from it, in this transaction (its pages stay,
+    # never served, so a release re-chunks instead of re-parsing).
+    holds = [r[0] for r in conn.execute(
+        "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND NOT old_status = ANY(%s)", (list(DOCUMENT_HELD),)
+    ).fetchall()]
+    counts.held += len(holds)
+    if holds:
+        delete_derived_rows(conn, holds, keep_pages=True)
+    conn.execute(
+        """UPDATE documents d SET
+               fingerprint = c.fingerprint, size_bytes = c.size_bytes, modified_at = c.modified_at,
+               file_id = c.file_id, file_links = c.file_links, read_path = c.read_path,
+               acl_labels = c.acl_labels, title = c.title, metadata = c.metadata, last_seen = now(),
+               held_reason = c.hold_reason,
+               status = CASE c.change
+                   WHEN 'hold' THEN c.hold_status
+                   WHEN 'changed' THEN %(pending_parse)s
+                   WHEN 'released' THEN CASE WHEN d.content_hash IS NOT NULL THEN %(pending_chunk)s
+                                             ELSE %(pending_parse)s END
+                   WHEN 'retitled' THEN CASE WHEN d.status IN (%(indexed)s, %(pending_index)s)
+                                             THEN %(pending_chunk)s ELSE d.status END
+                   ELSE d.status END,
+               changed_at = CASE WHEN c.change IN ('changed', 'released', 'retitled')
+                                 THEN now() ELSE d.changed_at END
+           FROM scan_changes c WHERE d.doc_id = c.doc_id""",
+        params,
+    )
+    for change, number in conn.execute("SELECT change, count(*) FROM scan_changes GROUP BY change").fetchall():
+        if change in ("changed", "released", "retitled", "relabelled"):
+            setattr(counts, change, number)
+    # Labels change on the rows at once, whatever else changed: a narrowed ACL must not wait for re-parsing
+    # (which may fail, or run later) to take effect.
+    relabelled = [r[0] for r in conn.execute(
+        "SELECT doc_id FROM scan_changes WHERE change <> 'hold' AND acl_labels <> old_labels"
+    ).fetchall()]
+    if relabelled:
+        relabel_index_rows(conn, relabelled)
+    conn.execute("DROP TABLE scan_changes")
+    conn.execute("DROP TABLE scan_files")
+
+
+def repair_groups(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:
+    """After occurrences of these groups disappeared: drop groups left empty, and send the documents that
+    still hold an occurrence back to indexing, so a group whose row went with its owner gets a new one
+    (from the embedding cache: nothing is re-embedded)."""
+    if not group_ids:
+        return
+    groups.drop_empty(conn, group_ids)
+    conn.execute(
+        """UPDATE documents SET status = %s
+           WHERE status = %s AND doc_id IN (SELECT doc_id FROM chunks WHERE group_id = ANY(%s))""",
+        (D.PENDING_INDEX, D.INDEXED, list(group_ids)),
+    )
+
+
+def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str], keep_pages: bool = False) -> None:
+    """Remove every row derived from these documents (pages, chunks, all index versions) but the documents.
+    With keep_pages, a held document keeps its parsed pages and LLM prefixes (never served): when it is released
+    it is re-chunked from them, not parsed again (OCR, VLM and prefix calls are not paid twice)."""
+    groups.lock_assignment(conn)
+    touched_groups = [r[0] for r in conn.execute(
+        "SELECT DISTINCT group_id FROM chunks WHERE doc_id = ANY(%s) AND group_id IS NOT NULL", (list(doc_ids),)
+    ).fetchall()]
+    remember_embedding_inputs(conn, doc_ids)
+    for version in versions.index_versions(conn):
+        versions.delete_rows_of(conn, version, doc_ids)
+    conn.execute("DELETE FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),))
+    if keep_pages:
+        conn.execute("UPDATE documents SET indexed_content_hash = NULL WHERE doc_id = ANY(%s)", (list(doc_ids),))
+    else:
+        conn.execute("DELETE FROM document_pages WHERE doc_id = ANY(%s)", (list(doc_ids),))
+        conn.execute("DELETE FROM prefix_cache WHERE doc_id = ANY(%s)", (list(doc_ids),))
+        conn.execute(
+            "UPDATE documents SET content_hash = NULL, indexed_content_hash = NULL WHERE doc_id = ANY(%s)",
+            (list(doc_ids),),
+        )
+    repair_groups(conn, touched_groups)
+
+
+def remember_embedding_inputs(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
+    """Record what the documents' embedding-cache entries are keyed by, before their chunks and index rows go:
+    the entries outlive the rows (for a return, until gc), and erasure must still find them."""
+    inputs = {(doc_id, ids.embedding_input_sha(f"{prefix}\n{text}" if prefix else text))
+              for doc_id, prefix, text in conn.execute(
+                  "SELECT doc_id, prefix, text FROM chunks WHERE doc_id = ANY(%s)", (list(doc_ids),)).fetchall()}
+    for version in versions.index_versions(conn):
+        inputs.update(versions.embedding_inputs_of(conn, version, doc_ids))
+    if inputs:
+        with conn.cursor() as cursor:
+            cursor.executemany("INSERT INTO document_embedding_inputs (doc_id, input_sha) VALUES (%s, %s) "
+                               "ON CONFLICT DO NOTHING", sorted(inputs))
+
+
+def relabel_index_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
+    """ACL-only change: copy the documents' labels onto their rows in every version at once (a narrowed
+    ACL must not wait for anything), then regroup them: near-duplicate groups never span label sets.
+    Regrouping takes vectors from the embedding cache, so nothing is re-embedded."""
+    for version in versions.index_versions(conn):
+        versions.copy_document_labels(conn, version, doc_ids)
+    conn.execute(
+        "UPDATE documents SET status = %s WHERE status = %s AND doc_id = ANY(%s)",
+        (D.PENDING_INDEX, D.INDEXED, list(doc_ids)),
+    )

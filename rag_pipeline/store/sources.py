@@ -1,0 +1,84 @@
+"""The sources registry: sources as configured (or given on the command line), their scans' locks and records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+
+from rag_pipeline.config import SourceConfig
+from rag_pipeline.domain.status import DocumentStatus
+from rag_pipeline.store.scans import ReconcileCounts, delete_derived_rows
+
+D = DocumentStatus
+
+
+def lock_source_scan(conn: psycopg.Connection, source: str) -> None:
+    """Serialise scans of one source until the transaction ends (other sources' scans run beside it)."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"rag_pipeline.scan:{source}",))
+
+
+def upsert_source(conn: psycopg.Connection, source: SourceConfig, origin: str = "config") -> None:
+    conn.execute(
+        """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds, origin)
+           VALUES (%s, %s, %s, %s, %s, %s)
+           ON CONFLICT (name) DO UPDATE SET root = EXCLUDED.root,
+               include_patterns = EXCLUDED.include_patterns,
+               default_acl_labels = EXCLUDED.default_acl_labels,
+               freshness_sla_seconds = EXCLUDED.freshness_sla_seconds,
+               origin = EXCLUDED.origin""",
+        (source.name, str(source.root), list(source.include), list(source.acl_labels), source.freshness_sla_seconds,
+         origin),
+    )
+
+
+def configured_sources_removed(conn: psycopg.Connection, configured: Sequence[str]) -> list[str]:
+    """Sources registered from the configuration file that are no longer in it."""
+    return [r[0] for r in conn.execute(
+        "SELECT name FROM sources WHERE origin = 'config' AND NOT name = ANY(%s) ORDER BY name", (list(configured),)
+    ).fetchall()]
+
+
+def hold_source(conn: psycopg.Connection, source: str) -> int:
+    """Hold every document of a source that left the configuration: nothing of it is served any more, and it
+    comes back (from the embedding cache) if the source does. Returns how many were newly held."""
+    held = [r[0] for r in conn.execute(
+        """UPDATE documents SET status = %s, held_reason = 'its source was removed from the configuration'
+           WHERE source = %s AND status <> %s RETURNING doc_id""",
+        (D.HELD_SOURCE_REMOVED, source, D.HELD_SOURCE_REMOVED),
+    ).fetchall()]
+    if held:
+        delete_derived_rows(conn, held, keep_pages=True)
+    return len(held)
+
+
+def registered_sources(conn: psycopg.Connection, origin: str | None = None) -> list[SourceConfig]:
+    """Sources the database knows, of one origin ('config', 'command_line') or all."""
+    rows = conn.execute(
+        """SELECT name, root, include_patterns, default_acl_labels, freshness_sla_seconds FROM sources
+           WHERE %(origin)s::text IS NULL OR origin = %(origin)s ORDER BY name""", {"origin": origin}
+    ).fetchall()
+    return [
+        SourceConfig(name=name, root=Path(root), include=tuple(inc), acl_labels=tuple(acl), freshness_sla=sla)
+        for name, root, inc, acl, sla in rows
+    ]
+
+
+def record_scan(conn: psycopg.Connection, source: str, started_at: datetime, counts: ReconcileCounts) -> None:
+    conn.execute(
+        """INSERT INTO source_scans (source, started_at, finished_at, files_seen, new_docs, changed, deleted,
+                                     deletions_held, held_reason)
+           VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s)""",
+        (source, started_at, counts.seen, counts.new, counts.changed, counts.deleted, counts.deletions_held,
+         counts.deletions_held_reason),
+    )
+    conn.execute(
+        "UPDATE sources SET last_scan_started_at = %s, last_scan_completed_at = now() WHERE name = %s",
+        (started_at, source),
+    )
+
+
+# --- how Dagster names documents ---
