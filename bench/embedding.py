@@ -2,7 +2,7 @@
 
 The baseline is one `encode` call over exactly the inputs the index stage embeds (prefix + chunk text), same
 model, same batch size. Measured against it: the embedding step as rag_pipeline runs it (embedding-cache
-lookup, encode, cache write), and the whole index stage (`rag_pipeline.stages.index.index_pending` on an empty
+lookup, encode, cache write), and the whole index stage (`rag_pipeline.stages.process.process_pending(..., parse=False, chunk=False)` on an empty
 cache), which also groups near-duplicates and writes the rows of the index version.
 
     .venv/bin/python -m bench.embedding --docs 300
@@ -21,10 +21,8 @@ from rag_pipeline.config import load_settings
 from rag_pipeline.domain import ids
 from rag_pipeline.embedding.embedders import get_embedder
 from rag_pipeline.embedding.locations import resolve_model
-from rag_pipeline.stages.chunk import chunk_pending
 from rag_pipeline.stages.discover import discover
-from rag_pipeline.stages.index import index_pending
-from rag_pipeline.stages.parse import parse_pending
+from rag_pipeline.stages.process import process_pending
 from rag_pipeline.store.database import connect
 
 
@@ -45,8 +43,8 @@ def main() -> None:
         settings = load_settings(config)
         url = settings.database_url
         discover(url, settings.sources)
-        parse_pending(url, settings)
-        chunk_pending(url, settings)
+        process_pending(url, settings, chunk=False, index=False)
+        process_pending(url, settings, parse=False, index=False)
         with connect(url) as conn:
             doc_ids = [r[0] for r in conn.execute("SELECT doc_id FROM documents").fetchall()]
             inputs = sorted({c.embedding_input for chunks in store.chunks.chunks_of(conn, doc_ids).values() for c in chunks})
@@ -68,7 +66,7 @@ def main() -> None:
         step_seconds = timed(embedding_step)
         with connect(url) as conn:
             conn.execute("DELETE FROM embedding_cache")  # the stage below embeds everything afresh
-        stage_seconds = timed(lambda: index_pending(url, settings))
+        stage_seconds = timed(lambda: process_pending(url, settings, parse=False, chunk=False))
 
     print(f"machine: {machine()}")
     print(f"{len(inputs)} distinct inputs from {args.docs} documents, batch size {args.batch_size}, "

@@ -64,9 +64,11 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.store.database import migrate, resolve_urls
+    # Through prepare, as every entry point: the schema, model identities and the search settings SQL callers read.
+    from rag_pipeline.lifecycle.prepare import prepare
+    from rag_pipeline.store.database import resolve_urls
 
-    applied = migrate(resolve_urls(settings).index)
+    applied = prepare(resolve_urls(settings).index, settings)
     print(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
     return 0
 
@@ -351,7 +353,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     """Index versions (blue/green): list, build, promote, roll back, retire."""
     from rag_pipeline import store
-    from rag_pipeline.retrieval.search import SearchOptions
+    from rag_pipeline.lifecycle import blue_green
     from rag_pipeline.store.database import connect
 
     if args.index_command == "build":
@@ -369,26 +371,23 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     if args.index_command in ("promote", "rollback", "retire"):
         with connect(_index_url(settings)) as conn, conn.transaction():
             if args.index_command == "promote":
-                checks = settings.checks
-                golden = Path(args.golden) if args.golden else checks.golden_set
-                labels = list(parse_labels(args.labels)) if args.labels else list(checks.golden_labels)
-                candidate = _searchable_version(conn, args.version)
-                gates = store.versions.check_gates(
-                    conn, candidate, golden, labels or None, k=args.k or checks.k,
-                    tolerance=checks.quality_tolerance if args.tolerance is None else args.tolerance,
-                    options=SearchOptions.from_settings(settings),
-                )
-                for failure in gates.failures:
-                    print(f"gate failed: {failure}", file=sys.stderr)
-                if args.force and gates.failures:
-                    print(f"--force: promoting despite failed gates, because: {args.force} (recorded)",
+                try:
+                    gates = blue_green.promote_with_gates(
+                        conn, args.version, settings, golden=Path(args.golden) if args.golden else None,
+                        labels=list(parse_labels(args.labels)) if args.labels else None, k=args.k,
+                        tolerance=args.tolerance, force_reason=args.force)
+                except blue_green.PromotionRefused as refused:
+                    for failure in refused.gates.failures:
+                        print(f"gate failed: {failure}", file=sys.stderr)
+                    raise
+                if gates.failures:
+                    print(f"--force: promoted despite failed gates, because: {args.force} (recorded)",
                           file=sys.stderr)
-                store.versions.promote(conn, candidate.version_id, gates, force=bool(args.force), reason=args.force)
-                print(f"{candidate.label} is active")
+                print(f"v{args.version} is active")
             elif args.index_command == "rollback":
-                print(f"rolled back: {store.versions.rollback(conn).label} is active")
+                print(f"rolled back: {blue_green.rollback(conn).label} is active")
             else:
-                store.versions.retire(conn, args.version)
+                blue_green.retire(conn, args.version)
                 print(f"v{args.version} retired; its table is dropped")
         return 0
 

@@ -333,7 +333,7 @@ class RetentionConfig(_Section):
 
 
 class ChecksConfig(_Section):
-    """Thresholds of the asset checks that keep the index true (see the README for each check)."""
+    """Thresholds of the asset checks that keep the index true (docs/operations.md says what each checks)."""
 
     golden_set: Path | None = Field(None, description="JSON Lines golden set for retrieval_quality; null: off")
     golden_labels: Labels = Field((), description="the ACL labels the golden questions are asked with")
@@ -398,7 +398,7 @@ class RoutingConfig(_Section):
     """Document-aware ranking: a query that names documents (by title, path or metadata: a company, a period, a
     form) also ranks within them, and that list joins the fusion. A query word names documents only when few
     documents' names carry it and its text is concentrated in those documents (a company in its own filings), so
-    on topic-named pages a manual's "create" or "query" names no page (README: "Retrieval quality")."""
+    on topic-named pages a manual's "create" or "query" names no page (docs/retrieval.md: routing)."""
 
     enabled: bool = True
     weight: float = Field(1.0, ge=0.0, description="RRF weight of the within-document lists, relative to the others")

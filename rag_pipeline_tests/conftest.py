@@ -6,7 +6,9 @@ template (CREATE DATABASE ... TEMPLATE), which takes milliseconds.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 import shutil
 import tempfile
 import uuid
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 import yaml
@@ -23,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from rag_pipeline.config import ENV_OVERRIDES, Settings, load_settings  # noqa: E402
+from rag_pipeline.lifecycle import checks  # noqa: E402
 from rag_pipeline.store.database import EmbeddedPostgres, connect, ensure_database, migrate  # noqa: E402
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "sample_corpus"
@@ -60,22 +64,48 @@ def _with_database(admin_url: str, name: str) -> str:
     return psycopg.conninfo.make_conninfo(admin_url, dbname=name)
 
 
+# The migrations of the releases before the SQL baseline (sql/migrations/000_baseline.sql), byte for byte: test
+# fixtures that build the databases those releases left, for upgrade tests. Not package data.
+LEGACY_MIGRATIONS_DIR = Path(__file__).resolve().parent / "legacy_migrations"
+
+
+def legacy_migrate(url: str, before: str = "999") -> list[str]:
+    """Apply the legacy migrations not applied yet whose names sort before `before` (e.g. "018"), in order, each once
+    and in its own transaction, recording them as those releases did. Returns the ones applied now."""
+    applied: list[str] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("""CREATE TABLE IF NOT EXISTS schema_migrations (
+                            version text PRIMARY KEY, checksum text NOT NULL,
+                            applied_at timestamptz NOT NULL DEFAULT now())""")
+        done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations").fetchall()}
+        for path in sorted(LEGACY_MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql")):
+            if path.name >= before or path.name in done:
+                continue
+            with conn.transaction():
+                conn.execute(path.read_text())
+                conn.execute("INSERT INTO schema_migrations (version, checksum) VALUES (%s, %s)",
+                             (path.name, hashlib.sha256(path.read_bytes()).hexdigest()))
+            applied.append(path.name)
+    return applied
+
+
+def upgrade_legacy(url: str) -> list[str]:
+    """What the owner of such a database does: the last release before the baseline migrates it to its end, then this
+    one (which recognises it as at the baseline). Returns the legacy migrations applied."""
+    applied = legacy_migrate(url)
+    migrate(url)
+    return applied
+
+
 @contextmanager
 def database_before(admin_url: str, workdir: Path, first_new: str) -> Iterator[str]:
-    """A new database migrated up to (not including) migration `first_new`, e.g. "018": the schema an earlier
+    """A new database migrated up to (not including) legacy migration `first_new`, e.g. "018": the schema an earlier
     release left, for upgrade tests. Dropped afterwards."""
-    from rag_pipeline.store.database import MIGRATIONS_DIR
-
     name = f"before{first_new}_{uuid.uuid4().hex[:8]}"
     ensure_database(admin_url, name)
-    previous = workdir / f"migrations_before_{first_new}"
-    previous.mkdir()
-    for path in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"):
-        if path.name < first_new:
-            shutil.copy(path, previous / path.name)
     try:
         url = _with_database(admin_url, name)
-        assert len(migrate(url, previous)) == int(first_new) - 1
+        assert len(legacy_migrate(url, first_new)) == int(first_new) - 1
         yield url
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -178,3 +208,111 @@ def clone(ingested, pg_admin_url, tmp_path):
     conn.close()
     with psycopg.connect(pg_admin_url, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+# --- the shared/torture documents ----------------------------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "torture: needs ../shared/torture beside the checkout (fails under CI=true)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `torture` is skipped on a checkout without ../shared/torture, and fails in CI, where it must be."""
+    if item.get_closest_marker("torture") and not (TORTURE / "manifest.csv").exists():
+        message = f"{TORTURE} is not beside the checkout"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (CI must have it)")
+        pytest.skip(message)
+
+
+# --- documents written by the tests ---------------------------------------------------------------------------
+
+PORT_WORDS = ("harbour ledger cargo tariff vessel manifest customs berth crane tonnage pilot tide dredging quay "
+         "warehouse freight insurance broker charter voyage").split()
+
+
+def port_note(index: int, paragraphs: int = 3) -> str:
+    body = "\n\n".join(
+        f"## Section {p}\n\n" + " ".join(PORT_WORDS[(index * 7 + p * 3 + w) % len(PORT_WORDS)] for w in range(90)) + "."
+        for p in range(paragraphs))
+    return f"# Port note {index}\n\n{body}\n"
+
+
+# A corpus of generated field notes and its clean build, for tests that compare an index with a clean one
+# (faults, the distributed executor).
+WORDS = ("glacier moraine valley survey ice meltwater snout discharge gauge altitude station snow depth crevasse "
+         "firn ablation accumulation summit ridge basin lake shore temperature season winter summer").split()
+DOCUMENTS = 36
+BATCH = 6  # small batches: the stages interleave, so there is a "middle" to kill in
+
+
+def write_field_notes(root: Path) -> None:
+    rng = random.Random(11)
+    for index in range(DOCUMENTS):
+        paragraphs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(60, 140))).capitalize() + "."
+                      for _ in range(rng.randint(2, 5))]
+        sections = "\n\n".join(f"## Part {n + 1}\n\n{p}" for n, p in enumerate(paragraphs))
+        (root / f"note-{index:03d}.md").write_text(f"# Field note {index}\n\n{sections}\n")
+
+
+def config_for_notes(path: Path, db_url: str, corpus: Path) -> Path:
+    path.write_text(yaml.safe_dump({
+        "database_url": db_url, "data_dir": str(path.parent / "data"), "batch_size": BATCH,
+        "sources": [{"name": "notes", "root": str(corpus), "acl_labels": ["staff"]}],
+    }))
+    return path
+
+
+def snapshot(url: str) -> dict:
+    """Everything a clean build determines: documents, chunks, index rows with their vectors."""
+    with connect(url) as conn:
+        table = conn.execute("SELECT table_name FROM index_versions WHERE status = 'active'").fetchone()[0]
+        rows = conn.execute(
+            psycopg.sql.SQL("SELECT chunk_id, owner_chunk_id, doc_id, acl_labels, embedding_input_sha, embedding "
+                            "FROM {} ORDER BY chunk_id").format(psycopg.sql.Identifier(table))
+        ).fetchall()
+        return {
+            "documents": conn.execute("SELECT doc_id, status, content_hash, indexed_content_hash FROM documents "
+                                      "ORDER BY doc_id").fetchall(),
+            "chunks": conn.execute("SELECT chunk_id, doc_id, ordinal, content_hash, group_id FROM chunks "
+                                   "ORDER BY chunk_id").fetchall(),
+            "rows": [r[:5] for r in rows],
+            "vectors": np.array([r[5].to_list() for r in rows], dtype=np.float32),
+            "checks": {name: check(conn).passed for name, check in (
+                ("deletion_replay", checks.deletion_replay), ("acl_coverage", checks.acl_coverage),
+                ("index_drift", checks.index_drift))},
+        }
+
+
+def assert_same_index(actual: dict, expected: dict) -> None:
+    assert actual["documents"] == expected["documents"]
+    assert actual["chunks"] == expected["chunks"]
+    assert actual["rows"] == expected["rows"]  # chunk_id is the key: no duplicates by construction
+    assert actual["vectors"].shape == expected["vectors"].shape
+    assert np.abs(actual["vectors"] - expected["vectors"]).max() < 2e-3  # halfvec rounding of the same vector
+    assert all(actual["checks"].values()), actual["checks"]
+
+
+@pytest.fixture(scope="module")
+def notes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("notes")
+    write_field_notes(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def clean_build(notes, pg_admin_url, template_url, tmp_path_factory) -> dict:
+    name = "faults_clean"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE rag_test_template").format(sql.Identifier(name)))
+    from dagster import DagsterInstance
+
+    from rag_pipeline.defs.runs import run_ingest
+
+    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+    settings = load_settings(config_for_notes(tmp_path_factory.mktemp("clean") / "rag.yaml", url, notes))
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    return snapshot(url)

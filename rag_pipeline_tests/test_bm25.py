@@ -1,6 +1,7 @@
 """BM25 in Postgres against an oracle: on a few thousand chunks with a Zipfian vocabulary and lengths that vary,
 the lexical list's top 50 equals textbook BM25 (k1 = 1.2, b = 0.75) computed here, from the same tokens, for
-rare, common, mixed and only-very-common queries, with broad and very selective labels, and after deletions."""
+rare, common, mixed and only-very-common queries, with broad and very selective labels, and after deletions; in a
+new database and in one upgraded from the last release before the SQL baseline."""
 
 import math
 import random
@@ -30,17 +31,24 @@ def _vocabulary(rng: random.Random, size: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def corpus_db(pg_admin_url, template_url):
+def corpus_db(request, pg_admin_url, template_url):
+    """The corpus in a new database, or built in one the last release before the SQL baseline left (its BM25
+    structures written by that release's functions and triggers) and then migrated by this one."""
     import uuid
 
     import psycopg
 
-    from rag_pipeline.store.database import connect
+    from rag_pipeline.store.database import connect, migrate
+    from rag_pipeline_tests.conftest import legacy_migrate
 
     name = f"bm25_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE rag_test_template").format(sql.Identifier(name)))
-    conn = connect(psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name), autocommit=True)
+        template = sql.SQL(" TEMPLATE rag_test_template") if request.param == "new" else sql.SQL("")
+        admin.execute(sql.SQL("CREATE DATABASE {}{}").format(sql.Identifier(name), template))
+    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+    if request.param == "upgraded":
+        legacy_migrate(url)
+    conn = connect(url, autocommit=True)
     rng = random.Random(7)
     vocabulary = _vocabulary(rng, 3000)
     weights = [1 / (rank + 1) ** 1.1 for rank in range(len(vocabulary))]  # Zipf
@@ -62,6 +70,8 @@ def corpus_db(pg_admin_url, template_url):
                                 HalfVector(vector)))
     with conn.transaction():
         store.versions.reweight_bm25(conn, version, K1, B)  # as the index stage does after a first build
+    if request.param == "upgraded":
+        assert "000_baseline.sql" not in migrate(url)  # recognised as at the baseline, not run
     yield conn, version, vocabulary
     conn.close()
     with psycopg.connect(pg_admin_url, autocommit=True) as admin:
@@ -97,6 +107,12 @@ def _reference(conn, version, query: str, labels: set[str]) -> list[str]:
     return [c for c, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:TOP]]
 
 
+# Each list is checked on a new database and on one upgraded from the last release before the SQL baseline; the
+# shallow-read test on a new one only (test_sql_layout compares the two list for list, shallow reads included).
+BOTH_DATABASES = pytest.mark.parametrize("corpus_db", ["new", "upgraded"], indirect=True)
+NEW_DATABASE = pytest.mark.parametrize("corpus_db", ["new"], indirect=True)
+
+
 def _overlap(got: list[str], expected: list[str]) -> float:
     return len(set(got) & set(expected)) / len(expected) if expected else float(not got)
 
@@ -113,6 +129,7 @@ def _queries(vocabulary: list[str]) -> dict[str, str]:
     }
 
 
+@BOTH_DATABASES
 @pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
 @pytest.mark.parametrize("few_rows", [0, store.search.FEW_ROWS], ids=["impact-ordered postings", "labelled rows"])
 def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels, few_rows):
@@ -124,6 +141,7 @@ def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels, few_rows):
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
 
+@NEW_DATABASE
 @pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
 @pytest.mark.parametrize("depth", [10, 60])
 def test_shallow_reads_bound_rescore_and_deepen_to_the_same_list(corpus_db, labels, depth):
@@ -137,6 +155,7 @@ def test_shallow_reads_bound_rescore_and_deepen_to_the_same_list(corpus_db, labe
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
 
+@BOTH_DATABASES
 @pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
 @pytest.mark.parametrize("depth", [10, 60, 4000])
 def test_the_impact_path_is_exactly_the_direct_ranking(corpus_db, labels, depth):
@@ -158,6 +177,7 @@ def test_the_impact_path_is_exactly_the_direct_ranking(corpus_db, labels, depth)
             assert pruned.scores == pytest.approx(direct.scores, rel=1e-9), (query, want)
 
 
+@BOTH_DATABASES
 def test_deletions_and_inserts_keep_the_counters_true(corpus_db):
     conn, version, vocabulary = corpus_db
     table = sql.Identifier(version.table_name)

@@ -14,7 +14,6 @@ from rag_pipeline_tests.chat_server import FakeChatServer
 from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
 
 SCANNED = TORTURE / "docs" / "docling_ocr_test_scanned.pdf"
-needs_torture = pytest.mark.skipif(not SCANNED.exists(), reason="shared/torture is not beside the checkout")
 
 
 def test_structural_check():
@@ -82,7 +81,7 @@ def test_text_layer_pages_stay_in_tier_one():
     assert not any("escalation" in p.signals for p in pages)
 
 
-@needs_torture
+@pytest.mark.torture
 def test_image_only_page_is_read_by_ocr_and_docling_absence_is_reported():
     cascade = Cascade(ParsingConfig())
     (page,) = parse_document(SCANNED, None, cascade)
@@ -97,7 +96,7 @@ def test_image_only_page_is_read_by_ocr_and_docling_absence_is_reported():
     assert [a["outcome"] for a in unresolved.signals["attempts"]] == ["unavailable", "unavailable", "unavailable"]
 
 
-@needs_torture
+@pytest.mark.torture
 def test_vision_language_model_tier_over_http_with_a_page_budget():
     server = FakeChatServer()
     try:
@@ -156,7 +155,7 @@ def test_spanning_cells_of_the_table_model_fill_their_columns_and_header_rows_me
     assert html_table_rows("<table><tr><td colspan='999999'>x</td></tr></table>") == [["x"] * 50]  # bounded
 
 
-@pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
+@pytest.mark.torture
 def test_layout_tier_reads_borderless_tables_offline():
     import csv
 

@@ -14,12 +14,12 @@ from psycopg import sql
 
 from rag_pipeline import store
 from rag_pipeline.config import ChecksConfig, SourceConfig
-from rag_pipeline.defs.checks import CHECK_NAMES
 from rag_pipeline.defs.code_location import build_definitions
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.domain import ids
 from rag_pipeline.lifecycle import checks as health
-from rag_pipeline.stages.index import index_pending
+from rag_pipeline.lifecycle.checks import CHECK_NAMES
+from rag_pipeline.stages.process import process_pending
 
 
 def _table(conn) -> sql.Identifier:
@@ -58,7 +58,7 @@ def test_staleness_fails_past_the_sla_and_recovers_after_a_scan(clone):
                  "WHERE doc_id = %s", (_doc_id("products/nw200-faq.html"),))
     outcome = health.staleness(conn, settings.sources)
     assert not outcome.passed and outcome.tables["freshness_per_source"].rows[0][3] == 1
-    index_pending(conn.info.dsn, settings)
+    process_pending(conn.info.dsn, settings, parse=False, chunk=False)
     assert health.staleness(conn, settings.sources).passed
 
     # A configured source that was never scanned is stale.
@@ -162,7 +162,7 @@ def test_index_drift_finds_foreign_vectors_missing_rows_and_a_bad_alias(clone):
     outcome = health.index_drift(conn)
     assert not outcome.passed and "1 chunk groups of indexed documents have no vector" in outcome.summary
     conn.execute("UPDATE documents SET status = 'pending_index' WHERE doc_id = %s", (doc_id,))
-    index_pending(conn.info.dsn, settings)
+    process_pending(conn.info.dsn, settings, parse=False, chunk=False)
     assert health.index_drift(conn).passed
 
     # An orphan: a row whose owner chunk does not exist.
@@ -219,7 +219,7 @@ def test_retrieval_quality_fails_against_the_baseline_and_recovers(clone):
     assert any(row[-1] == "REGRESSED" for row in outcome.tables["against_baseline"].rows)
 
     conn.execute("UPDATE documents SET status = 'pending_index' WHERE doc_id = ANY(%s)", (lost,))
-    index_pending(conn.info.dsn, settings)
+    process_pending(conn.info.dsn, settings, parse=False, chunk=False)
     assert health.retrieval_quality(conn, settings.checks).passed
 
 

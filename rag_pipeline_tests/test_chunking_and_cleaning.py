@@ -194,7 +194,7 @@ def test_tables_continued_over_page_breaks_are_joined():
     assert joined[3] == pages[3] and joined[4] == pages[4]
 
 
-@pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
+@pytest.mark.torture
 def test_a_sixteen_page_table_becomes_one_table_whose_pieces_repeat_the_header(tokenizer):
     from rag_pipeline.parsing.formats import parse_file
     from rag_pipeline.text.cleaning import clean_parsed_pages

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance
 
-from rag_pipeline.defs.checks import CHECK_NAMES
 from rag_pipeline.defs.code_location import build_definitions
 from rag_pipeline.defs.ingestion import ingestion_assets
+from rag_pipeline.lifecycle.checks import CHECK_NAMES
 from rag_pipeline.store.database import ensure_database
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,25 +10,25 @@ import pytest
 
 from rag_pipeline import store
 from rag_pipeline.domain import ids
-from rag_pipeline.store.database import MIGRATIONS_DIR, DatabaseError, EmbeddedPostgres, migrate
-from rag_pipeline_tests.conftest import database_before
+from rag_pipeline.store.database import SQL_DIR, DatabaseError, EmbeddedPostgres, migrate
+from rag_pipeline_tests.conftest import database_before, legacy_migrate, upgrade_legacy
 
-SHIPPED = sorted(p.name for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+SHIPPED = sorted(p.name for p in (SQL_DIR / "migrations").glob("[0-9][0-9][0-9]_*.sql"))
 
 
 def test_migrations_apply_once_and_refuse_edits(db_url, tmp_path):
     with psycopg.connect(db_url) as conn:
         applied = [r[0] for r in conn.execute("SELECT version FROM schema_migrations").fetchall()]
-    assert sorted(applied) == SHIPPED and SHIPPED[0] == "001_init.sql"
+    assert sorted(applied) == SHIPPED and SHIPPED[0] == "000_baseline.sql"
     assert migrate(db_url) == []  # already applied: nothing happens
     edited = tmp_path / "sql"
-    edited.mkdir()
-    original = MIGRATIONS_DIR / "001_init.sql"
-    (edited / "001_init.sql").write_text(original.read_text() + "\n-- edited\n")
+    shutil.copytree(SQL_DIR, edited)
+    original = SQL_DIR / "migrations" / "000_baseline.sql"
+    (edited / "migrations" / "000_baseline.sql").write_text(original.read_text() + "\n-- edited\n")
     with pytest.raises(DatabaseError, match="changed after it was applied"):
         migrate(db_url, edited)
-    (edited / "001_init.sql").write_text(original.read_text())
-    (edited / "900_extra.sql").write_text("CREATE TABLE extra_things (id int);")
+    (edited / "migrations" / "000_baseline.sql").write_text(original.read_text())
+    (edited / "migrations" / "900_extra.sql").write_text("CREATE TABLE extra_things (id int);")
     assert migrate(db_url, edited) == ["900_extra.sql"]
     assert migrate(db_url, edited) == []
 
@@ -98,9 +98,10 @@ CREATE INDEX index_v1_tsv ON index_v1 USING gin (tsv);
 
 
 def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_url, tmp_path):
-    """A database migrated to 007 (the previous main) with documents in every state and an index version in use
-    is upgraded in place: states kept (indexed ones queued for regrouping, 012), transitions enforced (008), and
-    the existing rows searchable by BM25 and kept by its triggers from then on (009)."""
+    """A database migrated to 007 (a release before the SQL baseline; its migrations are test fixtures now) with
+    documents in every state and an index version in use is upgraded in place, by the last legacy release and then
+    this one: states kept (indexed ones queued for regrouping, 012), transitions enforced (008), and the existing rows
+    searchable by BM25 and kept by its triggers from then on (009)."""
     from pgvector import HalfVector
     from psycopg import sql
 
@@ -110,13 +111,9 @@ def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_ur
     name = f"upgrade_{tmp_path.name[-8:].replace('-', '_')}"
     ensure_database(pg_admin_url, name)
     url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
-    previous = tmp_path / "previous"
-    previous.mkdir()
-    for path in MIGRATIONS_DIR.glob("00[1-7]_*.sql"):
-        shutil.copy(path, previous / path.name)
     statuses = ("pending_parse", "pending_chunk", "pending_index", "indexed", "dead_letter", "held_no_labels")
     try:
-        assert len(migrate(url, previous)) == 7
+        assert len(legacy_migrate(url, "008")) == 7
         with connect(url, autocommit=True) as conn:
             conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)"
                          " VALUES ('s', '/x', '{}', 60)")
@@ -134,7 +131,7 @@ def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_ur
                                     section_path, page_start, page_end, content_type, acl_labels, embedding_input_sha,
                                     embedding) VALUES (%s, %s, 'indexed', %s, %s, '', '', 1, 1, 'prose', '{staff}', 's', %s)""",
                              (f"c{i}", f"c{i}", i, text, HalfVector([0.1] * 8)))
-        applied = migrate(url)
+        applied = upgrade_legacy(url)
         assert applied[0] == "008_status_transitions.sql" and "009_bm25.sql" in applied
         with connect(url, autocommit=True) as conn:
             states = dict(conn.execute("SELECT doc_id, status FROM documents").fetchall())
@@ -155,7 +152,7 @@ def test_the_migrations_upgrade_a_database_the_previous_release_left(pg_admin_ur
 
 
 def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg_admin_url, tmp_path):
-    """A database at 015 (the previous main) with queued documents: after 016 they are leased one at a time, a lease
+    """A database at legacy migration 015 with queued documents: after 016 they are leased one at a time, a lease
     whose session is gone is free at once, and pending_chunk may go to dead_letter (a chunk over its budget)."""
 
     from rag_pipeline import store
@@ -170,7 +167,7 @@ def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg
                 conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
                                                        acl_labels, status)
                                 VALUES (%s, 's', %s, 'f', 1, now(), '{staff}', %s)""", (doc_id, f"{doc_id}.md", status))
-        assert migrate(url)[0] == "016_work_units.sql"
+        assert upgrade_legacy(url)[0] == "016_work_units.sql"
         queue = [D.PENDING_PARSE, D.PENDING_CHUNK]
         with connect(url) as keeper, connect(url) as worker:
             lease = store.work.open_lease(keeper, "test", 60)
@@ -192,7 +189,7 @@ def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg
 
 
 def test_the_short_name_migration_renames_the_documents_the_previous_main_left(pg_admin_url, tmp_path):
-    """A document stored at 022 (the previous main) under a squashed capitalised file name gains the name terms of
+    """A document stored at legacy migration 022 under a squashed capitalised file name gains the name terms of
     its leading letters ("MGM" from MGMRESORTS) in place; a lower-case path keeps the terms it had."""
     from rag_pipeline.store.database import connect
 
@@ -206,7 +203,7 @@ def test_the_short_name_migration_renames_the_documents_the_previous_main_left(p
                                                        acl_labels, status)
                                 VALUES (%s, 's', %s, 'f', 1, now(), '{staff}', 'pending_parse')""", (doc_id, path))
             before = dict(conn.execute("SELECT doc_id, name_terms FROM documents").fetchall())
-        assert migrate(url)[0] == "023_periods_and_short_names.sql"
+        assert upgrade_legacy(url)[0] == "023_periods_and_short_names.sql"
         with connect(url, autocommit=True) as conn:
             after = dict(conn.execute("SELECT doc_id, name_terms FROM documents").fetchall())
             mgm = conn.execute("SELECT rag_term_id('mgm')").fetchone()[0]
@@ -215,7 +212,7 @@ def test_the_short_name_migration_renames_the_documents_the_previous_main_left(p
 
 
 def test_the_file_identity_migration_upgrades_documents_the_previous_main_left(pg_admin_url, tmp_path):
-    """024 on a database at 023: existing documents gain a ref and no identity; a scan records the identity
+    """Legacy migration 024 on a database at 023: existing documents gain a ref and no identity; a scan records the identity
     without re-queueing an unchanged document, and parsing refuses a document it has no identity for."""
     from rag_pipeline.config import SourceConfig
     from rag_pipeline.stages.discover import discover
@@ -232,7 +229,7 @@ def test_the_file_identity_migration_upgrades_documents_the_previous_main_left(p
                 "INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels, "
                 "status) VALUES (%s, 'docs', 'a.md', %s, %s, now(), '{staff}', 'indexed')",
                 (ids.doc_id("docs", "a.md"), f"{info.st_size}:{info.st_mtime_ns}", info.st_size))
-        migrate(url)
+        assert upgrade_legacy(url) == ["024_file_identity_and_refs.sql"]
         with psycopg.connect(url, autocommit=True) as conn:
             assert conn.execute("SELECT ref IS NOT NULL, file_id FROM documents").fetchone() == (True, None)
             discover(url, [SourceConfig(name="docs", root=root, acl_labels=("staff",))])

@@ -12,7 +12,7 @@ from psycopg import sql
 from rag_pipeline.config import ConfigError, load_settings
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.store.database import connect, resolve_urls
-from rag_pipeline_tests.test_faults import assert_same_index, clean_build, notes, snapshot  # noqa: F401 (fixtures)
+from rag_pipeline_tests.conftest import assert_same_index, snapshot
 
 
 @pytest.fixture

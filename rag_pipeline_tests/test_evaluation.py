@@ -23,8 +23,7 @@ from rag_pipeline.retrieval.evaluation import (
     score_question,
 )
 from rag_pipeline.retrieval.search import SearchHit, SearchOptions
-
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
+from rag_pipeline_tests.conftest import GOLDEN
 
 
 def _hit(path: str, start: int, end: int | None = None, chunk_id: str = "c") -> SearchHit:

@@ -20,6 +20,7 @@ from rag_pipeline.stages.process import leases_kept, process_pending
 from rag_pipeline.stages.progress import Reporter, Snapshot, listening
 from rag_pipeline.store.chunks import chunks_of
 from rag_pipeline.workers.pool import Failed, Finished, Limits, WorkerPool
+from rag_pipeline_tests.conftest import port_note
 from rag_pipeline_tests.hanging_worker import HangingRunner
 from rag_pipeline_tests.scripted_worker import ScriptedRunner
 
@@ -34,13 +35,6 @@ def _collect(pool: WorkerPool, count: int, timeout: float = 60) -> dict[str, Fin
         assert time.monotonic() < deadline, f"only {sorted(events)} came back"
         events.update((e.key, e) for e in pool.collect(0.2))
     return events
-
-
-def _note(index: int, paragraphs: int = 3) -> str:
-    body = "\n\n".join(
-        f"## Section {p}\n\n" + " ".join(WORDS[(index * 7 + p * 3 + w) % len(WORDS)] for w in range(90)) + "."
-        for p in range(paragraphs))
-    return f"# Port note {index}\n\n{body}\n"
 
 
 # --- the worker pool ------------------------------------------------------------------------------------
@@ -120,9 +114,9 @@ def test_hostile_documents_are_dead_lettered_and_the_rest_is_indexed(make_settin
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for index in range(6):
-        (corpus / f"note-{index}.md").write_text(_note(index))
-    (corpus / "hang.md").write_text(_note(90))
-    (corpus / "bloat.md").write_text(_note(91))
+        (corpus / f"note-{index}.md").write_text(port_note(index))
+    (corpus / "hang.md").write_text(port_note(90))
+    (corpus / "bloat.md").write_text(port_note(91))
     # The crafted lines that once froze every refresh (super-linear patterns): now ordinary text.
     (corpus / "crafted.md").write_text("# a" + "\u2028" * 20000 + "b\n\n" + "x" + ". " * 40000 + "z\n")
     settings = make_settings(
@@ -154,12 +148,12 @@ def test_deletions_and_label_changes_reach_the_index_while_a_document_hangs(make
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for index in range(4):
-        (corpus / f"note-{index}.md").write_text(_note(index))
+        (corpus / f"note-{index}.md").write_text(port_note(index))
     source = {"name": "port", "root": str(corpus), "acl_labels": ["staff"]}
     settings = make_settings(sources=[source], execution={"workers": 1, "document_timeout": 15, "page_timeout": 0})
     discover(db_url, settings.sources)
     process_pending(db_url, settings)
-    (corpus / "hang.md").write_text(_note(90))
+    (corpus / "hang.md").write_text(port_note(90))
     discover(db_url, settings.sources)
     refresh = threading.Thread(target=process_pending, args=(db_url, settings),
                                kwargs={"runner": HangingRunner()})
@@ -190,7 +184,7 @@ def test_two_runs_share_one_queue_without_doing_a_document_twice(make_settings, 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for index in range(10):
-        (corpus / f"note-{index}.md").write_text(_note(index))
+        (corpus / f"note-{index}.md").write_text(port_note(index))
     settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}],
                              execution={"isolation": False})
     discover(db_url, settings.sources)
@@ -213,7 +207,7 @@ def test_parallel_index_writers_put_near_duplicates_in_one_group(make_settings, 
     corpus.mkdir()
     for index in range(6):  # six copies of one note under one name: their embedding inputs are the same too
         (corpus / f"team-{index}").mkdir()
-        (corpus / f"team-{index}" / "note.md").write_text(_note(1))
+        (corpus / f"team-{index}" / "note.md").write_text(port_note(1))
     settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}])
     discover(db_url, settings.sources)
     process_pending(db_url, settings, index=False)
@@ -256,7 +250,7 @@ def test_sigkill_mid_embedding_of_a_large_document_loses_only_its_unwritten_work
     large_name = next(name for n in range(1000) if ids.doc_id("port", name := f"z-large-{n}.md")
                       > max(ids.doc_id("port", s) for s in small_names))
     for index, name in enumerate(small_names):
-        (corpus / name).write_text(_note(index, paragraphs=2))
+        (corpus / name).write_text(port_note(index, paragraphs=2))
     (corpus / large_name).write_text("# Annual report\n\n" + "\n\n".join(
         f"## Part {p}\n\n" + " ".join(f"{WORDS[(p + w) % len(WORDS)]}{p}" for w in range(120)) + "."
         for p in range(60)))
@@ -316,7 +310,7 @@ def test_a_writer_planned_before_a_scan_narrowed_the_labels_writes_the_narrowed_
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    (corpus / "memo.md").write_text(_note(3))
+    (corpus / "memo.md").write_text(port_note(3))
     source = {"name": "port", "root": str(corpus), "acl_labels": ["staff", "legal"]}
     settings = make_settings(sources=[source])
     discover(db_url, settings.sources)
@@ -340,7 +334,7 @@ def test_a_run_of_two_document_steps_reports_both_and_builds_the_index(make_sett
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for index in range(4):
-        (corpus / f"note-{index}.md").write_text(_note(index))
+        (corpus / f"note-{index}.md").write_text(port_note(index))
     settings = make_settings(sources=[{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}],
                              execution={"steps": 2})
     with DagsterInstance.ephemeral() as instance:

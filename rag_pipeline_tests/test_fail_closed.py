@@ -15,7 +15,7 @@ from rag_pipeline import store
 from rag_pipeline.config import ChecksConfig, SourceConfig
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.domain import ids
-from rag_pipeline.lifecycle import checks as health
+from rag_pipeline.lifecycle import checks
 from rag_pipeline.retrieval.search import search
 from rag_pipeline.stages.discover import discover
 
@@ -78,7 +78,7 @@ def test_a_broken_folder_sidecar_holds_its_subtree_and_removes_what_was_indexed(
         status, reason = _status(db, "hr/salaries.md")
         assert status == "held_bad_sidecar" and "_meta.json" in reason, (case, status, reason)
         assert _status(db, "public/canteen.md")[0] == "indexed", case
-        coverage = health.acl_coverage(db)
+        coverage = checks.acl_coverage(db)
         assert coverage.passed and "held_bad_sidecar" in coverage.summary, case
         assert ("docs", "hr/salaries.md", "held_bad_sidecar", reason) in coverage.tables["held_documents"].rows
         assert summary["held"] == (1 if case == "trailing comma" else 0)  # newly held only the first time
@@ -177,7 +177,7 @@ def test_an_empty_root_or_a_mass_deletion_deletes_nothing_until_confirmed(make_s
     stats = discover(db_url, [source])
     assert stats.deleted == 0 and stats.deletions_held == 6
     assert db.execute("SELECT count(*) FROM documents").fetchone()[0] == 6
-    staleness = health.staleness(db, [source])
+    staleness = checks.staleness(db, [source])
     assert not staleness.passed and "6 deletions held" in staleness.summary and "no files" in staleness.summary
     root.rmdir()
     os.rename(mount, root)
@@ -188,7 +188,7 @@ def test_an_empty_root_or_a_mass_deletion_deletes_nothing_until_confirmed(make_s
     assert "--confirm-deletions docs" in stats.problems[-1]["problem"]
     stats = discover(db_url, [source], confirm_deletions={"docs"})
     assert stats.deleted == 4 and stats.deletions_held == 0
-    assert health.staleness(db, [source]).passed
+    assert checks.staleness(db, [source]).passed
 
 
 def test_a_folder_the_walk_cannot_read_keeps_its_documents(db_url, tmp_path, db, monkeypatch):
@@ -219,7 +219,7 @@ def test_retrieval_quality_fails_at_recall_zero_whatever_the_baseline(clone, tmp
                                   "answerable": True, "slice": "prose",
                                   "gold": [{"doc": "no/such/document.md", "pages": [1]}]}) + "\n")
     config = ChecksConfig(golden_set=str(golden), golden_labels=["staff"])
-    outcome = health.retrieval_quality(conn, config)  # the first evaluation is its own baseline: recall 0
+    outcome = checks.retrieval_quality(conn, config)  # the first evaluation is its own baseline: recall 0
     assert not outcome.passed and "recall@" in outcome.summary and "is 0" in outcome.summary
     assert store.documents.held_documents(conn) == [("sample", "drafts/unreviewed-notes.md", "held_no_labels",
                                                "no ACL labels")]
@@ -284,16 +284,16 @@ def test_what_a_small_file_unpacks_to_is_bounded(tmp_path):
 
 def test_a_forced_promotion_needs_a_reason_and_records_it(clone):
     from rag_pipeline import store
-    from rag_pipeline.lifecycle import blue_green as versions
+    from rag_pipeline.lifecycle import blue_green
 
     conn, _ = clone
     active = store.versions.active_version(conn)
     model = ids.ModelIdentity("torch", active.embedding_model, active.model_revision)
     candidate = store.versions.create_version(conn, model, active.dimensions, active.chunker_version,
                                              active.parser_version)
-    with pytest.raises(versions.VersionError, match="needs a reason"):
-        versions.promote(conn, candidate.version_id, None, force=True)
-    versions.promote(conn, candidate.version_id, None, force=True, reason="rollback drill, ticket OPS-12")
+    with pytest.raises(blue_green.VersionError, match="needs a reason"):
+        blue_green.promote(conn, candidate.version_id, None, force=True)
+    blue_green.promote(conn, candidate.version_id, None, force=True, reason="rollback drill, ticket OPS-12")
     (forced, detail) = conn.execute("SELECT forced, detail FROM index_version_events WHERE version_id = %s "
                                     "AND event = 'promote'", (candidate.version_id,)).fetchone()
     assert forced and detail["reason"] == "rollback drill, ticket OPS-12"
@@ -350,11 +350,11 @@ def test_erase_removes_a_document_everywhere_and_records_it_without_its_path(clo
     audit = conn.execute("SELECT subject, scope, removed::text FROM erasures").fetchall()
     assert [(s, scope) for s, scope, _ in audit] == [(subject(key.encode(), doc_id), "document")]
     assert path not in str(audit) and doc_id not in str(audit) and "q3" not in str(audit)
-    replay = health.deletion_replay(conn)
+    replay = checks.deletion_replay(conn)
     assert replay.passed and replay.numbers["erased_documents"] == 1
     # The file is still at its source: the next scan brings it back, and deletion_replay says so.
     discover(url, settings.sources)
-    replay = health.deletion_replay(conn)
+    replay = checks.deletion_replay(conn)
     assert not replay.passed and "erased documents have rows again" in replay.summary
     # From the command line: a whole source, JSON out.
     out = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(settings.config_file), "erase",

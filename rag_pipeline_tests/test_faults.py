@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -16,89 +15,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import psycopg
 import pytest
-import yaml
-from dagster import DagsterInstance
 from psycopg import sql
 
-from rag_pipeline.config import load_settings
-from rag_pipeline.defs.runs import run_ingest
-from rag_pipeline.lifecycle import checks as health
-from rag_pipeline.store.database import EmbeddedPostgres, connect, ensure_database, migrate
-
-WORDS = ("glacier moraine valley survey ice meltwater snout discharge gauge altitude station snow depth crevasse "
-         "firn ablation accumulation summit ridge basin lake shore temperature season winter summer").split()
-DOCUMENTS = 36
-BATCH = 6  # small batches: the stages interleave, so there is a "middle" to kill in
-
-
-def _write_corpus(root: Path) -> None:
-    rng = random.Random(11)
-    for index in range(DOCUMENTS):
-        paragraphs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(60, 140))).capitalize() + "."
-                      for _ in range(rng.randint(2, 5))]
-        sections = "\n\n".join(f"## Part {n + 1}\n\n{p}" for n, p in enumerate(paragraphs))
-        (root / f"note-{index:03d}.md").write_text(f"# Field note {index}\n\n{sections}\n")
-
-
-def _config(path: Path, db_url: str, corpus: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "database_url": db_url, "data_dir": str(path.parent / "data"), "batch_size": BATCH,
-        "sources": [{"name": "notes", "root": str(corpus), "acl_labels": ["staff"]}],
-    }))
-    return path
-
-
-def snapshot(url: str) -> dict:
-    """Everything a clean build determines: documents, chunks, index rows with their vectors."""
-    with connect(url) as conn:
-        table = conn.execute("SELECT table_name FROM index_versions WHERE status = 'active'").fetchone()[0]
-        rows = conn.execute(
-            psycopg.sql.SQL("SELECT chunk_id, owner_chunk_id, doc_id, acl_labels, embedding_input_sha, embedding "
-                            "FROM {} ORDER BY chunk_id").format(psycopg.sql.Identifier(table))
-        ).fetchall()
-        return {
-            "documents": conn.execute("SELECT doc_id, status, content_hash, indexed_content_hash FROM documents "
-                                      "ORDER BY doc_id").fetchall(),
-            "chunks": conn.execute("SELECT chunk_id, doc_id, ordinal, content_hash, group_id FROM chunks "
-                                   "ORDER BY chunk_id").fetchall(),
-            "rows": [r[:5] for r in rows],
-            "vectors": np.array([r[5].to_list() for r in rows], dtype=np.float32),
-            "checks": {name: check(conn).passed for name, check in (
-                ("deletion_replay", health.deletion_replay), ("acl_coverage", health.acl_coverage),
-                ("index_drift", health.index_drift))},
-        }
-
-
-def assert_same_index(actual: dict, expected: dict) -> None:
-    assert actual["documents"] == expected["documents"]
-    assert actual["chunks"] == expected["chunks"]
-    assert actual["rows"] == expected["rows"]  # chunk_id is the key: no duplicates by construction
-    assert actual["vectors"].shape == expected["vectors"].shape
-    assert np.abs(actual["vectors"] - expected["vectors"]).max() < 2e-3  # halfvec rounding of the same vector
-    assert all(actual["checks"].values()), actual["checks"]
-
-
-@pytest.fixture(scope="module")
-def notes(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("notes")
-    _write_corpus(root)
-    return root
-
-
-@pytest.fixture(scope="module")
-def clean_build(notes, pg_admin_url, template_url, tmp_path_factory) -> dict:
-    name = "faults_clean"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE rag_test_template").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
-    settings = load_settings(_config(tmp_path_factory.mktemp("clean") / "rag.yaml", url, notes))
-    with DagsterInstance.ephemeral() as instance:
-        assert run_ingest(settings, instance=instance)["success"]
-    return snapshot(url)
+from rag_pipeline.store.database import EmbeddedPostgres, ensure_database, migrate
+from rag_pipeline_tests.conftest import DOCUMENTS, assert_same_index, config_for_notes, snapshot
 
 
 class IngestProcess:
@@ -165,7 +87,7 @@ def crash_env(notes, pg_admin_url, template_url, tmp_path):
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE rag_test_template").format(sql.Identifier(names[0])))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(names[1])))
     url, dagster_url = (psycopg.conninfo.make_conninfo(pg_admin_url, dbname=n) for n in names)
-    yield url, dagster_url, _config(tmp_path / "rag.yaml", url, notes)
+    yield url, dagster_url, config_for_notes(tmp_path / "rag.yaml", url, notes)
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
         for name in names:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
@@ -190,7 +112,7 @@ def test_database_restart_mid_run_fails_clearly_and_the_next_run_recovers(notes,
         ensure_database(server.url("postgres"), "dagster")
         url = server.url("rag")
         migrate(url)
-        config = _config(tmp_path / "rag.yaml", url, notes)
+        config = config_for_notes(tmp_path / "rag.yaml", url, notes)
         run = IngestProcess(config, server.url("dagster"))
         with psycopg.connect(url, autocommit=True) as conn:
             deadline = time.monotonic() + 240

@@ -8,7 +8,7 @@ from dagster import DagsterInstance
 
 from rag_pipeline import store
 from rag_pipeline.defs.runs import run_ingest
-from rag_pipeline.lifecycle import checks as health
+from rag_pipeline.lifecycle import checks
 from rag_pipeline.retrieval.search import search
 
 AWKWARD_NAMES = [
@@ -65,6 +65,6 @@ def test_hostile_inputs_each_get_a_clear_outcome(make_settings, corpus, tmp_path
     assert statuses.keys() >= {f"hostile/{n}" for n in AWKWARD_NAMES}
     assert db.execute("SELECT count(*) FROM documents WHERE status = 'indexed' AND rel_path NOT LIKE 'hostile/%'"
                       ).fetchone()[0] == 5
-    for check in (health.deletion_replay, health.acl_coverage, health.index_drift):
+    for check in (checks.deletion_replay, checks.acl_coverage, checks.index_drift):
         assert check(db).passed
     assert json.loads(json.dumps(summary))["dead_letter_reasons"] == {"empty": 1, "too_large": 1, "truncated": 1}

@@ -10,10 +10,9 @@ from rag_pipeline.defs.runs import run_index_build, run_ingest
 from rag_pipeline.domain import ids
 from rag_pipeline.embedding.identity import identity_of
 from rag_pipeline.embedding.locations import resolve_model
-from rag_pipeline.lifecycle import blue_green as versions
+from rag_pipeline.lifecycle import blue_green
 from rag_pipeline.retrieval.search import search
-from rag_pipeline_tests.conftest import MODELS_DIR
-from rag_pipeline_tests.test_evaluation import GOLDEN
+from rag_pipeline_tests.conftest import GOLDEN, MODELS_DIR
 
 
 def _rows(db, version, doc_id=None):
@@ -33,18 +32,18 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
 
         # A build that has not run its shards yet is incomplete: promotion refuses.
         with db.transaction():
-            draft = versions.start_build(db, identity_of(candidate_model, settings.embedding), 384,
+            draft = blue_green.start_build(db, identity_of(candidate_model, settings.embedding), 384,
                                          v1.chunker_version, v1.parser_version)
-        with pytest.raises(versions.VersionError, match="already building"):
+        with pytest.raises(blue_green.VersionError, match="already building"):
             with db.transaction():
-                versions.start_build(db, ids.ModelIdentity("torch", "other", "sha256:0"), 8, "c", "p")
-        gates = versions.check_gates(db, draft)
+                blue_green.start_build(db, ids.ModelIdentity("torch", "other", "sha256:0"), 8, "c", "p")
+        gates = blue_green.check_gates(db, draft)
         assert gates.missing_groups > 0 and not gates.passed
-        with pytest.raises(versions.VersionError, match="incomplete"):
+        with pytest.raises(blue_green.VersionError, match="incomplete"):
             with db.transaction():
-                versions.promote(db, draft.version_id, gates)
+                blue_green.promote(db, draft.version_id, gates)
         with db.transaction():
-            versions.retire(db, draft.version_id)
+            blue_green.retire(db, draft.version_id)
         assert draft.version_id not in {v.version_id for v in store.versions.index_versions(db)}
 
         # A deletion while the new version builds reaches it as well.
@@ -61,11 +60,11 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         v2_texts = [t for (t,) in db.execute(sql.SQL("SELECT text FROM {}").format(sql.Identifier(v2.table_name)))]
         assert any("21 days" in t for t in v2_texts) and not any("14 days" in t for t in v2_texts)
 
-        gates = versions.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
+        gates = blue_green.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
         assert gates.passed, gates.failures
         assert gates.quality["candidate"]["recall@k"] >= gates.quality["active"]["recall@k"] - 0.02
         with db.transaction():
-            versions.promote(db, v2.version_id, gates)
+            blue_green.promote(db, v2.version_id, gates)
         assert store.versions.active_version(db).version_id == v2.version_id
         assert db.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == _rows(db, v2)
         hits = search(db, "how far ahead should flights be booked", ["staff"], k=1)
@@ -75,15 +74,15 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         edited.write_text(edited.read_text().replace("21 days", "28 days"))
         run_ingest(settings, instance=instance)
         with db.transaction():
-            back = versions.rollback(db)
+            back = blue_green.rollback(db)
         assert back.version_id == v1.version_id and store.versions.active_version(db).version_id == v1.version_id
         assert "28 days" in search(db, "how far ahead should flights be booked", ["staff"], k=1)[0].text
 
-        with pytest.raises(versions.VersionError, match="is active"):
+        with pytest.raises(blue_green.VersionError, match="is active"):
             with db.transaction():
-                versions.retire(db, v1.version_id)
+                blue_green.retire(db, v1.version_id)
         with db.transaction():
-            versions.retire(db, v2.version_id)
+            blue_green.retire(db, v2.version_id)
         assert db.execute("SELECT to_regclass(%s)", (v2.table_name,)).fetchone()[0] is None
         assert run_ingest(settings, instance=instance)["success"]  # writes go on without the dropped table
         events = [r[0] for r in db.execute("SELECT event FROM index_version_events ORDER BY id").fetchall()]
@@ -106,11 +105,11 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
         assert column == "halfvec(768)"
         (corpus / "handbook" / "onboarding-guide.docx").unlink()  # deleted during the build
         assert run_ingest(settings, instance=instance)["deleted"] == 1
-        gates = versions.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
+        gates = blue_green.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
         assert gates.replayed_deletions_left == 0 and gates.missing_groups == 0
         assert gates.passed, gates.failures
         with db.transaction():
-            versions.promote(db, v2.version_id, gates)
+            blue_green.promote(db, v2.version_id, gates)
         hits = search(db, "which extension reaches the security desk", ["staff"], k=3)
         assert hits and all(h.path != "handbook/onboarding-guide.docx" for h in hits)
         assert store.versions.active_version(db).dimensions == 768
@@ -124,7 +123,7 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
         assert after_swap["success"], after_swap.get("errors")
         assert after_swap["documents_chunked"] == 0 and after_swap["vectors_embedded"] == 0
         with db.transaction():
-            assert versions.rollback(db).version_id == v1.version_id
+            assert blue_green.rollback(db).version_id == v1.version_id
         assert search(db, "which extension reaches the security desk", ["staff"], k=3)
 
 
@@ -132,7 +131,7 @@ def test_deletions_in_the_middle_of_a_build_reach_both_versions_before_and_after
     make_settings, corpus, db
 ):
     from rag_pipeline.defs.index_versions import SHARDS
-    from rag_pipeline.lifecycle import checks as health
+    from rag_pipeline.lifecycle import checks
     from rag_pipeline.lifecycle.blue_green import backfill_version, start_version_build
 
     settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
@@ -161,11 +160,11 @@ def test_deletions_in_the_middle_of_a_build_reach_both_versions_before_and_after
             return {v.version_id: _rows(db, v, copied) + _rows(db, v, pending) for v in (v1, v2)}
 
         assert rows_of_deleted() == {v1.version_id: 0, v2.version_id: 0}
-        assert health.deletion_replay(db).passed
-        gates = versions.check_gates(db, v2)
+        assert checks.deletion_replay(db).passed
+        gates = blue_green.check_gates(db, v2)
         assert gates.passed and gates.replayed_deletions_left == 0, gates.failures
         with db.transaction():
-            versions.promote(db, v2.version_id, gates)
+            blue_green.promote(db, v2.version_id, gates)
         assert run_ingest(settings, instance=instance)["success"]
         assert rows_of_deleted() == {v1.version_id: 0, v2.version_id: 0}
-        assert health.deletion_replay(db).passed and health.index_drift(db).passed
+        assert checks.deletion_replay(db).passed and checks.index_drift(db).passed

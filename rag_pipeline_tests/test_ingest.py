@@ -18,8 +18,6 @@ from rag_pipeline.stages.discover import discover
 from rag_pipeline.text.chunking import chunker_version
 from rag_pipeline_tests.conftest import TORTURE
 
-needs_torture = pytest.mark.skipif(not (TORTURE / "docs").exists(), reason="shared/torture is not beside the checkout")
-
 
 @pytest.fixture
 def ingest_torture(make_settings, tmp_path, instance):
@@ -251,7 +249,7 @@ def test_changing_only_the_chunker_reembeds_nothing_that_stayed_the_same(make_se
     assert versions == {chunker_version(180, 0)} == {"structure+recursive-tokens/4;max=180;overlap=0"}
 
 
-@needs_torture
+@pytest.mark.torture
 def test_three_column_document_chunks_have_no_furniture_and_read_in_order(ingest_torture, db):
     summary = ingest_torture([("fedreg_2020-17221_3col.pdf", "fedreg.pdf")], ["public"])
     assert summary["parsed"] == 1 and summary["chunks_written"] > 30
@@ -265,7 +263,7 @@ def test_three_column_document_chunks_have_no_furniture_and_read_in_order(ingest
     assert {r[0] for r in db.execute("SELECT DISTINCT parser_version FROM chunks").fetchall()} != {None}
 
 
-@needs_torture
+@pytest.mark.torture
 def test_a_scanned_page_is_escalated_to_ocr_and_becomes_searchable(ingest_torture, db):
     from rag_pipeline.retrieval.search import search
 
@@ -277,7 +275,7 @@ def test_a_scanned_page_is_escalated_to_ocr_and_becomes_searchable(ingest_tortur
     assert hits and "Docling bundles PDF document conversion" in hits[0].text
 
 
-@needs_torture
+@pytest.mark.torture
 def test_encrypted_pdf_opens_with_the_sidecar_password(ingest_torture, db):
     encrypted = "camelot_health_protected_encrypted.pdf"
     summary = ingest_torture(

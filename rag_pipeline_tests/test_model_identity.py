@@ -24,9 +24,8 @@ from rag_pipeline.embedding.locations import resolve_model, weights_digest
 from rag_pipeline.stages.chunk import ModelMismatchError
 from rag_pipeline.stages.discover import discover
 from rag_pipeline.stages.process import process_pending
-from rag_pipeline.store.database import connect, migrate
-from rag_pipeline_tests.conftest import database_before
-from rag_pipeline_tests.test_execution import _note
+from rag_pipeline.store.database import connect
+from rag_pipeline_tests.conftest import database_before, port_note, upgrade_legacy
 
 PACKAGED = Path(resolve_model("all-MiniLM-L6-v2").location)
 
@@ -67,7 +66,7 @@ def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_set
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for index in range(3):
-        (corpus / f"note-{index}.md").write_text(_note(index))
+        (corpus / f"note-{index}.md").write_text(port_note(index))
     sources = [{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}]
 
     def refresh(model: Path, **embedding):
@@ -83,7 +82,7 @@ def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_set
     assert active.model_identity == key and active.model_revision == key.removeprefix("torch:")
     # Another machine: the same weights in another folder. Same version, and the unchanged sections' vectors of an
     # edited note come from the cache the first machine filled.
-    (corpus / "note-0.md").write_text(_note(0) + "\n## Added later\n\nOne more paragraph about the harbour.\n")
+    (corpus / "note-0.md").write_text(port_note(0) + "\n## Added later\n\nOne more paragraph about the harbour.\n")
     settings, second = refresh(copies["b"])
     assert second.index.documents_indexed == 1 and second.index.vectors_reused > 0
     assert [v.version_id for v in store.versions.index_versions(db)] == [active.version_id]
@@ -95,7 +94,7 @@ def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_set
     elsewhere = EmbeddingConfig(model=str(copies["changed"]), models_dir=copies["b"].parent)
     assert model_for_version(active, elsewhere) == str(copies["b"].parent / "minilm")
     # Other weights under the same folder name are another model: refused, pointing at a blue/green build.
-    (corpus / "note-4.md").write_text(_note(4))
+    (corpus / "note-4.md").write_text(port_note(4))
     with pytest.raises(ModelMismatchError, match="new index version"):
         refresh(copies["changed"])
     with pytest.raises(VersionModelError, match="no model here has those weights"):
@@ -103,7 +102,7 @@ def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_set
 
 
 def test_versions_and_cache_rows_from_before_model_identities_are_adopted(pg_admin_url, tmp_path):
-    """A database at 017 (the previous main): its versions name a model and an install path, its cache rows the
+    """A database at legacy migration 017: its versions name a model and an install path, its cache rows the
     model's configured name. After 018 and adoption they are keyed by the weights; a version whose weights are on
     no machine here keeps no identity and says how to get one."""
     with database_before(pg_admin_url, tmp_path, "018") as url:
@@ -117,7 +116,7 @@ def test_versions_and_cache_rows_from_before_model_identities_are_adopted(pg_adm
                 conn.execute(sql.SQL("INSERT INTO embedding_cache (model, input_sha, embedding) VALUES (%s, %s, {})")
                              .format(sql.Literal("[" + ",".join(["0.5"] * 384) + "]") + sql.SQL("::halfvec")),
                              (model, f"sha-{version_id}"))
-        assert migrate(url)[0] == "018_model_identity.sql"
+        assert upgrade_legacy(url)[0] == "018_model_identity.sql"
         with connect(url) as conn:
             adopted = adopt_model_identities(conn, EmbeddingConfig())
             assert len(adopted) == 1 and adopted[0].startswith("v1: all-MiniLM-L6-v2 -> torch:sha256:")

@@ -8,7 +8,6 @@ from rag_pipeline.parsing.ruled_tables import table_to_markdown
 from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
 
 TORTURE_DOCS = TORTURE / "docs"
-needs_torture = pytest.mark.skipif(not TORTURE_DOCS.exists(), reason="shared/torture is not beside the checkout")
 
 
 def test_pdf_pages_text_and_tables():
@@ -55,7 +54,7 @@ def test_dead_letter_reasons(tmp_path):
         assert caught.value.reason == reason, path
 
 
-@needs_torture
+@pytest.mark.torture
 def test_torture_encrypted_and_broken_files():
     encrypted = TORTURE_DOCS / "camelot_health_protected_encrypted.pdf"
     with pytest.raises(DeadLetter) as caught:
@@ -69,7 +68,7 @@ def test_torture_encrypted_and_broken_files():
         assert caught.value.reason == reason
 
 
-@needs_torture
+@pytest.mark.torture
 def test_torture_office_formats_parse():
     pptx = list(parse_file(TORTURE_DOCS / "docling_powerpoint_sample.pptx"))
     assert [p.page for p in pptx] == [1, 2, 3]
@@ -84,7 +83,7 @@ def test_text_files(tmp_path: Path):
     assert page.tier == "text" and page.markdown.startswith("caf")
 
 
-@needs_torture
+@pytest.mark.torture
 def test_three_column_pages_read_column_by_column_without_furniture():
     from rag_pipeline.text.cleaning import clean_document
 
@@ -147,7 +146,7 @@ def test_rtl_lines_unit():
     assert logical_text("plain English (with brackets)") == "plain English (with brackets)"
 
 
-@needs_torture
+@pytest.mark.torture
 def test_mixed_scripts_page_has_arabic_in_logical_order():
     [page] = parse_file(TORTURE_DOCS / "pypdf_multilang.pdf")
     for expected in ("Hello World", "مرحبا بالعالم", "Привет, мир", "你好世界", "こんにちは世界"):

@@ -19,7 +19,7 @@ from rag_pipeline import store
 from rag_pipeline.config import ServiceConfig, ServiceToken
 from rag_pipeline.domain import ids
 from rag_pipeline.embedding.embedders import get_embedder
-from rag_pipeline.lifecycle import blue_green as versions
+from rag_pipeline.lifecycle import blue_green
 from rag_pipeline.retrieval.search import SearchOptions, search
 from rag_pipeline.retrieval.service import create_app
 
@@ -104,13 +104,13 @@ def test_grants_and_views_on_the_stable_surface_survive_promotion_and_rollback(c
         model = ids.ModelIdentity("torch", active.embedding_model, active.model_revision)
         candidate = store.versions.create_version(conn, model, active.dimensions, active.chunker_version,
                                                  active.parser_version)
-        versions.promote(conn, candidate.version_id, None, force=True, reason="grant survival drill")
+        blue_green.promote(conn, candidate.version_id, None, force=True, reason="grant survival drill")
         with _as(conn, role) as app:  # the empty new version answers: nothing, but no permission error
             assert app.execute("SELECT * FROM rag.search(%s, %s, '{staff}', 5, 'hybrid')",
                                (_vector(QUERY), QUERY)).fetchall() == []
         with _as(conn, admin) as reader:
             assert reader.execute("SELECT count(*) FROM rag.indexed_chunks").fetchone()[0] == 0
-        versions.rollback(conn)
+        blue_green.rollback(conn)
         with _as(conn, role) as app:
             assert app.execute("SELECT count(*) FROM rag.search(%s, %s, '{staff}', 5, 'hybrid')",
                                (_vector(QUERY), QUERY)).fetchone()[0] == 5

@@ -4,7 +4,7 @@ parse_health; flagged text is kept (a document may discuss injection), never sil
 import pytest
 
 from rag_pipeline.defs.runs import run_ingest
-from rag_pipeline.lifecycle import checks as health
+from rag_pipeline.lifecycle import checks
 from rag_pipeline.retrieval.search import search
 from rag_pipeline.text.safety import injection_flags
 
@@ -43,6 +43,6 @@ def test_flags_reach_chunks_search_hits_and_parse_health(make_settings, corpus, 
     hits = search(db, "refund approved vendor charging dock", "staff", k=3)
     assert hits[0].path == "handbook/vendor-note.md" and hits[0].flags == ("ignore_instructions",)
     assert "Ignore all previous instructions" in hits[0].text  # kept: flagged, not censored
-    outcome = health.parse_health(db, settings.checks)
+    outcome = checks.parse_health(db, settings.checks)
     assert outcome.numbers["chunks_flagged_prompt_injection"] == 1
     assert outcome.tables["prompt_injection_flags"].rows[0][:2] == ("sample", "handbook/vendor-note.md")

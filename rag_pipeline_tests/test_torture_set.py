@@ -29,7 +29,7 @@ def test_metrics():
     assert table_cell_f1([[["Name", "City"]]], [table]) == pytest.approx(2 * 1 * 0.5 / 1.5, abs=1e-3)
 
 
-@pytest.mark.skipif(not (TORTURE / "manifest.csv").exists(), reason="shared/torture is not beside the checkout")
+@pytest.mark.torture
 def test_torture_scores_do_not_regress():
     scores = run(TORTURE, PINNED_TIERS)
     crashes = [(s.file, s.tier, s.outcome) for s in scores if s.outcome.startswith("crash")]

@@ -26,7 +26,16 @@ wheel="$(ls "$work"/dist/rag_pipeline-*.whl)"
 # needs an extra names it.
 "$python" -m venv "$work/core"
 "$work/core/bin/python" -m pip install --quiet "$wheel"
-"$work/core/bin/python" -c "import rag_pipeline.retrieval, rag_pipeline.index_database, rag_pipeline.integrations.client"
+"$work/core/bin/python" -c "import rag_pipeline.retrieval.search, rag_pipeline.lifecycle.prepare, rag_pipeline.retrieval.integrations.client"
+# The SQL ships inside the package (the checkout's sql/ as rag_pipeline/sql): migrations and functions. (Run from
+# $work: from the checkout, Python would import the checkout's package.)
+(cd "$work" && "$work/core/bin/python" - <<'PY'
+from rag_pipeline.store.database import SQL_DIR
+assert SQL_DIR.parent.name == "rag_pipeline", SQL_DIR
+assert (SQL_DIR / "migrations" / "000_baseline.sql").is_file() and list((SQL_DIR / "functions").glob("*.sql")), SQL_DIR
+print(f"core install: the SQL is package data ({SQL_DIR})")
+PY
+)
 if (cd "$work" && "$work/core/bin/rag-pipeline" ingest --source docs="$work" --labels x 2> core.err); then
     echo "a core install ran ingest" >&2; exit 1
 fi

@@ -10,8 +10,7 @@ from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import Rag
 from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.domain.status import VersionStatus
-from rag_pipeline.lifecycle import blue_green as versions
-from rag_pipeline.retrieval.search import SearchOptions
+from rag_pipeline.lifecycle import blue_green
 from rag_pipeline.store.database import connect
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ def index_version_backfill(context: dg.AssetExecutionContext, rag: Rag):
         context.log.info("no index version is building: nothing to backfill")
         return dg.MaterializeResult(metadata={"building_version": "none", "documents": 0})
     version = building[0]
-    stats = versions.backfill_version(
+    stats = blue_green.backfill_version(
         db_url, rag.settings(), version.version_id, int(context.partition_key), SHARDS, progress=context.log.info
     )
     return dg.MaterializeResult(
@@ -69,7 +68,7 @@ class StartBuildConfig(dg.Config):
 
 @dg.op(description="Register an index version for a new embedding model, in status 'building'.")
 def start_index_version(context: dg.OpExecutionContext, config: StartBuildConfig, rag: Rag) -> int:
-    version = versions.start_version_build(rag.database_url(), rag.settings(), config.model)
+    version = blue_green.start_version_build(rag.database_url(), rag.settings(), config.model)
     context.log.info(
         f"{version.label} ({version.embedding_model}, {version.dimensions} dims) is building: launch a "
         "backfill of build_index_version over all partitions, then promote_index_version"
@@ -92,24 +91,22 @@ class PromoteConfig(dg.Config):
 
 @dg.op(pool=INDEX_WRITER_POOL, description="Check the gates (complete, deletions replayed, golden-set quality) and make the version active.")
 def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: Rag) -> None:
-    settings = rag.settings()
     with connect(rag.database_url()) as conn, conn.transaction():
-        candidate = store.versions.get_version(conn, config.version_id)
-        if candidate is None or candidate.status not in (VersionStatus.BUILDING, VersionStatus.READY):
-            raise dg.Failure(f"v{config.version_id} is not a building or ready version")
-        checks = settings.checks
-        gates = versions.check_gates(conn, candidate, checks.golden_set, list(checks.golden_labels) or None,
-                                     k=checks.k, tolerance=checks.quality_tolerance,
-                                     options=SearchOptions.from_settings(settings))
-        context.add_output_metadata({"gate_failures": typed_table(("failure",), [(f,) for f in gates.failures]),
-                                     "forced": config.force, "quality": dg.MetadataValue.json(gates.quality)})
-        if gates.failures and not config.force:
-            raise dg.Failure(f"v{config.version_id} not promoted: " + "; ".join(gates.failures))
         try:
-            versions.promote(conn, candidate.version_id, gates, force=config.force, reason=config.force_reason)
-        except versions.VersionError as exc:
+            gates = blue_green.promote_with_gates(conn, config.version_id, rag.settings(),
+                                                  force_reason=config.force_reason if config.force else None)
+        except blue_green.PromotionRefused as refused:
+            context.add_output_metadata(_gate_metadata(refused.gates, forced=False))
+            raise dg.Failure(str(refused)) from None
+        except blue_green.VersionError as exc:
             raise dg.Failure(str(exc)) from None
+        context.add_output_metadata(_gate_metadata(gates, forced=config.force))
     context.log.info(f"v{config.version_id} is active")
+
+
+def _gate_metadata(gates: blue_green.GateReport, forced: bool) -> dict:
+    return {"gate_failures": typed_table(("failure",), [(f,) for f in gates.failures]), "forced": forced,
+            "quality": dg.MetadataValue.json(gates.quality)}
 
 
 @dg.job(description="Step 3 of an embedding-model swap: promote the built version if its gates pass.")

@@ -10,10 +10,15 @@ import dagster as dg
 from rag_pipeline import store
 from rag_pipeline.config import ConfigError, Settings, SourceConfig
 from rag_pipeline.defs.io import RUN_OUTPUTS
-from rag_pipeline.defs.metadata import index_totals, typed_table
+from rag_pipeline.defs.metadata import (
+    chunk_metadata,
+    index_metadata,
+    index_totals,
+    parse_metadata,
+    typed_table,
+)
 from rag_pipeline.defs.resources import Rag
 from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
-from rag_pipeline.domain.refs import document_name
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
 from rag_pipeline.stages.index import IndexStats
@@ -213,71 +218,6 @@ def search_index(context: dg.AssetExecutionContext, rag: Rag, document_chunks: d
         statuses = store.documents.status_counts(conn)
         all_versions = store.versions.index_versions(conn)
     return dg.Output(document_chunks, metadata={**index_metadata(stats, statuses, all_versions), **_totals(db_url)})
-
-
-def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: int,
-               hosts: list[str]) -> dict:
-    return {
-        "parsed": stats.parsed,
-        "content_unchanged": stats.content_unchanged,
-        "dead_lettered": stats.dead_lettered,
-        "pages": stats.pages,
-        "seconds": round(stats.seconds, 3),
-        "pages_per_second": round(stats.pages / stats.seconds, 2) if stats.seconds else 0.0,
-        "workers": workers,
-        "workers_replaced": replaced,
-        "steps": typed_table(("step process",), [(host,) for host in hosts]),
-        "tier_mix": typed_table(("tier", "pages"), sorted(stats.tiers.items())),
-        "pages_escalated": stats.escalated,
-        "pages_unresolved": stats.unresolved_pages,
-        "escalations": typed_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
-        "tiers_unavailable": typed_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
-        "chars_removed_by_cleaning": typed_table(("rule", "characters"), sorted(stats.chars_removed.items())),
-        "dead_letters_this_run": typed_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
-        "dead_letters_all": typed_table(
-            ("source", "document", "reason", "attempts"),
-            [(d["source"], document_name(d["ref"]), d["reason"], d["attempts"]) for d in dead[:50]],
-        ),
-        "stats": dg.MetadataValue.json(stats.as_dict()),
-    }
-
-
-def chunk_metadata(stats: ChunkStats) -> dict:
-    summary = stats.as_dict()
-    summary.pop("token_counts")
-    return {
-        "documents_chunked": stats.documents_chunked,
-        "chunks_written": stats.chunks_written,
-        "requeued_for_new_chunker": stats.requeued_for_new_chunker,
-        "chunker_version": stats.chunker_version,
-        "llm_prefixes_generated": stats.prefixes_generated,
-        "llm_prefixes_cached": stats.prefixes_cached,
-        "llm_prefix_failures": stats.prefix_failures,
-        "worker_seconds": round(stats.seconds, 3),
-        "chunk_tokens": typed_table(("statistic", "tokens"), list(stats.token_distribution().items())),
-        "stats": dg.MetadataValue.json(summary),
-    }
-
-
-def index_metadata(stats: IndexStats, statuses: dict[str, int], all_versions: list) -> dict:
-    return {
-        "documents_indexed": stats.documents_indexed,
-        "vectors_embedded": stats.vectors_embedded,
-        "vectors_reused": stats.vectors_reused,
-        "rows_written": stats.rows_written,
-        "near_duplicates": stats.near_duplicates,
-        "dedup_rate": stats.dedup_rate,
-        "seconds": round(stats.seconds, 3),
-        "chunks_per_second": round(stats.chunks_indexed / stats.seconds, 2) if stats.seconds else 0.0,
-        "index_versions": typed_table(
-            ("version", "status", "model", "identity", "dims", "rows"),
-            [(v.label, v.status, v.embedding_model, v.model_identity or "not recorded yet", v.dimensions, v.row_count)
-             for v in all_versions],
-        ),
-        "documents_by_status": typed_table(("status", "documents"), sorted(statuses.items())),
-        "tables_vacuumed": typed_table(("table",), [(name,) for name in stats.tables_vacuumed]),
-        "stats": dg.MetadataValue.json(stats.as_dict()),
-    }
 
 
 def code_versions(settings: Settings) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """The states of a document and of an index version, and the transitions between them, written once.
 
-Postgres enforces the document table wherever a status changes, including set-based updates (migration 008: a
-trigger refuses any transition not listed); the lifecycle checks version transitions here before it moves one,
-and the database refuses them too. A test keeps both copies in step: a new transition is added here and in a
-new migration.
+Postgres enforces the document table wherever a status changes, including set-based updates (a trigger of
+sql/functions/10_status.sql refuses any transition not listed); the lifecycle checks version transitions here before
+it moves one, and the database refuses them too. A test keeps both copies in step: a new transition is added here
+and in a new migration.
 
 A document's life:
 

@@ -207,6 +207,38 @@ def promote(conn: psycopg.Connection, version_id: int, gates: GateReport | None,
             reason=(reason or "").strip() or None)
 
 
+class PromotionRefused(VersionError):
+    """The candidate's gates failed and the promotion was not forced; `gates` says which."""
+
+    def __init__(self, gates: GateReport):
+        super().__init__(f"v{gates.version} not promoted: " + "; ".join(gates.failures))
+        self.gates = gates
+
+
+def promote_with_gates(
+    conn: psycopg.Connection, version_id: int, settings: Settings, *, golden: Path | None = None,
+    labels: list[str] | None = None, k: int | None = None, tolerance: float | None = None,
+    force_reason: str | None = None,
+) -> GateReport:
+    """Check a building or ready version's gates (complete, deletions replayed, golden-set quality against the
+    active version; unset arguments from the `checks` configuration) and make it active if they pass, or past
+    failed gates when `force_reason` says why (recorded). Raises PromotionRefused otherwise. The CLI and the
+    Dagster op both promote through here."""
+    candidate = _require(conn, version_id)
+    if candidate.status not in (V.BUILDING, V.READY):
+        raise VersionError(f"{candidate.label} is {candidate.status}: only a building or ready version can be promoted")
+    checks = settings.checks
+    gates = check_gates(
+        conn, candidate, golden or checks.golden_set, labels or list(checks.golden_labels) or None,
+        k=k or checks.k, tolerance=checks.quality_tolerance if tolerance is None else tolerance,
+        options=SearchOptions.from_settings(settings),
+    )
+    if gates.failures and not force_reason:
+        raise PromotionRefused(gates)
+    promote(conn, version_id, gates, force=bool(force_reason), reason=force_reason)
+    return gates
+
+
 def rollback(conn: psycopg.Connection) -> IndexVersion:
     """Re-activate the version that was active before the current one (its table still exists)."""
     target = store.versions.last_retired_with_table(conn)

@@ -331,19 +331,6 @@ def record(conn: psycopg.Connection, name: str, outcome: CheckOutcome) -> CheckO
     return outcome
 
 
-def run_all(conn: psycopg.Connection, settings: Settings) -> dict[str, CheckOutcome]:
-    """All six checks, in the order a person reads them, each outcome recorded."""
-    checks: dict[str, Callable[[], CheckOutcome]] = {
-        "staleness": lambda: staleness(conn, settings.sources),
-        "deletion_replay": lambda: deletion_replay(conn),
-        "acl_coverage": lambda: acl_coverage(conn),
-        "index_drift": lambda: index_drift(conn),
-        "parse_health": lambda: parse_health(conn, settings.checks),
-        "retrieval_quality": lambda: retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings)),
-    }
-    return {name: record(conn, name, check()) for name, check in checks.items()}
-
-
 def retrieval_quality(
     conn: psycopg.Connection, config: ChecksConfig, options: SearchOptions | None = None
 ) -> CheckOutcome:
@@ -407,3 +394,54 @@ def retrieval_quality(
         tables={"against_baseline": Table(("version", "status", "metric", "baseline", "now", "delta", "95% CI",
                                            "p", "state"), rows)},
     )
+
+
+# --- the registry: what the Dagster asset checks, `rag-pipeline checks` and the index_health job loop over ---------
+
+
+@dataclass(frozen=True)
+class IndexCheck:
+    name: str
+    asset: str  # the asset it checks
+    blocking: bool  # protects what readers see: fails with severity ERROR and stops what is downstream in a run
+    error: bool  # severity ERROR when it fails (else WARN)
+    description: str
+    run: Callable[[psycopg.Connection, Settings], CheckOutcome]
+
+
+CHECKS: tuple[IndexCheck, ...] = (
+    IndexCheck("staleness", "search_index", False, False,
+               "Per source: time since the last completed scan and age of the oldest change not yet indexed, "
+               "against the source's freshness SLA (freshness_sla in the source's configuration).",
+               lambda conn, settings: staleness(conn, settings.sources)),
+    IndexCheck("deletion_replay", "search_index", True, True,
+               "Every deleted document has zero rows in every index version and every derived table.",
+               lambda conn, settings: deletion_replay(conn)),
+    IndexCheck("acl_coverage", "search_index", True, True,
+               "No row without labels, none whose labels differ from its document's, none of a held document.",
+               lambda conn, settings: acl_coverage(conn)),
+    IndexCheck("index_drift", "search_index", True, True,
+               "One model and dimension per version, one vector per chunk group, no orphan rows, and the active "
+               "alias on an active version.",
+               lambda conn, settings: index_drift(conn)),
+    IndexCheck("parse_health", "parsed_documents", False, False,
+               "Near-empty pages, documents without text, tier mix and dead letters against the thresholds in the "
+               "`checks` configuration.",
+               lambda conn, settings: parse_health(conn, settings.checks)),
+    # ERROR but not blocking: a version swap has its own promotion gates.
+    IndexCheck("retrieval_quality", "search_index", False, True,
+               "Golden-set recall@k and nDCG@k of the active version (and of a version being built) against the "
+               "active version's stored baseline; re-evaluated only when the index changed.",
+               lambda conn, settings: retrieval_quality(conn, settings.checks, SearchOptions.from_settings(settings))),
+)
+CHECK_NAMES = tuple(check.name for check in CHECKS)
+
+
+def run_check(conn: psycopg.Connection, check: IndexCheck, settings: Settings) -> CheckOutcome:
+    """Run one check and keep its outcome as the check's latest."""
+    return record(conn, check.name, check.run(conn, settings))
+
+
+def run_all(conn: psycopg.Connection, settings: Settings) -> dict[str, CheckOutcome]:
+    """All six checks, in the order a person reads them, each outcome recorded."""
+    return {check.name: run_check(conn, check, settings) for check in CHECKS}

@@ -19,16 +19,17 @@ _prepared: set[tuple[str, str]] = set()
 _prepared_lock = threading.Lock()
 
 
-def prepare(url: str, settings: Settings) -> None:
+def prepare(url: str, settings: Settings) -> list[str]:
     """Migrate `url`, adopt model identities and record the search settings (once per process per database and
-    configuration)."""
+    configuration); returns the migrations applied now."""
     key = (url, settings.model_dump_json(include={"embedding", "retrieval"}))
     with _prepared_lock:
         if key in _prepared:
-            return
-        migrate(url)
+            return []
+        applied = migrate(url)
         with connect(url) as conn:
             adopt_model_identities(conn, settings.embedding)
             with conn.transaction():
                 store.search.record_settings(conn, SearchOptions.from_settings(settings).sql_options())
         _prepared.add(key)
+        return applied

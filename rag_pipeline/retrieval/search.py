@@ -63,15 +63,9 @@ class SearchOptions:
 
     def sql_options(self) -> dict[str, Any]:
         """The ranking as rag.search_version takes it (and rag.search_settings keeps it for SQL callers)."""
-        routing = self.routing
-        return {
-            "dense_weight": self.dense_weight, "sparse_weight": self.sparse_weight, "candidates": self.candidates,
-            "ef_search": self.ef_search, "min_similarity": self.min_similarity, "bm25_depth": self.bm25.depth,
-            "bm25_max_terms": self.bm25.max_query_terms,
-            "routing": {"enabled": routing.enabled, "weight": routing.weight, "min_score": routing.min_score,
-                        "ratio": routing.ratio, "max_documents": routing.max_documents,
-                        "min_terms": routing.min_terms, "min_concentration": routing.min_concentration},
-        }
+        return store.search.ranking_options(
+            dense_weight=self.dense_weight, sparse_weight=self.sparse_weight, candidates=self.candidates,
+            ef_search=self.ef_search, min_similarity=self.min_similarity, bm25=self.bm25, routing=self.routing)
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,50 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 INDEX_DATABASE = "rag"
 DAGSTER_DATABASE = "dagster"
-# Package data: an installed wheel migrates its database like a checkout does.
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+def _sql_dir() -> Path:
+    """The SQL: rag_pipeline/sql in an installed wheel (pyproject.toml ships the checkout's top-level sql/ there),
+    else the checkout's sql/ (a checkout, or its editable install)."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "sql"
+    return installed if installed.is_dir() else package.parent / "sql"
+
+
+# sql/migrations: what runs once (tables, indexes, data, DROP FUNCTION when a signature changes), in name order.
+# sql/functions: every function, trigger function and view, each written once, re-applied by every migrate().
+SQL_DIR = _sql_dir()
 # Arbitrary constant: serialises migrations when several processes start at once.
 MIGRATION_LOCK_KEY = 0x52414701
+# The schema the migrations of earlier releases left (001_init.sql to 024_file_identity_and_refs.sql, retired when
+# the SQL moved to sql/), with their checksums: a database that ran all of them is at the baseline.
+BASELINE = "000_baseline.sql"
+LEGACY_MIGRATIONS: dict[str, str] = {
+    "001_init.sql": "bd1a45822eb5bf1cd66013708ee101eebb6ec4f4f2ea93a0df13ac1003b8bb4f",
+    "002_cleaning_report.sql": "0d4d14daac12edaa42fe0e944216844ebab529e0b66d71b5b14ea9e79d5b67ed",
+    "003_near_duplicates.sql": "923b4d9a3c16dfae78042a0234bbe7f166dc10ad5744010ddfba53d4b52b4573",
+    "004_chunk_parser_version.sql": "efec0d07943d229527a39bc2d5020db0a4ba9002a98dc5ea7ef6a5042b86a50a",
+    "005_index_version_lifecycle.sql": "743d29992bc7ea46a338091374412c678a8106fc77554ee0b5bad531f80b4e61",
+    "006_retrieval_evaluations.sql": "640f2cb350b194a437523993dfa3449fc92580691fbe318460b66ae743d26d15",
+    "007_chunk_flags.sql": "cba56d06cdf037f31ea78b7edec1ee6a205a865651cba68741add54f4a78d5ce",
+    "008_status_transitions.sql": "eb110d77c9c0927fcf77ceedacfee780ed76d8fc09fa7818fcb2ae55fc73ddae",
+    "009_bm25.sql": "19cb5282f9c9d4bdcd66118a59d14353dd9d7f3a717271360c1e7ed01603c18b",
+    "010_evaluation_per_question.sql": "1de34c91f8c078cc51ea2b1668f8e09950c36c0c3cb334578721f894a464099e",
+    "011_document_names.sql": "da2b64dd765dd29c3f8af4ddd174c576113afb7db3861c43bff66ccbd440163c",
+    "012_regroup_by_figures.sql": "ccb387f0ae6b3c1ce0d1a7cfede15e1044dcef27e253d06d27e0749f5a4bba6f",
+    "013_bm25_rebuild_locks.sql": "893d07346ae2af7cff18d3c3daf19c792d826c09264ad39a026d5080e60b88e0",
+    "014_fail_closed.sql": "b5a6120fbdb68e3804ee0d674da6a656ee8fdc9f3b2a768748e71733907bfe2e",
+    "015_erasures.sql": "eb516b6c8a801a18571813e3acfefb037e7a8533c6b34bbdaa22ed0aff1d232d",
+    "016_work_units.sql": "2a8804c5a70ffa95f457d496888a06925fb01afe028e4c32c743eb6b78570895",
+    "017_run_outputs.sql": "f9931e8b2cb33131604baf7af6f5df9a0039762e39f7cbc81fa44a210aa356c3",
+    "018_model_identity.sql": "834343100bbc39dd4e5f9db65ef56e08b3876a424b2160457b4887f3737c54af",
+    "019_sql_search.sql": "de4307ce776eb39411211f087055bc2e7245fbf5d2119d110949f0780dbb9051",
+    "020_bm25_one_pass.sql": "c100898ad6456736f4c8edb95267bd6e3bcae01f44a1a06dddd306ed55e5eba6",
+    "021_latency_at_scale.sql": "b74ba5bae801764b2dbec9412ad4726898290782495ded31004f4dac0584d4a0",
+    "022_document_routing.sql": "19c5664d61bc49603ff2cdd06a2274bdd9f362c2de303ef9608be1642377a66c",
+    "023_periods_and_short_names.sql": "cdf0e12def6683cf641a9ad6117d619273a96f91d3773f536e571353a35449e8",
+    "024_file_identity_and_refs.sql": "ce369187f76591b211b247251258eaebc00a3edda5d9ef8d213edc451046ee9a",
+}
 
 
 class DatabaseError(RuntimeError):
@@ -166,21 +206,57 @@ def _migration_files(directory: Path) -> list[Path]:
     return files
 
 
-def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply pending migrations in order, each exactly once and in its own transaction."""
+def _checksum(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _adopt_legacy_migrations(conn: psycopg.Connection, done: dict[str, str], migrations: list[Path]) -> None:
+    """A database migrated by an earlier release (the 24 migrations the baseline replaces) is at the baseline:
+    record it as applied without running it. One that ran only some of them is refused."""
+    legacy = {name: checksum for name, checksum in done.items() if name in LEGACY_MIGRATIONS}
+    if not legacy or BASELINE in done:
+        return
+    changed = sorted(name for name, checksum in legacy.items() if checksum != LEGACY_MIGRATIONS[name])
+    if changed:
+        raise DatabaseError(f"migration {changed[0]} was changed after it was applied to this database; its schema "
+                            "is not one a release of rag_pipeline left, and this code will not migrate it")
+    missing = sorted(set(LEGACY_MIGRATIONS) - set(legacy))
+    if missing:
+        named = ", ".join(missing) if len(missing) <= 3 else f"{missing[0]}, ..., {missing[-1]} ({len(missing)} of them)"
+        raise DatabaseError(
+            f"this database was migrated by an earlier release of rag_pipeline up to {max(legacy)}, without {named}. "
+            "This release upgrades only databases that ran all of them: run `rag-pipeline migrate` of a release that "
+            f"ships them (rag_pipeline/store/migrations/ up to {max(LEGACY_MIGRATIONS)}) first, then this one.")
+    baseline = next((path for path in migrations if path.name == BASELINE), None)
+    if baseline is None:
+        raise DatabaseError(f"no {BASELINE} among the migrations in {migrations[0].parent}")
+    conn.execute("INSERT INTO schema_migrations (version, checksum) VALUES (%s, %s)", (BASELINE, _checksum(baseline)))
+    done[BASELINE] = _checksum(baseline)
+    log.info("recognised the migrations of an earlier release (up to %s) as %s", max(legacy), BASELINE)
+
+
+def migrate(url: str, directory: Path = SQL_DIR) -> list[str]:
+    """Bring the database to this code's schema, under an advisory lock (concurrent callers wait for each other):
+    apply the pending migrations of `directory`/migrations in order, each exactly once and in its own transaction
+    (a database an earlier release migrated is recognised as at the baseline), then re-apply every file of
+    `directory`/functions in name order, all in one transaction, and fill in the ranking options
+    rag.search_settings lacks. Returns the migrations applied now."""
+    migrations = _migration_files(directory / "migrations")
+    functions = sorted((directory / "functions").glob("*.sql"))
     applied_now: list[str] = []
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            """CREATE TABLE IF NOT EXISTS schema_migrations (
-                   version text PRIMARY KEY,
-                   checksum text NOT NULL,
-                   applied_at timestamptz NOT NULL DEFAULT now())"""
-        )
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
         try:
+            conn.execute(
+                """CREATE TABLE IF NOT EXISTS schema_migrations (
+                       version text PRIMARY KEY,
+                       checksum text NOT NULL,
+                       applied_at timestamptz NOT NULL DEFAULT now())"""
+            )
             done = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
-            for path in _migration_files(directory):
-                checksum = hashlib.sha256(path.read_bytes()).hexdigest()
+            _adopt_legacy_migrations(conn, done, migrations)
+            for path in migrations:
+                checksum = _checksum(path)
                 if path.name in done:
                     if done[path.name] != checksum:
                         raise DatabaseError(
@@ -195,6 +271,13 @@ def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
                     )
                 log.info("applied migration %s", path.name)
                 applied_now.append(path.name)
+            with conn.transaction():
+                for path in functions:
+                    conn.execute(path.read_text())
+                if conn.execute("SELECT to_regclass('rag.search_settings')").fetchone()[0] is not None:
+                    from rag_pipeline.store.search import record_default_settings
+
+                    record_default_settings(conn)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now

@@ -1,4 +1,5 @@
-"""The read-only queries behind the six checks (rag_pipeline.lifecycle.checks decides what passes)."""
+"""The queries behind the six checks (rag_pipeline.lifecycle.checks decides what passes): they read, except
+`record_check`, which keeps each check's latest outcome."""
 
 from __future__ import annotations
 

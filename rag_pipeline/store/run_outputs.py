@@ -1,4 +1,4 @@
-"""Step outputs of a run, as JSON in the index database (migration 017; rag_pipeline.defs.io reads and writes)."""
+"""Step outputs of a run, as JSON in the index database (run_outputs; rag_pipeline.defs.io reads and writes)."""
 
 from __future__ import annotations
 

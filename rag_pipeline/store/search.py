@@ -1,8 +1,8 @@
-"""The search: every statement of the ranking is a function in the database (migration 019, schema `rag`), so
+"""The search: every statement of the ranking is a function in the database (schema `rag`, sql/functions/), so
 applications that search with SQL (`rag.search`) and the pipeline's own search run the same ranking. This module
 calls them; rag_pipeline.retrieval.search validates the request and embeds the query.
 
-The BM25 list (rag.bm25_ranking, migrations 020 and 021) reads impact-ordered postings: the `depth` highest-weighted
+The BM25 list (rag.bm25_ranking, sql/functions/50_bm25_ranking.sql) reads impact-ordered postings: the `depth` highest-weighted
 postings of each query term, or the whole list when it is at most twice that (never every match of a longer list),
 bounds what each chunk could score, rescores exactly the chunks whose bound reaches the k-th exact score, and reads
 deeper while a chunk not read could still beat the last one kept; callers whose labels reach few rows have those rows
@@ -20,6 +20,7 @@ from pgvector import HalfVector
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from rag_pipeline.config import Bm25Config, RetrievalConfig, RoutingConfig
 from rag_pipeline.store.versions import IndexVersion
 
 # Callers whose labels (or named documents) reach fewer rows than this are ranked over exactly those rows.
@@ -99,3 +100,37 @@ def record_settings(conn: psycopg.Connection, options: dict[str, Any]) -> None:
     """The ranking rag.search runs for SQL callers: the pipeline's configured one."""
     conn.execute("UPDATE rag.search_settings SET options = %s, updated_at = now() WHERE options <> %s",
                  (Jsonb(options), Jsonb(options)))
+
+
+def ranking_options(*, dense_weight: float, sparse_weight: float, candidates: int | None, ef_search: int | None,
+                    min_similarity: float | None, bm25: Bm25Config, routing: RoutingConfig) -> dict[str, Any]:
+    """A ranking as rag.search_version takes its options (and rag.search_settings keeps them): the one mapping from
+    the configuration's names to the SQL's (rag_pipeline.retrieval.search.SearchOptions.sql_options uses it too)."""
+    return {
+        "dense_weight": dense_weight, "sparse_weight": sparse_weight, "candidates": candidates,
+        "ef_search": ef_search, "min_similarity": min_similarity, "bm25_depth": bm25.depth,
+        "bm25_max_terms": bm25.max_query_terms,
+        "routing": {"enabled": routing.enabled, "weight": routing.weight, "min_score": routing.min_score,
+                    "ratio": routing.ratio, "max_documents": routing.max_documents, "min_terms": routing.min_terms,
+                    "min_concentration": routing.min_concentration},
+    }
+
+
+def configured_ranking(retrieval: RetrievalConfig) -> dict[str, Any]:
+    """A `retrieval` configuration section as ranking options."""
+    return ranking_options(dense_weight=retrieval.dense_weight, sparse_weight=retrieval.sparse_weight,
+                           candidates=retrieval.candidates, ef_search=None, min_similarity=retrieval.min_similarity,
+                           bm25=retrieval.bm25, routing=retrieval.document_routing)
+
+
+def record_default_settings(conn: psycopg.Connection) -> None:
+    """Every ranking option rag.search_settings lacks, at the configuration's default (migrate() calls this). The SQL
+    functions keep no defaults of their own: an option a caller leaves out is read from rag.search_settings, so a
+    database that was only migrated ranks as the default configuration does. Options written before are kept."""
+    defaults = Jsonb(configured_ranking(RetrievalConfig()))
+    conn.execute("""UPDATE rag.search_settings s SET options = m.merged, updated_at = now()
+                    FROM (SELECT %(d)s::jsonb || options || jsonb_build_object(
+                                     'routing', (%(d)s::jsonb -> 'routing') || coalesce(options -> 'routing', '{}'))
+                                 AS merged
+                          FROM rag.search_settings) AS m
+                    WHERE s.options <> m.merged""", {"d": defaults})

@@ -149,7 +149,7 @@ def create_version(
     ):
         conn.execute(sql.SQL(index_sql).format(name=sql.Identifier(f"{table_name}_{suffix}"), table=table))
     # BM25: the row key, the language column, postings, weights, counters and the triggers that keep them
-    # (one definition, in migration 009, for new versions and for those that existed before it).
+    # (one definition, rag_bm25_attach in sql/functions/30_bm25_index.sql).
     conn.execute("SELECT rag_bm25_attach(%s, %s, %s)", (table_name, bm25_k1, bm25_b))
     return IndexVersion(version_id, table_name, model.backend_model, model.weights, dimensions, chunker_version,
                         parser_version, V.BUILDING, 0, model.key)
@@ -422,7 +422,7 @@ def vacuum_churned(conn: psycopg.Connection, version: IndexVersion, dead_share: 
     return churned
 
 
-# --- model identities of versions from before them (migration 018) ---------------------------------------------
+# --- model identities of versions built before they were recorded (legacy migration 018) ------------------------
 
 
 def versions_without_identity(conn: psycopg.Connection) -> list[IndexVersion]:

@@ -1,4 +1,4 @@
-"""Per-document work units: leases on queued documents (migration 016).
+"""Per-document work units: leases on queued documents (work_leases, documents.lease_owner).
 
 A worker leases the next queued document with FOR UPDATE SKIP LOCKED, so concurrent workers (threads,
 processes, machines) never take the same one, and releases it when its work moved it on. A holder is alive while

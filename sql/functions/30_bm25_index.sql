@@ -1,0 +1,255 @@
+-- BM25 in plain Postgres, per index version, kept by triggers in the same transaction as the version's rows
+-- (inserts, deletions, and cascades from deleted documents alike):
+--   index_vN.lexical_id       a compact row key for the structures below
+--   index_vN.text_config      the text search configuration of the row's document (its language)
+--   index_vN_bm25docs         per row: its length in terms and its BM25 term weights as a sparsevec
+--   index_vN_postings         (term, row, tf, weight), impact-ordered by an index on (term_id, weight DESC)
+--   index_vN_bm25_df          document frequency per term, sharded so parallel writers do not share a row
+--   index_vN_bm25_totals      row count and total length, sharded the same way
+--   index_vN_bm25_params      k1, b, the average length the weights were computed with, the configurations
+--                             (languages) its rows use
+-- Weights are tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avgdl)); the query side multiplies them by each
+-- query term's idf, ln(1 + (N - df + 0.5) / (df + 0.5)), so a score is textbook BM25. rag_bm25_reweight()
+-- recomputes the weights when the corpus's average length has drifted from the one they used.
+
+CREATE OR REPLACE FUNCTION rag_bm25_weight(tf integer, len integer, avgdl double precision, k1 double precision,
+                                           b double precision) RETURNS real
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / greatest(avgdl, 1))))::real
+$$;
+
+-- The per-transaction shard of a version's counters: the first one no other transaction holds, so parallel
+-- writers update different rows (and wait, never deadlock, when there are more writers than shards).
+CREATE OR REPLACE FUNCTION rag_bm25_shard(version_table text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    setting text := 'rag_pipeline.bm25_shard_' || version_table;
+    chosen text := current_setting(setting, true);
+BEGIN
+    IF chosen IS NOT NULL AND chosen <> '' THEN
+        RETURN chosen::integer;
+    END IF;
+    FOR shard IN 0..15 LOOP
+        IF pg_try_advisory_xact_lock(hashtext('rag_pipeline:bm25:' || version_table), shard) THEN
+            PERFORM set_config(setting, shard::text, true);
+            RETURN shard;
+        END IF;
+    END LOOP;
+    PERFORM pg_advisory_xact_lock(hashtext('rag_pipeline:bm25:' || version_table), pg_backend_pid() % 16);
+    PERFORM set_config(setting, (pg_backend_pid() % 16)::text, true);
+    RETURN pg_backend_pid() % 16;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_bm25_count_labels(version_table text, labels text[], shard integer, delta integer)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format($sql$
+        INSERT INTO %I AS c (term_id, shard, df)
+        SELECT DISTINCT rag_label_term_id(l), $1, $2 FROM unnest($3) AS l ORDER BY 1
+        ON CONFLICT (term_id, shard) DO UPDATE SET df = c.df + EXCLUDED.df
+    $sql$, version_table || '_bm25_df') USING shard, delta, labels;
+END $$;
+
+-- Write one row's postings, weights and counters (the AFTER INSERT trigger of every version table).
+CREATE OR REPLACE FUNCTION rag_bm25_row_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    base text := TG_TABLE_NAME;
+    shard integer := rag_bm25_shard(TG_TABLE_NAME);
+    params record;
+    row_len integer;
+BEGIN
+    EXECUTE format('SELECT k1, b, avgdl, configs FROM %I', base || '_bm25_params') INTO params;
+    IF NOT NEW.text_config = ANY(params.configs) THEN  -- a language new to this version: queries need its stems
+        EXECUTE format('UPDATE %I SET configs = array_append(configs, $1)', base || '_bm25_params')
+            USING NEW.text_config;
+    END IF;
+    EXECUTE format($sql$
+        WITH terms AS (
+            SELECT rag_term_id(term) AS term_id, sum(tf)::integer AS tf
+            FROM rag_lexemes($1, $2) GROUP BY 1
+        ), sized AS (
+            SELECT term_id, tf, sum(tf) OVER ()::integer AS len FROM terms
+        ), weighted AS (
+            SELECT term_id, tf, len, rag_bm25_weight(tf, len, coalesce($4, len), $5, $6) AS weight FROM sized
+        ), posted AS (
+            INSERT INTO %I (term_id, lexical_id, tf, weight) SELECT term_id, $3, tf, weight FROM weighted
+        ), counted AS (
+            INSERT INTO %I AS c (term_id, shard, df) SELECT term_id, $7, 1 FROM weighted ORDER BY term_id
+            ON CONFLICT (term_id, shard) DO UPDATE SET df = c.df + 1
+        )
+        INSERT INTO %I (lexical_id, len, vec)
+        SELECT $3, coalesce(max(len), 0),
+               ('{' || coalesce(string_agg(term_id || ':' || weight, ',' ORDER BY term_id), '')
+                    || '}/1000000000')::sparsevec
+        FROM weighted RETURNING len
+    $sql$, base || '_postings', base || '_bm25_df', base || '_bm25docs')
+    INTO row_len
+    USING NEW.text_config, NEW.prefix || ' ' || NEW.text, NEW.lexical_id, params.avgdl, params.k1, params.b, shard;
+    EXECUTE format($sql$
+        INSERT INTO %I AS t (shard, chunks, total_len) VALUES ($1, 1, $2)
+        ON CONFLICT (shard) DO UPDATE SET chunks = t.chunks + 1, total_len = t.total_len + EXCLUDED.total_len
+    $sql$, base || '_bm25_totals') USING shard, row_len;
+    PERFORM rag_bm25_count_labels(base, NEW.acl_labels, shard, 1);
+    IF params.avgdl IS NULL THEN  -- the version's first row sets the reference length
+        EXECUTE format('UPDATE %I SET avgdl = $1 WHERE avgdl IS NULL', base || '_bm25_params') USING row_len;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_bm25_row_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    base text := TG_TABLE_NAME;
+    shard integer := rag_bm25_shard(TG_TABLE_NAME);
+    row_len integer;
+BEGIN
+    EXECUTE format($sql$
+        WITH gone AS (DELETE FROM %I WHERE lexical_id = $1 RETURNING term_id)
+        INSERT INTO %I AS c (term_id, shard, df) SELECT term_id, $2, -1 FROM gone ORDER BY term_id
+        ON CONFLICT (term_id, shard) DO UPDATE SET df = c.df - 1
+    $sql$, base || '_postings', base || '_bm25_df') USING OLD.lexical_id, shard;
+    EXECUTE format('DELETE FROM %I WHERE lexical_id = $1 RETURNING len', base || '_bm25docs')
+        INTO row_len USING OLD.lexical_id;
+    EXECUTE format($sql$
+        INSERT INTO %I AS t (shard, chunks, total_len) VALUES ($1, -1, -$2)
+        ON CONFLICT (shard) DO UPDATE SET chunks = t.chunks - 1, total_len = t.total_len - $2
+    $sql$, base || '_bm25_totals') USING shard, coalesce(row_len, 0);
+    PERFORM rag_bm25_count_labels(base, OLD.acl_labels, shard, -1);
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag_bm25_labels_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    shard integer := rag_bm25_shard(TG_TABLE_NAME);
+BEGIN
+    PERFORM rag_bm25_count_labels(TG_TABLE_NAME, OLD.acl_labels, shard, -1);
+    PERFORM rag_bm25_count_labels(TG_TABLE_NAME, NEW.acl_labels, shard, 1);
+    RETURN NULL;
+END $$;
+
+-- Recompute every weight with the current average length (and the given k1, b); counters are compacted.
+CREATE OR REPLACE FUNCTION rag_bm25_reweight(version_table text, new_k1 double precision, new_b double precision)
+RETURNS double precision LANGUAGE plpgsql AS $$
+DECLARE
+    live_avgdl double precision;
+BEGIN
+    EXECUTE format('LOCK TABLE %I IN SHARE ROW EXCLUSIVE MODE', version_table);
+    EXECUTE format('SELECT sum(total_len)::double precision / nullif(sum(chunks), 0) FROM %I',
+                   version_table || '_bm25_totals') INTO live_avgdl;
+    EXECUTE format('UPDATE %I SET k1 = $1, b = $2, avgdl = $3', version_table || '_bm25_params')
+        USING new_k1, new_b, live_avgdl;
+    IF live_avgdl IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format($sql$
+        UPDATE %I p SET weight = rag_bm25_weight(p.tf, d.len, $1, $2, $3)
+        FROM %I d WHERE d.lexical_id = p.lexical_id
+    $sql$, version_table || '_postings', version_table || '_bm25docs') USING live_avgdl, new_k1, new_b;
+    EXECUTE format($sql$
+        UPDATE %I d SET vec = v.vec FROM (
+            SELECT lexical_id, ('{' || string_agg(term_id || ':' || weight, ',' ORDER BY term_id)
+                                || '}/1000000000')::sparsevec AS vec
+            FROM %I GROUP BY lexical_id) v
+        WHERE v.lexical_id = d.lexical_id
+    $sql$, version_table || '_bm25docs', version_table || '_postings');
+    -- Counters compacted into shard 0: the per-shard rows of a busy version only ever grow.
+    EXECUTE format('CREATE TEMP TABLE rag_bm25_compact ON COMMIT DROP AS'
+                   ' SELECT term_id, sum(df)::integer AS df FROM %I GROUP BY term_id HAVING sum(df) <> 0',
+                   version_table || '_bm25_df');
+    EXECUTE format('DELETE FROM %I', version_table || '_bm25_df');
+    EXECUTE format('INSERT INTO %I (term_id, shard, df) SELECT term_id, 0, df FROM rag_bm25_compact',
+                   version_table || '_bm25_df');
+    DROP TABLE rag_bm25_compact;
+    EXECUTE format('CREATE TEMP TABLE rag_bm25_compact ON COMMIT DROP AS'
+                   ' SELECT coalesce(sum(chunks), 0) AS chunks, coalesce(sum(total_len), 0) AS total_len FROM %I',
+                   version_table || '_bm25_totals');
+    EXECUTE format('DELETE FROM %I', version_table || '_bm25_totals');
+    EXECUTE format('INSERT INTO %I (shard, chunks, total_len) SELECT 0, chunks, total_len FROM rag_bm25_compact',
+                   version_table || '_bm25_totals');
+    DROP TABLE rag_bm25_compact;
+    RETURN live_avgdl;
+END $$;
+
+-- Every BM25 structure of a version recomputed from its rows, set-based: for rows that exist before the
+-- structures do (migration), after a bulk load made with the triggers off, and as the reindex step of the
+-- maintenance policy (it also drops the dead space many deletions leave).
+-- rag_bm25_rebuild takes its locks on the BM25 structures up front, in the order searches read them, so a
+-- search that reads the version while it is rebuilt waits instead of deadlocking with it.
+CREATE OR REPLACE FUNCTION rag_bm25_rebuild(version_table text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    params record;
+BEGIN
+    EXECUTE format('LOCK TABLE %I IN SHARE ROW EXCLUSIVE MODE', version_table);
+    -- In the order searches read them (params, totals, counters, postings, weights): a search holding one
+    -- finishes before the rebuild takes the next, so the two never wait on each other in a cycle. Searches of
+    -- this version wait until the rebuild commits.
+    EXECUTE format('LOCK TABLE %I, %I, %I, %I, %I IN ACCESS EXCLUSIVE MODE', version_table || '_bm25_params',
+                   version_table || '_bm25_totals', version_table || '_bm25_df', version_table || '_postings',
+                   version_table || '_bm25docs');
+    EXECUTE format('SELECT k1, b FROM %I', version_table || '_bm25_params') INTO params;
+    EXECUTE format('TRUNCATE %I, %I, %I, %I', version_table || '_postings', version_table || '_bm25docs',
+                   version_table || '_bm25_df', version_table || '_bm25_totals');
+    EXECUTE format($sql$
+        INSERT INTO %I (term_id, lexical_id, tf, weight)
+        SELECT rag_term_id(l.term), t.lexical_id, sum(l.tf), 0
+        FROM %I t, rag_lexemes(t.text_config, t.prefix || ' ' || t.text) l GROUP BY 1, 2
+    $sql$, version_table || '_postings', version_table);
+    EXECUTE format($sql$
+        INSERT INTO %I (lexical_id, len, vec)
+        SELECT t.lexical_id, coalesce(sum(p.tf), 0), '{}/1000000000'::sparsevec
+        FROM %I t LEFT JOIN %I p USING (lexical_id) GROUP BY t.lexical_id
+    $sql$, version_table || '_bm25docs', version_table, version_table || '_postings');
+    EXECUTE format('INSERT INTO %I (term_id, shard, df) SELECT term_id, 0, count(*) FROM %I GROUP BY term_id',
+                   version_table || '_bm25_df', version_table || '_postings');
+    EXECUTE format($sql$
+        INSERT INTO %I AS c (term_id, shard, df)
+        SELECT rag_label_term_id(l), 0, count(*) FROM %I, unnest(acl_labels) AS l GROUP BY 1
+        ON CONFLICT (term_id, shard) DO UPDATE SET df = c.df + EXCLUDED.df
+    $sql$, version_table || '_bm25_df', version_table);
+    EXECUTE format('INSERT INTO %I (shard, chunks, total_len) SELECT 0, count(*), coalesce(sum(len), 0) FROM %I',
+                   version_table || '_bm25_totals', version_table || '_bm25docs');
+    EXECUTE format($sql$UPDATE %I SET configs = (SELECT coalesce(array_agg(DISTINCT text_config), '{}') FROM %I)$sql$,
+                   version_table || '_bm25_params', version_table);
+    PERFORM rag_bm25_reweight(version_table, params.k1, params.b);
+END $$;
+
+-- Give a version table its BM25 structures and triggers, and index the rows it already holds.
+CREATE OR REPLACE FUNCTION rag_bm25_attach(version_table text, k1 double precision, b double precision)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('ALTER TABLE %I ADD COLUMN lexical_id integer GENERATED ALWAYS AS IDENTITY',
+                   version_table);
+    EXECUTE format('ALTER TABLE %I ADD COLUMN text_config regconfig NOT NULL DEFAULT %L::regconfig',
+                   version_table, 'english');
+    EXECUTE format('CREATE UNIQUE INDEX %I ON %I (lexical_id)', version_table || '_lexical', version_table);
+    EXECUTE format('CREATE TABLE %I (lexical_id integer PRIMARY KEY, len integer NOT NULL, vec sparsevec NOT NULL)',
+                   version_table || '_bm25docs');
+    EXECUTE format($sql$CREATE TABLE %I (
+                       term_id integer NOT NULL, lexical_id integer NOT NULL, tf integer NOT NULL,
+                       weight real NOT NULL, PRIMARY KEY (lexical_id, term_id))$sql$, version_table || '_postings');
+    EXECUTE format('CREATE INDEX %I ON %I (term_id, weight DESC, lexical_id)',
+                   version_table || '_postings_impact', version_table || '_postings');
+    EXECUTE format($sql$CREATE TABLE %I (term_id integer NOT NULL, shard smallint NOT NULL, df integer NOT NULL,
+                       PRIMARY KEY (term_id, shard))$sql$, version_table || '_bm25_df');
+    EXECUTE format($sql$CREATE TABLE %I (shard smallint PRIMARY KEY, chunks bigint NOT NULL,
+                       total_len bigint NOT NULL)$sql$, version_table || '_bm25_totals');
+    EXECUTE format($sql$CREATE TABLE %I (k1 double precision NOT NULL, b double precision NOT NULL,
+                       avgdl double precision, configs regconfig[] NOT NULL)$sql$, version_table || '_bm25_params');
+    EXECUTE format($sql$INSERT INTO %I (k1, b, avgdl, configs)
+                       SELECT $1, $2, NULL, coalesce(array_agg(DISTINCT text_config), '{}') FROM %I$sql$,
+                   version_table || '_bm25_params', version_table) USING k1, b;
+    EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %I FOR EACH ROW EXECUTE FUNCTION rag_bm25_row_inserted()',
+                   version_table || '_bm25_insert', version_table);
+    EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %I FOR EACH ROW EXECUTE FUNCTION rag_bm25_row_deleted()',
+                   version_table || '_bm25_delete', version_table);
+    EXECUTE format($sql$CREATE TRIGGER %I AFTER UPDATE OF acl_labels ON %I FOR EACH ROW
+                       WHEN (OLD.acl_labels IS DISTINCT FROM NEW.acl_labels)
+                       EXECUTE FUNCTION rag_bm25_labels_changed()$sql$, version_table || '_bm25_labels', version_table);
+    PERFORM rag_bm25_rebuild(version_table);
+END $$;
+
+-- The BM25 structures of a version whose table is dropped.
+CREATE OR REPLACE FUNCTION rag_bm25_detach(version_table text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('DROP TABLE IF EXISTS %I, %I, %I, %I, %I', version_table || '_postings',
+                   version_table || '_bm25docs', version_table || '_bm25_df', version_table || '_bm25_totals',
+                   version_table || '_bm25_params');
+END $$;

@@ -1,0 +1,216 @@
+-- The lexical list of a search: BM25 over a version's impact-ordered postings (the structures of 30_bm25_index.sql),
+-- and the small lookups the search functions share. The search functions are in schema `rag` and run with their
+-- caller's privileges; only rag.search and rag.active_rows (80_read_surface.sql) are meant to be granted.
+
+-- The chunk table of a version that is not dropped.
+CREATE OR REPLACE FUNCTION rag.version_table(p_version integer) RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    found text;
+BEGIN
+    SELECT v.table_name INTO found FROM index_versions v WHERE v.version_id = p_version AND v.dropped_at IS NULL;
+    IF found IS NULL THEN
+        RAISE EXCEPTION 'no index version % with a table', p_version USING ERRCODE = 'undefined_table';
+    END IF;
+    RETURN found;
+END $$;
+
+-- At most how many rows the labels reach (the per-label counts the BM25 triggers keep, summed).
+CREATE OR REPLACE FUNCTION rag.label_rows(p_version integer, p_labels text[]) RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    counted bigint;
+BEGIN
+    EXECUTE format('SELECT coalesce(sum(df), 0) FROM %I WHERE term_id IN '
+                   '(SELECT rag_label_term_id(l) FROM unnest($1::text[]) AS l)', rag.version_table(p_version) || '_bm25_df')
+        INTO counted USING p_labels;
+    RETURN counted;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag.total_rows(p_version integer) RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    counted bigint;
+BEGIN
+    EXECUTE format('SELECT coalesce(sum(chunks), 0) FROM %I', rag.version_table(p_version) || '_bm25_totals')
+        INTO counted;
+    RETURN counted;
+END $$;
+
+-- The query's terms under every language configuration the version's rows use, with their BM25 idf, rarest
+-- first: at most p_max_terms, so a long question's instructions and filler cannot drown its content words (those
+-- have the highest idf). Terms no row holds are dropped. The tokenisation is the index's own (rag_lexemes).
+CREATE OR REPLACE FUNCTION rag.query_terms(p_version integer, p_text text, p_max_terms integer)
+RETURNS TABLE (term_id integer, term text, df bigint, idf double precision) LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t text := rag.version_table(p_version);
+BEGIN
+    RETURN QUERY EXECUTE format($q$
+        WITH params AS (SELECT configs FROM %1$I),
+             totals AS (SELECT coalesce(sum(chunks), 0) AS n FROM %2$I),
+             terms AS (
+                 SELECT DISTINCT ON (rag_term_id(l.term)) rag_term_id(l.term) AS term_id, l.term
+                 FROM params, unnest(params.configs || 'simple'::regconfig) AS cfg, rag_lexemes(cfg, $1) l
+                 ORDER BY rag_term_id(l.term), l.term),
+             counted AS (
+                 SELECT t.term_id, t.term, (SELECT coalesce(sum(d.df), 0) FROM %3$I d
+                                            WHERE d.term_id = t.term_id)::bigint AS df
+                 FROM terms t)
+        SELECT c.term_id, c.term, c.df, ln(1 + (totals.n - c.df + 0.5) / (c.df + 0.5))::double precision AS idf
+        FROM counted c, totals WHERE c.df > 0
+        ORDER BY idf DESC, c.term_id LIMIT $2$q$, t || '_bm25_params', t || '_bm25_totals', t || '_bm25_df')
+        USING p_text, p_max_terms;
+END $$;
+
+-- The top p_want chunks by BM25 among those the labels reach (and, given p_documents, of those documents only),
+-- best first, ties by chunk id. In one pass where it can:
+--   1. read the impact-ordered postings of each query term: p_depth deep, or the whole list when it is at most twice
+--      that (cutting a list just short of its end leaves its last weight in the bound of every chunk read
+--      elsewhere); a term whose idf is under a tenth of the query's highest only to its first posting (its highest
+--      weight bounds it: such a term adds little to any score and its list is among the longest);
+--   2. bound every chunk read (its weights read plus, for each other term, the last weight read of it) and every
+--      chunk not read (the sum of those last weights);
+--   3. score exactly the candidates with the highest bounds (4 x p_want, more when the caller's labels reach a small
+--      share of the rows) and keep the best p_want the caller may read: the k-th of them is a threshold;
+--   4. score exactly every other candidate whose bound reaches the threshold, and keep the best p_want of all.
+-- The result is exact when no chunk left unread can reach the last one kept; otherwise the two terms whose unread
+-- postings could add the most are read four times deeper (at most four passes), then every readable row is ranked.
+-- Ranked directly, without the postings: the rows of named documents, queries of only very common terms (in more
+-- than a quarter of the rows), and callers whose labels reach fewer rows than p_few_rows beyond twice the
+-- candidates the impact path would check for them (scoring a readable row costs about what checking a candidate
+-- does). Candidates and directly ranked rows are scored in key order, by a lookup each.
+CREATE OR REPLACE FUNCTION rag.bm25_ranking(
+    p_version integer, p_text text, p_labels text[], p_want integer, p_depth integer, p_max_terms integer,
+    p_documents text[] DEFAULT NULL, p_few_rows integer DEFAULT 5000
+) RETURNS TABLE (chunk_id text, score double precision) LANGUAGE plpgsql STABLE
+-- A version's postings and weight vectors are meant to be in memory (see the README on sizing the server): lookups
+-- by key cost about what reading a row in sequence does, and the plans must not swing to scanning everything.
+SET random_page_cost = 1.1 AS $$
+#variable_conflict use_column
+DECLARE
+    t text := rag.version_table(p_version);
+    ids integer[];
+    idfs double precision[];
+    dfs bigint[];
+    rarest bigint;
+    top_idf double precision;
+    qvec sparsevec;
+    depths integer[];
+    reach bigint;
+    everything bigint;
+    pool integer;
+    unseen double precision;
+    slack double precision[];
+    kept_ids text[];
+    kept_scores double precision[];
+    labelled text;
+    impact text;
+BEGIN
+    IF p_labels IS NULL OR cardinality(p_labels) = 0 THEN
+        RAISE EXCEPTION 'a search needs the caller''s labels' USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT array_agg(q.term_id ORDER BY q.term_id), array_agg(q.idf ORDER BY q.term_id),
+           array_agg(q.df ORDER BY q.term_id), min(q.df), max(q.idf)
+        INTO ids, idfs, dfs, rarest, top_idf FROM rag.query_terms(p_version, p_text, p_max_terms) q;
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT format('{%s}/1000000000', string_agg(format('%s:%s', u.i, u.f), ',' ORDER BY u.i))::sparsevec
+        INTO qvec FROM unnest(ids, idfs) AS u(i, f);
+    reach := rag.label_rows(p_version, p_labels);
+    everything := rag.total_rows(p_version);
+    -- The rows the caller may read, ranked directly. When they are a small part of the index (or of named documents)
+    -- their weights are looked up by key, in key order; when they are a large part, the planner may scan the weight
+    -- vectors once instead. (The function's random_page_cost says the structures are in memory: at the default,
+    -- the planner scanned every weight vector for a caller reaching 2,000 of 100,000 rows when its estimates
+    -- tipped, p95 8 -> 64 ms.)
+    IF p_documents IS NOT NULL OR 4 * reach < everything THEN
+        labelled := format($q$
+            SELECT r.chunk_id, -(d.vec <#> $1)::double precision AS score
+            FROM (SELECT chunk_id, lexical_id FROM %1$I
+                  WHERE acl_labels && $2 AND ($4::text[] IS NULL OR doc_id = ANY($4))
+                  ORDER BY lexical_id OFFSET 0) r
+            JOIN %2$I d USING (lexical_id)
+            WHERE -(d.vec <#> $1) > 0
+            ORDER BY score DESC, r.chunk_id LIMIT $3$q$, t, t || '_bm25docs');
+    ELSE
+        labelled := format($q$
+            SELECT t.chunk_id, -(d.vec <#> $1)::double precision AS score
+            FROM %1$I t JOIN %2$I d USING (lexical_id)
+            WHERE t.acl_labels && $2 AND ($4::text[] IS NULL OR t.doc_id = ANY($4)) AND -(d.vec <#> $1) > 0
+            ORDER BY score DESC, t.chunk_id LIMIT $3$q$, t, t || '_bm25docs');
+    END IF;
+    -- Labels that reach a share of the rows: as many times more of the best candidates are checked first.
+    -- (Overlapping labels are counted once per label, so the reach can exceed the rows.)
+    pool := greatest(4 * p_want, least(20000, ceil(2.0 * p_want * everything / greatest(reach, 1))))::integer;
+    -- Ranked directly: the rows of named documents; queries of only very common terms; and callers whose labels
+    -- reach few rows: fewer than p_few_rows beyond twice the candidates the impact path would check for them
+    -- (scoring a readable row directly costs about what checking one candidate does). p_few_rows = 0 never does.
+    IF p_documents IS NOT NULL OR rarest > 0.25 * everything OR (p_few_rows > 0 AND reach < p_few_rows + 2 * pool) THEN
+        RETURN QUERY EXECUTE labelled USING qvec, p_labels, p_want, p_documents;
+        RETURN;
+    END IF;
+    -- A term whose idf is under a tenth of the query's highest adds little to any score: its highest weight (one
+    -- posting) bounds it. The others are read p_depth deep, or whole when at most twice that: cutting a list just
+    -- short of its end leaves its last weight in the bound of every chunk read elsewhere, for little saved.
+    SELECT array_agg(CASE WHEN u.f < 0.1 * top_idf THEN 1 WHEN u.n <= 2 * p_depth THEN u.n + 1 ELSE p_depth END
+                     ORDER BY u.i)
+        INTO depths FROM unnest(ids, idfs, dfs) AS u(i, f, n);
+    impact := format($q$
+        WITH q AS (SELECT * FROM unnest($1::integer[], $2::double precision[], $3::integer[]) AS q(term_id, idf, depth)),
+        top AS (  -- the highest-weighted postings of each term (an index-only scan of the impact index)
+            SELECT q.term_id, q.idf, q.depth, p.lexical_id, p.weight FROM q CROSS JOIN LATERAL (
+                SELECT lexical_id, weight FROM %1$I p WHERE p.term_id = q.term_id
+                ORDER BY weight DESC LIMIT q.depth) p
+        ),
+        last AS (  -- per term, what a chunk none of whose postings was read can get from it at most
+            SELECT term_id, idf * CASE WHEN count(*) < depth THEN 0 ELSE min(weight) END AS slack FROM top
+            GROUP BY term_id, idf, depth
+        ),
+        total AS (SELECT coalesce(sum(slack), 0) AS unseen FROM last),
+        bounded AS MATERIALIZED (  -- each chunk read scores at most its weights read plus the others' slack
+            SELECT top.lexical_id, sum(top.idf * top.weight - l.slack) + total.unseen AS upper
+            FROM top JOIN last l USING (term_id), total GROUP BY top.lexical_id, total.unseen
+        ),
+        first AS MATERIALIZED (  -- exact scores of the candidates with the highest bounds (looked up by key, as below)
+            SELECT b.lexical_id, (SELECT -(d.vec <#> $4) FROM %2$I d WHERE d.lexical_id = b.lexical_id) AS score
+            FROM (SELECT lexical_id FROM bounded ORDER BY upper DESC, lexical_id LIMIT $5) b
+        ),
+        first_kept AS MATERIALIZED (
+            SELECT t.chunk_id, f.score FROM first f JOIN %3$I t USING (lexical_id)
+            WHERE t.acl_labels && $6 ORDER BY f.score DESC, t.chunk_id LIMIT $7
+        ),
+        threshold AS (SELECT CASE WHEN count(*) = $7 THEN min(score) ELSE 0 END AS theta FROM first_kept),
+        rest AS MATERIALIZED (  -- every other chunk whose bound reaches the k-th exact score so far, scored exactly
+            SELECT b.lexical_id, (SELECT -(d.vec <#> $4) FROM %2$I d WHERE d.lexical_id = b.lexical_id) AS score
+            FROM (SELECT b.lexical_id FROM bounded b, threshold
+                  -- (the bounds are double precision, the exact scores pgvector's float: a hair of tolerance for ties)
+                  WHERE b.upper * (1 + 1e-5) >= threshold.theta AND b.lexical_id NOT IN (SELECT lexical_id FROM first)
+                  ORDER BY b.lexical_id OFFSET 0) b  -- looked up in key order: a quarter faster than in bound order
+        ),
+        kept AS (
+            SELECT chunk_id, score FROM (
+                SELECT chunk_id, score FROM first_kept
+                UNION ALL
+                SELECT t.chunk_id, r.score FROM rest r JOIN %3$I t USING (lexical_id), threshold
+                WHERE r.score >= threshold.theta AND t.acl_labels && $6) AS u
+            ORDER BY score DESC, chunk_id LIMIT $7
+        )
+        SELECT (SELECT unseen FROM total)::double precision,
+               (SELECT array_agg(slack::double precision ORDER BY term_id) FROM last),
+               (SELECT array_agg(chunk_id ORDER BY score DESC, chunk_id) FROM kept),
+               (SELECT array_agg(score::double precision ORDER BY score DESC, chunk_id) FROM kept)$q$,
+        t || '_postings', t || '_bm25docs', t);
+    FOR attempt IN 1..4 LOOP
+        EXECUTE impact INTO unseen, slack, kept_ids, kept_scores USING ids, idfs, depths, qvec, pool, p_labels, p_want;
+        -- Exact when no chunk left unread can beat the last one kept (or nothing was left unread).
+        -- (strictly above: an unread chunk that ties the last one kept could win the tie on its chunk id)
+        IF unseen = 0 OR (coalesce(cardinality(kept_ids), 0) = p_want AND kept_scores[p_want] > unseen * (1 + 1e-5)) THEN
+            RETURN QUERY SELECT k.c, k.s FROM unnest(kept_ids, kept_scores) WITH ORDINALITY AS k(c, s, n) ORDER BY k.n;
+            RETURN;
+        END IF;
+        -- Read deeper where the bound comes from: the two terms whose unread postings could add the most.
+        SELECT array_agg(CASE WHEN s.term IN (SELECT w.term FROM unnest(slack, ids) AS w(v, term)
+                                              WHERE w.v > 0 ORDER BY w.v DESC, w.term LIMIT 2)
+                              THEN greatest(s.d * 4, p_depth) ELSE s.d END ORDER BY s.term)
+            INTO depths FROM unnest(depths, ids) AS s(d, term);
+    END LOOP;
+    RETURN QUERY EXECUTE labelled USING qvec, p_labels, p_want, p_documents;
+END $$;

@@ -1,0 +1,185 @@
+-- Document routing: a query that names documents (by title, path or metadata: a company, a period, a form) is also
+-- ranked within them (rag.search_version, 70_search.sql). It tells a name from a topic:
+--   * a query is read word by word; stop words name nothing; a word also counts squashed, and two adjacent words
+--     written as one, because file names squash names ("COCACOLA_2021_10K", "AMERICANEXPRESS_2022_10K",
+--     "sql-createtable.html"); a period with a two-digit year ("FY22", "FY'22", "Q3 FY23", "1Q22", "H1-22") also
+--     counts as its year (00-69 are 2000-2069, 70-99 are 1970-1999; only routing reads a word this way, the BM25
+--     terms of chunks and queries are unchanged);
+--   * a word identifies documents only when its name is rare among documents and its text is concentrated in
+--     them: of the chunks where the word weighs most (its top 200 postings), at least p_min_concentration lie in
+--     documents whose names carry it. A company's name is said mostly in its own filings; "create" is said on
+--     every page. A word only names carry (no chunk has it) identifies too;
+--   * a document is named through at least one identifying word; words concentrated at least half as much (a
+--     period: "2018" is also said in the 2019 filing) add their idf to its score; at least p_min_terms distinct
+--     query words must match.
+
+-- The term ids a piece of text gives a document name (rag_name_terms' configurations), English stop words left
+-- out (the neutral configuration keeps "the", "of" and the "s" of "Lowe's"): to compare query words with names.
+-- Separate functions, not inlined, keep rag.named_documents cheap to plan.
+CREATE OR REPLACE FUNCTION rag.name_term_ids(p_text text) RETURNS integer[] LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(DISTINCT rag_term_id(l.term)), '{}')
+    FROM unnest(ARRAY['english', 'simple']::regconfig[]) AS cfg, rag_lexemes(cfg, p_text) l
+    WHERE coalesce(cardinality(ts_lexize('english_stem', l.term)), 1) > 0
+$$;
+
+CREATE OR REPLACE FUNCTION rag.is_stop_word(p_word text) RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM rag_lexemes('english', p_word))
+$$;
+
+-- The year a period code with a two-digit year stands for ("FY22", "FY'22", "Q3FY23", "1Q22" -> 2022, 2023,
+-- 2022), NULL for any other word.
+CREATE OR REPLACE FUNCTION rag.period_year(p_word text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN m IS NOT NULL THEN (m[1]::integer + CASE WHEN m[1]::integer < 70 THEN 2000 ELSE 1900 END)::text END
+    FROM regexp_match(lower(regexp_replace(p_word, '[^[:alnum:]]+', '', 'g')),
+                      '^(?:fy|q[1-4]|h[12]|[1-4]q|[12]h)(?:fy)?([0-9]{2})$') AS m
+$$;
+
+-- Of the chunks where p_words weigh most (the top 200 postings of their terms in the version, stop words left
+-- out), the share that lie in documents whose names carry one of p_name_terms; NULL when no chunk holds the words.
+CREATE OR REPLACE FUNCTION rag.name_concentration(p_version integer, p_words text[], p_name_terms integer[])
+RETURNS double precision LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t text := rag.version_table(p_version);
+    share double precision;
+BEGIN
+    EXECUTE format($q$
+        SELECT avg((d.name_terms && $2)::integer) FROM (
+            SELECT p.lexical_id FROM (
+                SELECT DISTINCT rag_term_id(l.term) AS term_id
+                FROM %2$I params, unnest(params.configs || 'simple'::regconfig) AS cfg, unnest($1) AS w,
+                     rag_lexemes(cfg, w) l
+                WHERE coalesce(cardinality(ts_lexize('english_stem', l.term)), 1) > 0) ct,
+            LATERAL (SELECT lexical_id, weight FROM %3$I WHERE term_id = ct.term_id ORDER BY weight DESC LIMIT 200) p
+            ORDER BY p.weight DESC LIMIT 200) top
+        JOIN %1$I v ON v.lexical_id = top.lexical_id JOIN documents d ON d.doc_id = v.doc_id$q$,
+        t, t || '_bm25_params', t || '_postings')
+        INTO share USING p_words, p_name_terms;
+    RETURN share;
+END $$;
+
+-- The documents a query names (best first) and the positions of the query words that named them (1-based,
+-- whitespace-separated words): see the head of this file for when a document counts as named.
+CREATE OR REPLACE FUNCTION rag.document_names(
+    p_version integer, p_text text, p_labels text[], p_min_score double precision, p_ratio double precision,
+    p_max_documents integer, p_min_terms integer, p_min_concentration double precision,
+    p_cap integer DEFAULT 1000, OUT named_ids text[], OUT naming_words integer[]
+) LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    best double precision;
+    squashed text[] := (SELECT array_agg(regexp_replace(w.word, '[^[:alnum:]]+', '', 'g') ORDER BY w.n)
+                        FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n));
+BEGIN
+    named_ids := '{}';
+    naming_words := '{}';
+    -- Most queries name nothing: one look at the names' index, with every form a word is compared in below, before
+    -- reading the query word by word (3 ms a query at 100,000 chunks when no name shares a word with it).
+    IF NOT EXISTS (
+        SELECT 1 FROM documents d
+        WHERE d.name_terms && rag.name_term_ids(concat_ws(' ', p_text, array_to_string(squashed, ' '),
+                                                          (SELECT string_agg(squashed[i] || squashed[i + 1], ' ')
+                                                           FROM generate_subscripts(squashed, 1) AS i
+                                                           WHERE i < cardinality(squashed)),
+                                                          (SELECT string_agg(rag.period_year(w), ' ')
+                                                           FROM unnest(squashed) AS w)))
+    ) THEN
+        RETURN;
+    END IF;
+    WITH words AS (  -- stop words name nothing; a query's first 256 words are read for names (bounded work)
+        SELECT w.n, w.word, concat_ws(' ', w.word, rag.period_year(w.word)) AS said
+        FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n)
+        WHERE w.n <= 256 AND w.word <> '' AND NOT rag.is_stop_word(w.word)
+    ),
+    forms AS (  -- each word (also squashed: Coca-Cola, COCACOLA; a period also as its year: FY22, 2022), and each
+                -- two adjacent words written as one
+        SELECT ARRAY[w.n] AS positions,
+               rag.name_term_ids(w.said || ' ' || regexp_replace(w.word, '[^[:alnum:]]+', '', 'g')) AS terms,
+               ARRAY[w.said] AS words
+        FROM words w
+        UNION ALL
+        SELECT ARRAY[a.n, b.n], rag.name_term_ids(regexp_replace(a.word || b.word, '[^[:alnum:]]+', '', 'g')),
+               ARRAY[a.word, b.word]
+        FROM words a JOIN words b ON b.n = a.n + 1
+    ),
+    units AS (  -- a word said twice counts once (its first place)
+        SELECT DISTINCT ON (f.terms) f.* FROM forms f WHERE f.terms <> '{}' ORDER BY f.terms, f.positions
+    ),
+    n AS (  -- the planner's estimate where it has one, else a count (small or never analysed tables)
+        SELECT CASE WHEN reltuples >= 10000 THEN reltuples ELSE (SELECT count(*) FROM documents) END AS docs
+        FROM pg_class WHERE oid = 'documents'::regclass
+    ),
+    term_df AS (
+        SELECT t.term_id, (SELECT count(*) FROM (SELECT 1 FROM documents d WHERE d.name_terms @> ARRAY[t.term_id]
+                                                  LIMIT p_cap) c) AS df
+        FROM (SELECT DISTINCT unnest(u.terms) AS term_id FROM units u) t
+    ),
+    naming AS (  -- each unit's name terms that some documents hold but not too many, with their idf
+        SELECT u.positions, u.words, x.term_id, ln(1 + (n.docs - df.df + 0.5) / (df.df + 0.5)) AS idf
+        FROM units u, unnest(u.terms) AS x(term_id), term_df df, n
+        WHERE df.term_id = x.term_id AND df.df > 0 AND df.df < p_cap
+    ),
+    -- MATERIALIZED: once per unit, not once per document it matches. A word no chunk holds (only names carry it)
+    -- competes with nothing: it identifies.
+    concentrated AS MATERIALIZED (
+        SELECT g.positions, coalesce(rag.name_concentration(p_version, g.words, g.terms), 1.0) AS share
+        FROM (SELECT positions, min(words) AS words, array_agg(term_id) AS terms FROM naming GROUP BY positions) g
+    ),
+    matches AS (  -- each readable document, the units its name shares with the query, and the best idf it holds
+        SELECT d.doc_id, nm.positions, max(nm.idf) AS idf, c.share
+        FROM naming nm JOIN concentrated c ON c.positions = nm.positions
+        JOIN documents d ON d.name_terms @> ARRAY[nm.term_id]
+        WHERE c.share >= p_min_concentration / 2 AND d.acl_labels && p_labels
+        GROUP BY d.doc_id, nm.positions, c.share
+    ),
+    identified AS (  -- a name most documents carry (idf < 1) names none
+        SELECT DISTINCT m.doc_id FROM matches m WHERE m.share >= p_min_concentration AND m.idf >= 1.0
+    ),
+    kept AS (  -- a word inside a matching two-word unit is counted with it, once
+        SELECT m.* FROM matches m JOIN identified i ON i.doc_id = m.doc_id
+        WHERE cardinality(m.positions) = 2 OR NOT EXISTS (
+            SELECT 1 FROM matches o WHERE o.doc_id = m.doc_id AND cardinality(o.positions) = 2
+                                      AND o.positions @> m.positions)
+    ),
+    scored AS (
+        SELECT k.doc_id, sum(k.idf)::double precision AS score FROM kept k GROUP BY k.doc_id
+        HAVING (SELECT count(DISTINCT p) FROM kept k2, unnest(k2.positions) p WHERE k2.doc_id = k.doc_id)
+               >= p_min_terms
+        ORDER BY score DESC, k.doc_id LIMIT p_max_documents + 1
+    ),
+    chosen AS (
+        SELECT s.doc_id, s.score FROM scored s WHERE s.score >= p_ratio * (SELECT max(score) FROM scored)
+    )
+    SELECT (SELECT max(score) FROM scored),
+           (SELECT array_agg(c.doc_id ORDER BY c.score DESC, c.doc_id) FROM chosen c),
+           (SELECT coalesce(array_agg(DISTINCT p ORDER BY p), '{}')
+            FROM kept k, unnest(k.positions) p WHERE k.doc_id IN (SELECT doc_id FROM chosen))
+        INTO best, named_ids, naming_words;
+    IF best IS NULL OR best < p_min_score OR cardinality(named_ids) > p_max_documents THEN
+        named_ids := '{}';
+        naming_words := '{}';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION rag.named_documents(
+    p_version integer, p_text text, p_labels text[], p_min_score double precision, p_ratio double precision,
+    p_max_documents integer, p_min_terms integer, p_min_concentration double precision,
+    p_cap integer DEFAULT 1000
+) RETURNS text[] LANGUAGE sql STABLE AS $$
+    SELECT named_ids FROM rag.document_names(p_version, p_text, p_labels, p_min_score, p_ratio, p_max_documents,
+                                             p_min_terms, p_min_concentration, p_cap)
+$$;
+
+-- The query without the words at p_positions (whitespace-separated, 1-based): the words that named the documents
+-- a list is ranked within, where every chunk is the company's and the period's, so they rank nothing there.
+CREATE OR REPLACE FUNCTION rag.without_words(p_text text, p_positions integer[]) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(string_agg(w.word, ' ' ORDER BY w.n), '')
+    FROM regexp_split_to_table(p_text, '\s+') WITH ORDINALITY AS w(word, n)
+    WHERE NOT w.n = ANY(p_positions)
+$$;
+
+REVOKE EXECUTE ON FUNCTION rag.name_term_ids(text), rag.is_stop_word(text), rag.without_words(text, integer[]),
+                           rag.name_concentration(integer, text[], integer[]),
+                           rag.document_names(integer, text, text[], double precision, double precision, integer,
+                                              integer, double precision, integer),
+                           rag.named_documents(integer, text, text[], double precision, double precision, integer,
+                                               integer, double precision, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION rag.period_year(text) FROM PUBLIC;
