@@ -64,11 +64,12 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    # Through prepare, as every entry point: the schema, model identities and the search settings SQL callers read.
+    # Through prepare, as every entry point: the schema, model identities and the search settings SQL callers read;
+    # the SQL functions are re-applied whatever their checksum says (a start skips them when they are current).
     from rag_pipeline.lifecycle.prepare import prepare
     from rag_pipeline.store.database import resolve_urls
 
-    applied = prepare(resolve_urls(settings).index, settings)
+    applied = prepare(resolve_urls(settings).index, settings, reapply_functions=True)
     print(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
     return 0
 
@@ -371,15 +372,18 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     if args.index_command in ("promote", "rollback", "retire"):
         with connect(_index_url(settings)) as conn, conn.transaction():
             if args.index_command == "promote":
+                _searchable_version(conn, args.version)  # a version that does not exist is an error, not a refusal
                 try:
                     gates = blue_green.promote_with_gates(
                         conn, args.version, settings, golden=Path(args.golden) if args.golden else None,
                         labels=list(parse_labels(args.labels)) if args.labels else None, k=args.k,
-                        tolerance=args.tolerance, force_reason=args.force)
+                        tolerance=args.tolerance, force=bool(args.force), reason=args.force)
                 except blue_green.PromotionRefused as refused:
                     for failure in refused.gates.failures:
                         print(f"gate failed: {failure}", file=sys.stderr)
                     raise
+                for failure in gates.failures:
+                    print(f"gate failed: {failure}", file=sys.stderr)
                 if gates.failures:
                     print(f"--force: promoted despite failed gates, because: {args.force} (recorded)",
                           file=sys.stderr)

@@ -27,7 +27,7 @@ from rag_pipeline.defs.resources import RagResource
 from rag_pipeline.defs.runs import prepare_dagster_home
 from rag_pipeline.lifecycle.alerts import Alert, AlertSender, Observation, transitions
 from rag_pipeline.stages.discover import discover
-from rag_pipeline.stages.index import index_pending
+from rag_pipeline.stages.process import process_pending
 from rag_pipeline.store.database import IndexLockTimeout, index_write_lock
 
 # --- receivers -------------------------------------------------------------------------------------------
@@ -353,7 +353,7 @@ def test_a_refresh_waits_for_the_one_writing_and_gives_up_clearly(make_settings,
     with index_write_lock(db_url, "refresh A"):
         started = time.monotonic()
         with pytest.raises(IndexLockTimeout, match=r"held by refresh A \(pid \d+"):
-            index_pending(db_url, settings)
+            process_pending(db_url, settings, parse=False, chunk=False)
         assert time.monotonic() - started >= 0.9
         # Backfill shards share the lock with each other, never with a refresh.
         with pytest.raises(IndexLockTimeout):

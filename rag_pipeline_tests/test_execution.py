@@ -236,8 +236,8 @@ def test_parallel_index_writers_put_near_duplicates_in_one_group(make_settings, 
 KILL_SCRIPT = """
 import sys
 from rag_pipeline.config import load_settings
-from rag_pipeline.stages.index import index_pending
-index_pending(sys.argv[1], load_settings(sys.argv[2]))
+from rag_pipeline.stages.process import process_pending
+process_pending(sys.argv[1], load_settings(sys.argv[2]), parse=False, chunk=False)
 """
 
 

@@ -412,7 +412,7 @@ def test_a_file_swapped_for_a_link_after_the_scan_is_not_parsed_under_the_old_la
     """The attack: a staff file made to look like hr/salaries.md (same size, same mtime), swapped for a link to it
     once the scan has queued it, then for another file with the same size and mtime. Before (4500a88) the
     parser followed the link and indexed the HR text with the staff labels."""
-    from rag_pipeline.stages.parse import parse_pending
+    from rag_pipeline.stages.process import process_pending
 
     root = _corpus(tmp_path / "docs")
     salaries = root / "hr" / "salaries.md"
@@ -426,7 +426,7 @@ def test_a_file_swapped_for_a_link_after_the_scan_is_not_parsed_under_the_old_la
     os.link(decoy, tmp_path / "judged-inode")
     decoy.unlink()
     decoy.symlink_to(salaries)  # the hook between scan and parse: swapped before parsing runs
-    stats = parse_pending(settings.database_url, settings)
+    stats = process_pending(settings.database_url, settings, chunk=False, index=False).parse
     assert stats.changed_since_scan == 1
     assert db.execute("SELECT count(*) FROM document_pages p JOIN documents d USING (doc_id) "
                       "WHERE d.rel_path = 'public/x.md'").fetchone()[0] == 0
@@ -437,9 +437,9 @@ def test_a_file_swapped_for_a_link_after_the_scan_is_not_parsed_under_the_old_la
     other.write_text(SALARY)
     os.utime(other, ns=(salaries.stat().st_atime_ns, salaries.stat().st_mtime_ns))
     os.replace(other, decoy)
-    assert parse_pending(settings.database_url, settings).changed_since_scan == 1
+    assert process_pending(settings.database_url, settings, chunk=False, index=False).parse.changed_since_scan == 1
     discover(settings.database_url, settings.sources)  # the next scan judges what is there now
-    parse_pending(settings.database_url, settings)
+    process_pending(settings.database_url, settings, chunk=False, index=False)
     assert _status(db, "public/x.md")[0] == "pending_chunk"
     decoy.unlink()
     decoy.symlink_to(salaries)
@@ -448,7 +448,7 @@ def test_a_file_swapped_for_a_link_after_the_scan_is_not_parsed_under_the_old_la
 
 
 def test_a_folder_on_the_way_swapped_for_a_link_is_not_followed(make_settings, tmp_path, db):
-    from rag_pipeline.stages.parse import parse_pending
+    from rag_pipeline.stages.process import process_pending
 
     root = _corpus(tmp_path / "docs")
     (root / "public" / "team").mkdir()
@@ -460,7 +460,7 @@ def test_a_folder_on_the_way_swapped_for_a_link_is_not_followed(make_settings, t
     (root / "public" / "team" / "salaries.md").unlink()
     (root / "public" / "team").rmdir()
     (root / "public" / "team").symlink_to(root / "hr")  # a folder component is a link now
-    assert parse_pending(settings.database_url, settings).changed_since_scan == 1
+    assert process_pending(settings.database_url, settings, chunk=False, index=False).parse.changed_since_scan == 1
     assert _status(db, "public/team/salaries.md")[0] == "pending_parse"
 
 

@@ -6,6 +6,7 @@ before; one part of the way through their migrations is refused."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import threading
 import tomllib
@@ -161,8 +162,9 @@ def test_a_legacy_migration_changed_after_it_ran_is_refused(pg_admin_url):
 
 
 def test_a_new_database_gets_the_baseline_and_migrating_again_only_reapplies_the_functions(db_url):
-    """Run twice, migrate() changes no table and no migration record: it puts back the current definition of a
-    function changed by hand, keeps GRANTs on the functions and the view (and a view built on it), keeps the search
+    """Run twice, migrate() changes no table and no migration record, and runs no DDL while the functions are
+    current; asked to re-apply them (`rag-pipeline migrate`) it puts back the current definition of a function
+    changed by hand, keeps GRANTs on the functions and the view (and a view built on it), keeps the search
     path of the definer functions, and keeps the configured ranking."""
     role = f"app_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(db_url, autocommit=True) as conn:
@@ -180,6 +182,9 @@ def test_a_new_database_gets_the_baseline_and_migrating_again_only_reapplies_the
         search_path = conn.execute("SELECT proconfig FROM pg_proc WHERE oid = 'rag.search'::regproc").fetchone()[0]
     try:
         assert migrate(db_url) == []
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            assert conn.execute("SELECT rag.without_words('one two three', '{2}')").fetchone()[0] == "changed by hand"
+        assert migrate(db_url, reapply_functions=True) == []
         with psycopg.connect(db_url, autocommit=True) as conn:
             assert conn.execute("SELECT version, checksum, applied_at FROM schema_migrations ORDER BY 1"
                                 ).fetchall() == before
@@ -200,9 +205,23 @@ def test_a_new_database_gets_the_baseline_and_migrating_again_only_reapplies_the
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def test_a_start_re_applies_the_functions_when_their_files_change(db_url, tmp_path):
+    """A release whose function files differ (another checksum) brings its definitions in at the first start."""
+    shipped = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, shipped)
+    words = shipped / "functions" / "20_tokenising.sql"
+    assert "FUNCTION rag.without_words" in words.read_text()
+    words.write_text(words.read_text() + "\nCREATE OR REPLACE FUNCTION rag.release_marker() RETURNS text "
+                     "LANGUAGE sql IMMUTABLE AS $$ SELECT 'next release' $$;\n")
+    assert migrate(db_url, directory=shipped) == []
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute("SELECT rag.release_marker()").fetchone()[0] == "next release"
+        conn.execute("DROP FUNCTION rag.release_marker()")
+
+
 def test_concurrent_migrations_wait_for_each_other(pg_admin_url):
     """Processes starting at once against a new database: one applies the migrations, the others find them applied;
-    every one re-applies the functions, one after another (no 'tuple concurrently updated')."""
+    the first re-applies the functions, the others find them current (no 'tuple concurrently updated')."""
     with _database(pg_admin_url, "concurrent") as url:
         results: list[list[str]] = []
         errors: list[BaseException] = []

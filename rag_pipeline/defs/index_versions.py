@@ -93,8 +93,8 @@ class PromoteConfig(dg.Config):
 def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: Rag) -> None:
     with connect(rag.database_url()) as conn, conn.transaction():
         try:
-            gates = blue_green.promote_with_gates(conn, config.version_id, rag.settings(),
-                                                  force_reason=config.force_reason if config.force else None)
+            gates = blue_green.promote_with_gates(conn, config.version_id, rag.settings(), force=config.force,
+                                                  reason=config.force_reason)
         except blue_green.PromotionRefused as refused:
             context.add_output_metadata(_gate_metadata(refused.gates, forced=False))
             raise dg.Failure(str(refused)) from None

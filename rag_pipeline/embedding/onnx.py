@@ -21,16 +21,15 @@ from rag_pipeline.embedding.locations import (
     ResolvedModel,
     load_tokenizer,
     max_sequence_length,
+    weights_digest,
 )
 
 _export_lock = threading.Lock()
 
 
 def quantized_model_path(model: ResolvedModel, models_dir: Path) -> Path:
-    """Named by the weights (rag_pipeline.embedding.identity), not the folder they sit in: two machines with the same
+    """Named by the weights (rag_pipeline.embedding.locations.weights_digest), not the folder they sit in: two machines with the same
     weights share the file name, and new weights in the same folder get a file of their own."""
-    from rag_pipeline.embedding.locations import weights_digest
-
     folder = Path(model.location)
     return Path(models_dir) / "onnx" / f"{folder.name}-{weights_digest(folder).removeprefix('sha256:')[:16]}-int8.onnx"
 

@@ -217,25 +217,27 @@ class PromotionRefused(VersionError):
 
 def promote_with_gates(
     conn: psycopg.Connection, version_id: int, settings: Settings, *, golden: Path | None = None,
-    labels: list[str] | None = None, k: int | None = None, tolerance: float | None = None,
-    force_reason: str | None = None,
+    labels: list[str] | None = None, k: int | None = None, tolerance: float | None = None, force: bool = False,
+    reason: str | None = None,
 ) -> GateReport:
     """Check a building or ready version's gates (complete, deletions replayed, golden-set quality against the
     active version; unset arguments from the `checks` configuration) and make it active if they pass, or past
-    failed gates when `force_reason` says why (recorded). Raises PromotionRefused otherwise. The CLI and the
-    Dagster op both promote through here."""
-    candidate = _require(conn, version_id)
-    if candidate.status not in (V.BUILDING, V.READY):
-        raise VersionError(f"{candidate.label} is {candidate.status}: only a building or ready version can be promoted")
+    failed gates when forced with a reason (recorded). Raises PromotionRefused when gates fail unforced, and
+    VersionError for anything else not allowed. The CLI and the Dagster op both promote through here."""
+    if force and not (reason or "").strip():
+        raise VersionError("a forced promotion needs a reason (it is recorded with the promotion)")
+    candidate = store.versions.get_version(conn, version_id)
+    if candidate is None or candidate.status not in (V.BUILDING, V.READY):
+        raise VersionError(f"v{version_id} is not a building or ready version")
     checks = settings.checks
     gates = check_gates(
         conn, candidate, golden or checks.golden_set, labels or list(checks.golden_labels) or None,
         k=k or checks.k, tolerance=checks.quality_tolerance if tolerance is None else tolerance,
         options=SearchOptions.from_settings(settings),
     )
-    if gates.failures and not force_reason:
+    if gates.failures and not force:
         raise PromotionRefused(gates)
-    promote(conn, version_id, gates, force=bool(force_reason), reason=force_reason)
+    promote(conn, version_id, gates, force=force, reason=reason)
     return gates
 
 

@@ -19,14 +19,14 @@ _prepared: set[tuple[str, str]] = set()
 _prepared_lock = threading.Lock()
 
 
-def prepare(url: str, settings: Settings) -> list[str]:
+def prepare(url: str, settings: Settings, reapply_functions: bool = False) -> list[str]:
     """Migrate `url`, adopt model identities and record the search settings (once per process per database and
     configuration); returns the migrations applied now."""
     key = (url, settings.model_dump_json(include={"embedding", "retrieval"}))
     with _prepared_lock:
-        if key in _prepared:
+        if key in _prepared and not reapply_functions:
             return []
-        applied = migrate(url)
+        applied = migrate(url, reapply_functions=reapply_functions)
         with connect(url) as conn:
             adopt_model_identities(conn, settings.embedding)
             with conn.transaction():

@@ -235,12 +235,13 @@ def _adopt_legacy_migrations(conn: psycopg.Connection, done: dict[str, str], mig
     log.info("recognised the migrations of an earlier release (up to %s) as %s", max(legacy), BASELINE)
 
 
-def migrate(url: str, directory: Path = SQL_DIR) -> list[str]:
+def migrate(url: str, directory: Path = SQL_DIR, reapply_functions: bool = False) -> list[str]:
     """Bring the database to this code's schema, under an advisory lock (concurrent callers wait for each other):
     apply the pending migrations of `directory`/migrations in order, each exactly once and in its own transaction
     (a database an earlier release migrated is recognised as at the baseline), then re-apply every file of
-    `directory`/functions in name order, all in one transaction, and fill in the ranking options
-    rag.search_settings lacks. Returns the migrations applied now."""
+    `directory`/functions in name order, all in one transaction, when they differ from what the database holds (by
+    one checksum over the files; `reapply_functions` re-applies them anyway, as `rag-pipeline migrate` does), and fill
+    in the ranking options rag.search_settings lacks. Returns the migrations applied now."""
     migrations = _migration_files(directory / "migrations")
     functions = sorted((directory / "functions").glob("*.sql"))
     applied_now: list[str] = []
@@ -272,8 +273,14 @@ def migrate(url: str, directory: Path = SQL_DIR) -> list[str]:
                 log.info("applied migration %s", path.name)
                 applied_now.append(path.name)
             with conn.transaction():
-                for path in functions:
-                    conn.execute(path.read_text())
+                checksum = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0"
+                                                   for p in functions)).hexdigest()
+                held = conn.execute("SELECT checksum FROM schema_functions").fetchone()
+                if reapply_functions or held is None or held[0] != checksum:
+                    for path in functions:
+                        conn.execute(path.read_text())
+                    conn.execute("""INSERT INTO schema_functions (checksum) VALUES (%s) ON CONFLICT (only_row)
+                                    DO UPDATE SET checksum = excluded.checksum, applied_at = now()""", (checksum,))
                 if conn.execute("SELECT to_regclass('rag.search_settings')").fetchone()[0] is not None:
                     from rag_pipeline.store.search import record_default_settings
 

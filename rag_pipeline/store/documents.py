@@ -28,9 +28,6 @@ def paths_of(conn: psycopg.Connection, refs: Iterable[int]) -> dict[int, tuple[s
     return {ref: (source, rel_path) for ref, source, rel_path in rows}
 
 
-# --- the work queue --------------------------------------------------------------------------------
-
-
 def status_counts(conn: psycopg.Connection) -> dict[str, int]:
     return dict(conn.execute("SELECT status, count(*) FROM documents GROUP BY status").fetchall())
 

@@ -55,15 +55,6 @@ def bm25_ranking(
     return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows])
 
 
-def total_rows(conn: psycopg.Connection, version: IndexVersion) -> int:
-    return int(conn.execute("SELECT rag.total_rows(%s)", (version.version_id,)).fetchone()[0])
-
-
-def label_rows(conn: psycopg.Connection, version: IndexVersion, labels: tuple[str, ...]) -> int:
-    """At most how many rows the caller's labels reach (the per-label counts the BM25 triggers keep, summed)."""
-    return int(conn.execute("SELECT rag.label_rows(%s, %s)", (version.version_id, list(labels))).fetchone()[0])
-
-
 def named_documents(
     conn: psycopg.Connection, version: IndexVersion, text: str, labels: tuple[str, ...], *, min_score: float,
     ratio: float, max_documents: int, min_terms: int = 1, min_concentration: float = 0.5, cap: int = 1000,

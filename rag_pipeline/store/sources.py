@@ -81,4 +81,3 @@ def record_scan(conn: psycopg.Connection, source: str, started_at: datetime, cou
     )
 
 
-# --- how Dagster names documents ---

@@ -36,7 +36,7 @@ class IndexVersion:
     status: VersionStatus
     row_count: int = 0
     # ids.ModelIdentity.key: the embedding cache key of its vectors. None: a version from before model identities
-    # whose weights were not identified yet (rag_pipeline.lifecycle.blue_green.adopt_model_identities).
+    # whose weights were not identified yet (rag_pipeline.embedding.identity.adopt_model_identities).
     model_identity: str | None = None
 
     @property

@@ -4,7 +4,7 @@
 --
 -- Only what runs once lives in sql/migrations/. Every function, trigger function and view is in sql/functions/,
 -- written once in its current form and re-applied by every migrate(), after the pending migrations.
--- Per-version chunk tables (index_v<N>) are created by rag_pipeline.store.versions.create_index_version, because
+-- Per-version chunk tables (index_v<N>) are created by rag_pipeline.store.versions.create_version, because
 -- their vector dimension depends on the embedding model of that version; their BM25 structures by rag_bm25_attach.
 
 CREATE EXTENSION IF NOT EXISTS vector;
@@ -126,7 +126,7 @@ CREATE TABLE chunks (
     -- Every chunk row is an occurrence of its near-duplicate group (index rows are keyed by group).
     group_id        text REFERENCES chunk_groups (group_id) ON DELETE SET NULL,
     parser_version  text,                     -- of the text it was cut from
-    -- Flags raised on the text at ingest (rag_pipeline.safety): prompt-injection patterns, for now.
+    -- Flags raised on the text at ingest (rag_pipeline.text.safety): prompt-injection patterns, for now.
     flags           text[] NOT NULL DEFAULT '{}',
     -- The text search configuration of its document's language; index rows copy it.
     text_config     regconfig NOT NULL DEFAULT 'english',
@@ -245,7 +245,7 @@ CREATE TABLE retrieval_evaluations (
     golden_sha   text NOT NULL,             -- sha256 of the golden set's bytes, its labels and k
     k            integer NOT NULL,
     index_state  text NOT NULL,             -- what the index looked like: an unchanged index is not re-evaluated
-    metrics      jsonb NOT NULL,            -- slice -> metric -> value, as rag_pipeline.evaluation.aggregate
+    metrics      jsonb NOT NULL,            -- slice -> metric -> value, as rag_pipeline.retrieval.evaluation.aggregate
     is_baseline  boolean NOT NULL DEFAULT false,
     evaluated_at timestamptz NOT NULL DEFAULT now(),
     per_question jsonb                      -- for question-by-question comparison and significance tests
