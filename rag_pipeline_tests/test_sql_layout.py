@@ -209,7 +209,7 @@ def test_a_start_re_applies_the_functions_when_their_files_change(db_url, tmp_pa
     """A release whose function files differ (another checksum) brings its definitions in at the first start."""
     shipped = tmp_path / "sql"
     shutil.copytree(SQL_DIR, shipped)
-    words = shipped / "functions" / "20_tokenising.sql"
+    words = shipped / "functions" / "60_routing.sql"
     assert "FUNCTION rag.without_words" in words.read_text()
     words.write_text(words.read_text() + "\nCREATE OR REPLACE FUNCTION rag.release_marker() RETURNS text "
                      "LANGUAGE sql IMMUTABLE AS $$ SELECT 'next release' $$;\n")

@@ -1,5 +1,5 @@
 -- Which definitions of sql/functions/ the database holds, as one checksum over the files: a process that starts
--- against a database whose functions are current runs no DDL (CREATE OR REPLACE VIEW takes an exclusive lock on
+-- against a database whose functions are current runs no DDL (replacing a view takes an exclusive lock on
 -- the view, and would queue every reader behind one long query at each start). `rag-pipeline migrate` re-applies
 -- them whatever the checksum says.
 CREATE TABLE schema_functions (
