@@ -411,15 +411,107 @@ class RoutingConfig(_Section):
 
 
 class RerankerConfig(_Section):
-    """An optional cross-encoder over the fused top-N: a local folder (no reranker ships with the project; e.g.
-    cross-encoder/ms-marco-MiniLM-L-6-v2 or BAAI/bge-reranker-base, downloaded where there is network)."""
+    """An optional reranker over the fused top-N: a local cross-encoder folder (no reranker ships with the project;
+    e.g. cross-encoder/ms-marco-MiniLM-L-6-v2 or BAAI/bge-reranker-base, downloaded where there is network), or an
+    endpoint: a Cohere/Jina/TEI-style `/rerank` API, or an OpenAI-compatible chat model ranking the passages
+    listwise."""
 
     model: Path | None = Field(None, description="folder of a sentence-transformers CrossEncoder; null: off")
     top_n: int = Field(50, ge=1, le=1000, description="fused results the reranker reorders before the cut to k")
     batch_size: int = Field(16, ge=1, le=1024)
     device: str = Field("cpu", pattern=TORCH_DEVICE, description="torch device: cpu, cuda, cuda:N, mps")
+    endpoint: str | None = Field(None, description="base URL of a reranking endpoint (instead of `model`), e.g. "
+                                 "http://tei:8080 or https://api.cohere.com/v2; null: no endpoint")
+    protocol: Literal["rerank", "chat"] = Field("rerank", description="rerank: POST {endpoint}/rerank (Cohere, "
+                                                "Jina, TEI); chat: an OpenAI-compatible chat model orders the "
+                                                "passages (POST {endpoint}/chat/completions)")
+    endpoint_model: str | None = Field(None, description="the model name the endpoint expects (Cohere, Jina and "
+                                       "chat endpoints need one; TEI ignores it)")
+    api_key_env: str | None = Field(None, description="environment variable holding the endpoint's API key")
+    timeout_seconds: float = Field(10.0, gt=0, le=600, description="one request's limit")
+    max_retries: int = Field(2, ge=0, le=10, description="retries of a failed request (429, 5xx, timeouts)")
+    passage_chars: int = Field(2000, ge=100, le=100_000, description="each passage sent is cut to this length")
 
     _resolve_model = field_validator("model", mode="before")(_relative_to_file)
+
+    @model_validator(mode="after")
+    def _one_reranker(self) -> RerankerConfig:
+        if self.model is not None and self.endpoint:
+            raise ValueError("set retrieval.reranker.model (a local cross-encoder) or retrieval.reranker.endpoint, "
+                             "not both")
+        if self.endpoint and not re.match(r"^https?://", self.endpoint):
+            raise ValueError(f"retrieval.reranker.endpoint must be an http(s) URL, got {self.endpoint!r}")
+        if self.endpoint and self.protocol == "chat" and not self.endpoint_model:
+            raise ValueError("retrieval.reranker.protocol chat needs retrieval.reranker.endpoint_model")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.model is not None or bool(self.endpoint)
+
+
+# Sentences about the answer rather than its evidence; generic, not one domain's (a deployment adds its own).
+DEFAULT_INSTRUCTION_PATTERNS = (
+    r"\b(?:answer|respond|reply)\b[^.?!]{0,40}\bas if you\b",  # "Answer the following question as if you are ..."
+    r"\bround (?:your|the) (?:final )?(?:answer|result|response|figure)s?\b",
+    r"^(?:please\s+)?(?:answer|respond|reply|report|express|give (?:the|your) answer)\b[^.?!]{0,30}\b(?:in|as|using) "
+    r"(?:units?|usd|us dollars|dollars|percent|percentage|millions?|billions?|thousands?|a (?:percentage|ratio|number)|"
+    r"one|two|three|\d)\b",
+    r"\bif\b[^.?!]{0,120}\bnot (?:a )?(?:useful|relevant|meaningful|applicable|appropriate)\b[^.?!]{0,160}"
+    r"\b(?:state|say|explain|note)\b",
+    r"\b(?:show|explain) your (?:work|reasoning|calculations?|steps)\b",
+    r"\b(?:lost|no|without) (?:internet|web) (?:connection|access)\b",
+    r"^(?:we|i) (?:want|need|would like) to (?:calculate|compute|estimate)\b[^.?!]{0,80}\b(?:metric|number|figure|"
+    r"ratio|approximation)\b[^.?!]{0,40}$",
+    r"^(?:please )?help us (?:compute|calculate)\b",
+)
+
+
+class QueryConfig(_Section):
+    """How a query is read before it is ranked (rag_pipeline.retrieval.query): short names, instructions about the
+    answer, and a domain vocabulary."""
+
+    aliases: dict[str, StringList] = Field(default_factory=dict, description="short forms and initialisms and the "
+                                           "names they stand for, e.g. {JPM: [JPMorgan Chase]}: the names join the "
+                                           "query's lexical list and document routing (an alias with capitals "
+                                           "matches its case)")
+    synonyms_file: Path | None = Field(None, description="YAML list of {when: [phrases], add: [phrases]}: what a "
+                                       "query's words add to its lexical list, routing and dense query; null: none")
+    instruction_patterns: StringList = Field(DEFAULT_INSTRUCTION_PATTERNS, description="regular expressions "
+                                             "(case-insensitive) of sentences about the answer, not its evidence: "
+                                             "such sentences are left out of what is ranked")
+    expand_dense: bool = Field(True, description="the synonyms' expansions join the embedded query too")
+
+    @field_validator("synonyms_file", mode="before")
+    @classmethod
+    def _resolve_synonyms(cls, value: Any, info: ValidationInfo) -> Any:
+        """`builtin:NAME` is a vocabulary shipped with the package (rag_pipeline/retrieval/vocabularies)."""
+        if isinstance(value, str) and value.startswith("builtin:"):
+            shipped = Path(__file__).parent / "retrieval" / "vocabularies"
+            path = shipped / f"{value.removeprefix('builtin:')}.yaml"
+            if not path.is_file():
+                names = ", ".join(f"builtin:{p.stem}" for p in sorted(shipped.glob("*.yaml")))
+                raise ValueError(f"no shipped vocabulary {value!r} (shipped: {names})")
+            return path
+        return _relative_to_file(value, info)
+
+    @field_validator("instruction_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from exc
+        return patterns
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases_named(cls, aliases: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for alias, names in aliases.items():
+            if not alias.strip() or not names:
+                raise ValueError(f"alias {alias!r} needs a non-empty short form and at least one name")
+        return aliases
 
 
 class RetrievalConfig(_Section):
@@ -431,6 +523,10 @@ class RetrievalConfig(_Section):
     bm25: Bm25Config = Field(default_factory=Bm25Config)
     candidates: int | None = Field(None, ge=1, le=10_000, description="depth of each list before fusion; null: max(4k, 40)")
     document_routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    page_weight: Fraction = Field(0.5, description="pages are fused like chunks (each list ranks pages by their "
+                                  "best chunk in it); a hit's score is this share of its page's fused score and the "
+                                  "rest its own: 0 ranks chunks alone, 1 ranks pages")
+    query: QueryConfig = Field(default_factory=QueryConfig)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
 
 

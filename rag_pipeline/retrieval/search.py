@@ -7,6 +7,7 @@ caller may not read is never a candidate. There is no way to call `search` witho
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -18,6 +19,7 @@ from rag_pipeline import store
 from rag_pipeline.config import (
     Bm25Config,
     EmbeddingConfig,
+    QueryConfig,
     RerankerConfig,
     RoutingConfig,
     Settings,
@@ -25,8 +27,11 @@ from rag_pipeline.config import (
 )
 from rag_pipeline.embedding.embedders import get_embedder
 from rag_pipeline.embedding.identity import model_for_version
-from rag_pipeline.embedding.local import get_reranker
+from rag_pipeline.endpoints.chat import EndpointError
+from rag_pipeline.retrieval.query import prepare
 from rag_pipeline.store.versions import IndexVersion
+
+log = logging.getLogger(__name__)
 
 MODES = ("hybrid", "dense", "sparse")
 
@@ -43,10 +48,12 @@ class SearchOptions:
     dense_weight: float = 1.0
     sparse_weight: float = 1.0
     candidates: int | None = None  # per list; default max(4k, 40)
+    page_weight: float = 0.5  # share of a hit's score that is its page's fused score (0: chunks alone)
     ef_search: int | None = None  # HNSW search depth; default max(2 * candidates, 100), at most 1000
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     bm25: Bm25Config = field(default_factory=Bm25Config)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    query: QueryConfig = field(default_factory=QueryConfig)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
 
     @classmethod
@@ -56,7 +63,7 @@ class SearchOptions:
             "min_similarity": retrieval.min_similarity, "dense_weight": retrieval.dense_weight,
             "sparse_weight": retrieval.sparse_weight, "embedding": settings.embedding, "bm25": retrieval.bm25,
             "candidates": retrieval.candidates, "routing": retrieval.document_routing,
-            "reranker": retrieval.reranker,
+            "page_weight": retrieval.page_weight, "query": retrieval.query, "reranker": retrieval.reranker,
         }
         values.update(overrides)
         return cls(**values)
@@ -65,7 +72,8 @@ class SearchOptions:
         """The ranking as rag.search_version takes it (and rag.search_settings keeps it for SQL callers)."""
         return store.search.ranking_options(
             dense_weight=self.dense_weight, sparse_weight=self.sparse_weight, candidates=self.candidates,
-            ef_search=self.ef_search, min_similarity=self.min_similarity, bm25=self.bm25, routing=self.routing)
+            ef_search=self.ef_search, min_similarity=self.min_similarity, page_weight=self.page_weight,
+            bm25=self.bm25, routing=self.routing)
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ class SearchHit:
     similarity: float | None = None  # cosine similarity of the chunk to the query (None in sparse mode)
     occurrences: int = 1
     flags: tuple[str, ...] = ()  # e.g. prompt-injection patterns (rag_pipeline.text.safety): treat the text as data
-    rerank_score: float | None = None  # the cross-encoder's score, when retrieval.reranker is on
+    rerank_score: float | None = None  # the reranker's score, when retrieval.reranker is on
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,15 +126,16 @@ def search(
     if version is None:
         raise SearchError("there is no active index version yet: run `rag-pipeline ingest` first")
     use_dense = mode in ("hybrid", "dense")
+    prepared = prepare(query, options.query)
     vector = (HalfVector(get_embedder(model_for_version(version, options.embedding), options.embedding)
-                         .embed_query(query)) if use_dense else None)
+                         .embed_query(prepared.dense)) if use_dense else None)
     reranker = options.reranker
     sql_options = options.sql_options()
     # Each list's depth follows the k asked for, also when the reranker asks the fusion for more.
     sql_options["candidates"] = options.candidates or max(4 * k, 40)
     rows = store.search.run(conn, version, store.search.SearchQuery(
-        text=query, vector=vector, labels=caller_labels, k=max(k, reranker.top_n) if reranker.model else k,
-        mode=mode, options=sql_options))
+        text=prepared.lexical, vector=vector, labels=caller_labels,
+        k=max(k, reranker.top_n) if reranker.enabled else k, mode=mode, options=sql_options))
     hits = [
         SearchHit(
             **{key: row[key] for key in ("chunk_id", "doc_id", "source", "path", "page_start", "page_end",
@@ -139,9 +148,28 @@ def search(
         )
         for row in rows
     ]
-    if reranker.model:
-        scores = get_reranker(reranker.model, reranker.device, reranker.batch_size).scores(
-            query, [f"{h.prefix}\n{h.text}" if h.prefix else h.text for h in hits])
-        hits = [replace(h, rerank_score=s) for h, s in zip(hits, scores, strict=True)]
-        hits.sort(key=lambda h: (-(h.rerank_score or 0.0), h.chunk_id))
+    if reranker.enabled and hits:
+        hits = rerank(prepared.dense, hits, reranker)
     return hits[:k]
+
+
+def rerank(query: str, hits: list[SearchHit], reranker: RerankerConfig) -> list[SearchHit]:
+    """The fused hits in the reranker's order. An endpoint that fails leaves the fused order (logged): a slow or
+    broken reranker must not take search down with it."""
+    passages = [f"{h.prefix}\n{h.text}" if h.prefix else h.text for h in hits]
+    if reranker.endpoint:
+        from rag_pipeline.endpoints.rerank import get_endpoint_reranker
+
+        try:
+            scores = get_endpoint_reranker(reranker).scores(query, passages)
+        except EndpointError as exc:
+            log.warning("reranker endpoint gave no ranking, the fused order stands: %s", exc)
+            return hits
+    else:
+        from rag_pipeline.embedding.local import get_reranker
+
+        scores = get_reranker(reranker.model, reranker.device, reranker.batch_size).scores(query, passages)
+    ranked = [replace(h, rerank_score=s) for h, s in zip(hits, scores, strict=True)]
+    # ties keep the fused order (a listwise reranker scores the passages it left out in that order already)
+    order = sorted(range(len(ranked)), key=lambda i: (-(ranked[i].rerank_score or 0.0), i))
+    return [ranked[i] for i in order]

@@ -94,12 +94,13 @@ def record_settings(conn: psycopg.Connection, options: dict[str, Any]) -> None:
 
 
 def ranking_options(*, dense_weight: float, sparse_weight: float, candidates: int | None, ef_search: int | None,
-                    min_similarity: float | None, bm25: Bm25Config, routing: RoutingConfig) -> dict[str, Any]:
+                    min_similarity: float | None, page_weight: float, bm25: Bm25Config,
+                    routing: RoutingConfig) -> dict[str, Any]:
     """A ranking as rag.search_version takes its options (and rag.search_settings keeps them): the one mapping from
     the configuration's names to the SQL's (rag_pipeline.retrieval.search.SearchOptions.sql_options uses it too)."""
     return {
         "dense_weight": dense_weight, "sparse_weight": sparse_weight, "candidates": candidates,
-        "ef_search": ef_search, "min_similarity": min_similarity, "bm25_depth": bm25.depth,
+        "ef_search": ef_search, "min_similarity": min_similarity, "page_weight": page_weight, "bm25_depth": bm25.depth,
         "bm25_max_terms": bm25.max_query_terms,
         "routing": {"enabled": routing.enabled, "weight": routing.weight, "min_score": routing.min_score,
                     "ratio": routing.ratio, "max_documents": routing.max_documents, "min_terms": routing.min_terms,
@@ -111,7 +112,7 @@ def configured_ranking(retrieval: RetrievalConfig) -> dict[str, Any]:
     """A `retrieval` configuration section as ranking options."""
     return ranking_options(dense_weight=retrieval.dense_weight, sparse_weight=retrieval.sparse_weight,
                            candidates=retrieval.candidates, ef_search=None, min_similarity=retrieval.min_similarity,
-                           bm25=retrieval.bm25, routing=retrieval.document_routing)
+                           page_weight=retrieval.page_weight, bm25=retrieval.bm25, routing=retrieval.document_routing)
 
 
 def record_default_settings(conn: psycopg.Connection) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_pipeline.domain import ids
+from rag_pipeline.text import structure
 
 # The opening hashes of a Markdown heading; the title is taken by string operations, not by a pattern with a lazy
 # group before optional trailers (that backtracks cubically on a long run of whitespace).
@@ -27,11 +28,15 @@ LIST_LINE_RE = re.compile(r"^\s*(?:[-*•]|\d{1,3}[.)])\s+\S")
 CAPTION_RE = re.compile(r"^(?:Figure|Fig\.|Abbildung|Chart)\s*[\dIVX]+", re.IGNORECASE)
 # "Table 3. ..." or the parser's "Table: <title above the table>" (pandoc's caption line).
 TABLE_CAPTION_RE = re.compile(r"^(?:Table|Tabelle|Tableau)(?::|\s*[\dIVX])", re.IGNORECASE)
+PANDOC_CAPTION_RE = re.compile(r"^(?:Table|Tabelle|Tableau):\s*", re.IGNORECASE)
 SECTION_SEPARATOR = " › "
 # Consecutive same-level headings with no text between are joined into one title up to this length (beyond it,
 # a list of headings such as a table of contents: each replaces the last, as headings do).
 MAX_JOINED_TITLE = 160
-CHUNKER_FAMILY = "structure+recursive-tokens/4"
+# A table's title block: at most this many lines and words above it (more is a paragraph, not a title).
+MAX_TITLE_LINES = 5
+MAX_CAPTION_WORDS = 40
+CHUNKER_FAMILY = "structure+recursive-tokens/5"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:
@@ -59,40 +64,99 @@ class Section:
     text: str
 
 
+@dataclass
+class _OpenHeading:
+    level: int
+    title: str
+    anchor: int | None  # structure.anchor_rank: a part, an item, a statement or the notes
+
+
+def _is_statement(heading: _OpenHeading) -> bool:
+    return heading.anchor == 2 and structure.statement_name(heading.title) is not None
+
+
+def _continues_table(lines: Sequence[str]) -> bool:
+    """The page goes on with a table: its first lines, past at most two running title lines, are table rows."""
+    passed = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        if TABLE_LINE_RE.match(line):
+            return True
+        if passed == 2 or not structure.is_title_line(line) or structure.statement_name(line):
+            return False
+        passed += 1
+    return False
+
+
+def _title_lines_at_end(lines: list[str], most: int = 2) -> list[str]:
+    """The short title lines that end `lines` (a company's name above its statement's title), taken out of it."""
+    taken: list[str] = []
+    while lines and len(taken) < most:
+        line = lines[-1]
+        if not line.strip():
+            lines.pop()
+            continue
+        if (_heading(line) or not structure.is_title_line(line) or len(line.split()) > 8
+                or structure.is_furniture(structure.strip_heading_mark(line))):
+            break
+        taken.insert(0, lines.pop())
+    return taken
+
+
 def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
-    """Cut pages at Markdown headings; the heading stack carries across pages."""
-    stack: list[tuple[int, str]] = []
+    """Cut pages at Markdown headings; the heading stack carries across pages.
+
+    A report's structure decides what governs a page: contents entries and running furniture are never headings;
+    a part, an item, a statement's title and the notes are anchors that replace everything below their rank and that
+    ordinary headings, whatever their type size, never replace; a statement's title governs its own page and the next
+    only while that page goes on with its table."""
+    stack: list[_OpenHeading] = []
     sections: list[Section] = []
 
     def close(page: int, lines: list[str]) -> None:
         body = "\n".join(lines).strip()
         if body:
-            sections.append(Section(page, tuple(title for _, title in stack), body))
+            sections.append(Section(page, tuple(h.title for h in stack), body))
         lines.clear()
 
     for page, text in pages:
+        page_lines = text.split("\n")
+        if any(_is_statement(h) for h in stack) and not _continues_table(page_lines):
+            del stack[next(i for i, h in enumerate(stack) if _is_statement(h)):]
         lines: list[str] = []
         title_open = False  # the last heading, on this page, has had no text yet: the next may continue its title
         joining = True  # false for the rest of a run of headings too long to be one title (a table of contents)
-        for line in text.split("\n"):
+        for line in page_lines:
             heading = _heading(line)
+            if heading is None and HEADING_MARK_RE.match(line):
+                line = structure.strip_heading_mark(line)  # a contents entry set as a heading is text
+            anchor = structure.anchor_rank(heading[1]) if heading else None
             # A heading directly followed by a sub-heading stays with it: no heading-only sections.
             if heading and any(kept.strip() and not _heading(kept) for kept in lines):
+                # a statement's title takes the name printed above it (its company) into its own section
+                carried = _title_lines_at_end(lines) if anchor == 2 else []
                 close(page, lines)
+                lines.extend(carried)
             if heading:
                 level, title = heading
-                joined = f"{stack[-1][1]} {title}" if stack else title
-                if (title_open and joining and stack[-1][0] == level and len(joined) <= MAX_JOINED_TITLE
-                        and not NUMBERED_HEADING_RE.match(title)):
+                joined = f"{stack[-1].title} {title}" if stack else title
+                if (title_open and joining and stack[-1].level == level and len(joined) <= MAX_JOINED_TITLE
+                        and anchor is None and stack[-1].anchor not in (0, 1) and not NUMBERED_HEADING_RE.match(title)):
                     # Lines of one title set as headings ("Consolidated Statements of Cash Flows" over "(in
                     # millions of USD)"): the second does not replace the first in the path, they are one title.
-                    # A numbered heading ("Item 8.") opens a section of its own.
-                    stack[-1] = (level, joined)
+                    # A numbered heading ("Item 8.") or another anchor opens a section of its own, and a part's or
+                    # an item's title is whole.
+                    stack[-1].title = joined
                 else:
-                    joining = joining and not (title_open and stack and stack[-1][0] == level)
-                    while stack and stack[-1][0] >= level:
-                        stack.pop()
-                    stack.append((level, title))
+                    joining = joining and not (title_open and stack and stack[-1].level == level)
+                    if anchor is not None:
+                        while stack and (stack[-1].anchor is None or stack[-1].anchor >= anchor):
+                            stack.pop()
+                    else:
+                        while stack and stack[-1].anchor is None and stack[-1].level >= level:
+                            stack.pop()
+                    stack.append(_OpenHeading(level, title, anchor))
                 title_open = True
             elif line.strip():
                 title_open, joining = False, True
@@ -102,18 +166,26 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
 
 
 def _heading(line: str) -> tuple[int, str] | None:
-    """(level, title) for a Markdown heading or a numbered section line, else None."""
+    """(level, title) for a Markdown heading, a numbered section line or a statement's title line, else None.
+    Contents entries ("Item 8. Financial Statements 45") and running furniture are never headings."""
     markdown = HEADING_MARK_RE.match(line)
     title = line[markdown.end():].rstrip().rstrip("#").rstrip() if markdown else ""
     if markdown and title:
+        if structure.is_contents_entry(title) or structure.is_furniture(title):
+            return None
         numbered = NUMBERED_HEADING_RE.match(title)
         if numbered and numbered.group("num"):  # "## 3.2 Scope": the numbering knows the depth better
             return numbered.group("num").count(".") + 1, title
         return len(markdown.group(1)), title
-    numbered = NUMBERED_HEADING_RE.match(line.strip())
-    if numbered and len(line.split()) <= 12:
+    stripped = line.strip()
+    if not stripped or TABLE_LINE_RE.match(stripped):
+        return None
+    numbered = NUMBERED_HEADING_RE.match(stripped)
+    if numbered and len(line.split()) <= 12 and not structure.is_contents_entry(stripped):
         depth = 1 if numbered.group("item") else numbered.group("num").count(".") + 1
-        return depth, line.strip()
+        return depth, stripped
+    if structure.statement_name(stripped):  # a statement's title in body type ("CONSOLIDATED BALANCE SHEETS")
+        return 1, stripped
     return None
 
 
@@ -135,6 +207,7 @@ def content_type_of(text: str) -> str:
 class Block:
     kind: str  # "table" | "text"
     text: str
+    caption: str = ""  # a table's title line
 
 
 def blocks_of(text: str) -> list[Block]:
@@ -205,27 +278,22 @@ class Chunker:
             pieces.append("\n".join(head + current))
         return pieces
 
-    def _pieces(self, section_text: str) -> tuple[list[str], int]:
-        """The section cut into chunk texts, and how many of them (at the end) come from a table that
-        closes the section (the one that may run on over a page break)."""
+    def _pieces(self, section_text: str, carried_caption: str = "") -> tuple[list[str], int, str]:
+        """The section cut into chunk texts, how many of them (at the end) come from a table that closes the
+        section (the one that may run on over a page break), and the caption of that table. `carried_caption`
+        captions a table that opens the section with no title of its own (a statement continued from the page
+        before)."""
         pieces: list[str] = []
-        closing_table = 0
-        blocks = blocks_of(section_text)
+        closing_table, caption = 0, ""
+        blocks = _with_captions(blocks_of(section_text))
         if len(blocks) > 1:
             # Headings already travel in every chunk's section path and prefix: alone they are noise.
             blocks = [b for b in blocks if b.kind == "table" or any(
                 line.strip() and not _heading(line) for line in b.text.split("\n"))] or blocks
-        for block in blocks:
+        for number, block in enumerate(blocks):
             closing_table = 0
             if block.kind == "table":
-                caption = ""
-                if pieces and TABLE_CAPTION_RE.match(pieces[-1].split("\n")[-1].strip()):
-                    # The caption right above a table belongs to it (and to every piece of it).
-                    prose_lines = pieces[-1].split("\n")
-                    caption = prose_lines.pop().strip()
-                    pieces[-1] = "\n".join(prose_lines)
-                    if not pieces[-1].strip():
-                        pieces.pop()
+                caption = block.caption or (carried_caption if number == 0 else "")
                 table_pieces = self.split_table(block.text, caption)
                 pieces.extend(table_pieces)
                 closing_table = len(table_pieces)
@@ -233,7 +301,11 @@ class Chunker:
                 pieces.append(block.text)
             else:
                 pieces.extend(self._splitter.split_text(block.text))
-        return pieces, closing_table
+        return pieces, closing_table, caption if closing_table else ""
+
+    def is_whole_word(self, word: str) -> bool:
+        """The model's tokenizer keeps it as one token: a word of its vocabulary."""
+        return len(self.tokenizer.tokenize(word)) == 1
 
     def chunk(
         self, doc_id: str, pages: Sequence[tuple[int, str]], table_reach: dict[int, int] | None = None
@@ -242,10 +314,16 @@ class Chunker:
         (tables joined over page breaks), so those table pieces get their true page span."""
         chunks: list[Chunk] = []
         table_reach = table_reach or {}
+        pages = [(page, structure.join_split_words(text, self.is_whole_word)) for page, text in pages]
         sections = sections_of(pages)
+        open_caption: tuple[tuple[str, ...], str] | None = None  # (path, caption) of a table that closed its page
         for number, section in enumerate(sections):
-            pieces, closing_table = self._pieces(section.text)
+            carried = ""
+            if open_caption and open_caption[0] == section.path and open_caption[1]:
+                carried = open_caption[1] if open_caption[1].endswith("(continued)") else f"{open_caption[1]} (continued)"
+            pieces, closing_table, closing_caption = self._pieces(section.text, carried)
             last_of_page = number + 1 == len(sections) or sections[number + 1].page != section.page
+            open_caption = (section.path, closing_caption) if last_of_page and closing_table else None
             for position, piece in enumerate(pieces):
                 piece = piece.strip()
                 if not piece:
@@ -269,6 +347,54 @@ class Chunker:
                     )
                 )
         return chunks
+
+
+def _title_block(lines: list[str]) -> tuple[list[str], str]:
+    """The title block that ends a text block right above a table (company, statement, period, units; a parser's
+    "Table: ..." line), as one caption line, and the lines left above it. A short last line of a wrapped paragraph
+    is not a title: the block starts after a blank line, a heading or a finished sentence."""
+    end = len(lines)
+    while end and not lines[end - 1].strip():
+        end -= 1
+    start = end
+    while start and end - start < MAX_TITLE_LINES and structure.is_title_line(lines[start - 1]) \
+            and not structure.is_furniture(structure.strip_heading_mark(lines[start - 1])):
+        start -= 1
+    while start < end:
+        above = lines[start - 1].strip() if start else ""
+        if (not above or _heading(above) or structure.is_furniture(structure.strip_heading_mark(above))
+                or above.endswith((".", ":", ";", "?", "!"))):
+            break
+        start += 1  # the block's top line goes on from the paragraph above: not a title
+    block = [structure.strip_heading_mark(line) for line in lines[start:end] if line.strip()]
+    if not block or sum(len(line.split()) for line in block) > MAX_CAPTION_WORDS:
+        return lines, ""
+    caption = " — ".join(PANDOC_CAPTION_RE.sub("", line) for line in block)  # a parser's "Table: ..." lines too
+    return lines[:start], caption if TABLE_CAPTION_RE.match(caption) else f"Table: {caption}"
+
+
+def _with_captions(blocks: list[Block]) -> list[Block]:
+    """Tables that are really prose become text; every other table takes the title block right above it (or a
+    numbered "Table 3." line) as its caption, out of the text before it."""
+    merged: list[Block] = []
+    for block in blocks:
+        if block.kind == "table" and (prose := structure.prose_of_table(block.text)) is not None:
+            block = Block("text", prose)
+        if merged and merged[-1].kind == "text" and block.kind == "text":
+            merged[-1] = Block("text", merged[-1].text + "\n" + block.text)
+        else:
+            merged.append(block)
+    for number, block in enumerate(merged):
+        if block.kind != "table" or not number or merged[number - 1].kind != "text":
+            continue
+        lines = merged[number - 1].text.split("\n")
+        kept, caption = _title_block(lines)
+        if not caption and lines and TABLE_CAPTION_RE.match(lines[-1].strip()):
+            kept, caption = lines[:-1], lines[-1].strip()
+        if caption:
+            merged[number - 1] = Block("text", "\n".join(kept))
+            merged[number] = Block("table", block.text, caption)
+    return [b for b in merged if b.text.strip()]
 
 
 def template_prefix(title: str | None, section_path: str, page_start: int, page_end: int) -> str:

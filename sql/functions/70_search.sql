@@ -1,10 +1,11 @@
 -- One version's ranking: the dense list (HNSW, or exact over the rows of a caller whose labels reach few), the
 -- BM25 list, and with document routing the same two lists within the documents the query names, fused by
--- weighted Reciprocal Rank Fusion; the score floor; a near-duplicate group once, with how many places (the caller
--- may see) it occurs in.
+-- weighted Reciprocal Rank Fusion; pages fused the same way (page_weight blends a chunk's own fused score with its
+-- page's: analysts cite pages, and a page the lists reach through several of its chunks is the likelier evidence);
+-- the score floor; a near-duplicate group once, with how many places (the caller may see) it occurs in.
 --
 -- p_options: dense_weight, sparse_weight, candidates (null: max(4 k, 40)), ef_search (null: 2 x candidates, within
--- 100 to 1000), min_similarity (null: no floor), bm25_depth, bm25_max_terms, routing {enabled, weight, min_score,
+-- 100 to 1000), min_similarity (null: no floor), page_weight, bm25_depth, bm25_max_terms, routing {enabled, weight, min_score,
 -- ratio, max_documents, min_terms, min_concentration}. Any it leaves out (all of them, from rag.search) are read from
 -- rag.search_settings: the pipeline writes its configured ranking there, and migrate() the configuration's defaults
 -- of any option never written (rag_pipeline.store.search). The defaults live in Python only.
@@ -50,7 +51,8 @@ BEGIN
     IF use_dense AND p_vector IS NULL THEN
         RAISE EXCEPTION 'mode % needs the query embedding', p_mode USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    unset := ARRAY(SELECT name FROM unnest(ARRAY['dense_weight', 'sparse_weight', 'bm25_depth', 'bm25_max_terms']) AS name
+    unset := ARRAY(SELECT name FROM unnest(ARRAY['dense_weight', 'sparse_weight', 'page_weight', 'bm25_depth',
+                                                 'bm25_max_terms']) AS name
                    WHERE o ->> name IS NULL
                    UNION ALL
                    SELECT 'routing.' || name
@@ -126,17 +128,31 @@ BEGIN
         ),
         routed_sparse AS (SELECT chunk_id, rank FROM unnest($8::text[]) WITH ORDINALITY AS s(chunk_id, rank)),
         lists AS (
-            SELECT chunk_id, rank AS dense_rank, NULL::bigint AS sparse_rank, $9 / (60 + rank) AS score FROM dense
-            UNION ALL SELECT chunk_id, NULL, rank, $10 / (60 + rank) FROM sparse
-            UNION ALL SELECT chunk_id, NULL, NULL, $11 * $9 / (60 + rank) FROM routed_dense
-            UNION ALL SELECT chunk_id, NULL, NULL, $11 * $10 / (60 + rank) FROM routed_sparse
+            SELECT chunk_id, 'dense' AS list, rank, $9 AS weight FROM dense
+            UNION ALL SELECT chunk_id, 'sparse', rank, $10 FROM sparse
+            UNION ALL SELECT chunk_id, 'routed dense', rank, $11 * $9 FROM routed_dense
+            UNION ALL SELECT chunk_id, 'routed sparse', rank, $11 * $10 FROM routed_sparse
         ),
         fused AS (
-            SELECT chunk_id, min(dense_rank) AS dense_rank, min(sparse_rank) AS sparse_rank, sum(score) AS score
+            SELECT chunk_id, min(rank) FILTER (WHERE list = 'dense') AS dense_rank,
+                   min(rank) FILTER (WHERE list = 'sparse') AS sparse_rank, sum(weight / (60 + rank)) AS score
             FROM lists GROUP BY chunk_id
+        ),
+        -- pages fused like chunks: each list ranks the pages by their best chunk in it, so a page one list reaches
+        -- through one chunk and another list through another gathers both, and a long page gains nothing by length
+        page_best AS (
+            SELECT l.list, l.weight, v.doc_id, v.page_start, min(l.rank) AS best
+            FROM lists l JOIN %1$I v USING (chunk_id) GROUP BY l.list, l.weight, v.doc_id, v.page_start
+        ),
+        pages AS (
+            SELECT doc_id, page_start, sum(weight / (60 + page_rank)) AS score FROM (
+                SELECT *, rank() OVER (PARTITION BY list ORDER BY best) AS page_rank FROM page_best) ranked
+            GROUP BY doc_id, page_start
         )
         SELECT t.chunk_id, t.doc_id, doc.source, doc.rel_path, t.page_start, t.page_end, t.section_path,
-               t.content_type, t.text, t.prefix, f.score::double precision, f.dense_rank, f.sparse_rank,
+               t.content_type, t.text, t.prefix,
+               ((1 - $14) * f.score + $14 * pg.score)::double precision AS score,
+               f.dense_rank, f.sparse_rank,
                CASE WHEN $2 THEN (1 - (t.embedding <=> $1))::double precision END,  -- none without a query vector
                -- a near-duplicate group comes back once; this says in how many places (the caller may see) it occurs
                (SELECT count(*) FROM chunks oc JOIN documents od ON od.doc_id = oc.doc_id
@@ -144,14 +160,15 @@ BEGIN
                coalesce(owner.flags, '{}')
         FROM fused f
         JOIN %1$I t USING (chunk_id)
+        JOIN pages pg ON pg.doc_id = t.doc_id AND pg.page_start = t.page_start
         JOIN documents doc ON doc.doc_id = t.doc_id
         LEFT JOIN chunks owner ON owner.chunk_id = t.owner_chunk_id
         WHERE t.acl_labels && $4
           -- the score floor: "no good evidence" is an empty answer, not the nearest noise
           AND ($12::double precision IS NULL OR 1 - (t.embedding <=> $1) >= $12)
-        ORDER BY f.score DESC, t.chunk_id
+        ORDER BY 11 DESC, f.score DESC, t.chunk_id
         LIMIT $13$q$, t)
         USING p_vector, use_dense, exact_dense, p_labels, candidates, sparse_ids, named, routed_sparse_ids,
               (o ->> 'dense_weight')::double precision, (o ->> 'sparse_weight')::double precision,
-              (routing ->> 'weight')::double precision, score_floor, p_k;
+              (routing ->> 'weight')::double precision, score_floor, p_k, (o ->> 'page_weight')::double precision;
 END $$;

@@ -1,0 +1,1 @@
+"""Domain vocabularies shipped with the package (retrieval.query.synonyms_file: builtin:NAME)."""
