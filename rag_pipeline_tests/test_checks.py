@@ -166,11 +166,11 @@ def test_index_drift_finds_foreign_vectors_missing_rows_and_a_bad_alias(clone):
     assert health.index_drift(conn).passed
 
     # An orphan: a row whose owner chunk does not exist.
+    owner = conn.execute(sql.SQL("SELECT owner_chunk_id FROM {} WHERE chunk_id = %s").format(table),
+                         (chunk_id,)).fetchone()[0]
     conn.execute(sql.SQL("UPDATE {} SET owner_chunk_id = 'nobody' WHERE chunk_id = %s").format(table), (chunk_id,))
     assert "1 rows belong to no chunk" in health.index_drift(conn).summary
-    conn.execute(sql.SQL("UPDATE {} SET owner_chunk_id = %s WHERE chunk_id = %s").format(table),
-                 (conn.execute("SELECT chunk_id FROM chunks WHERE group_id = %s ORDER BY doc_id, ordinal LIMIT 1",
-                               (chunk_id,)).fetchone()[0], chunk_id))
+    conn.execute(sql.SQL("UPDATE {} SET owner_chunk_id = %s WHERE chunk_id = %s").format(table), (owner, chunk_id))
     assert health.index_drift(conn).passed
 
     # The alias on a version that is not active.

@@ -343,8 +343,9 @@ def test_an_upgraded_database_ranks_exactly_as_before_and_as_a_new_one(pg_admin_
     """The same index in a database the last legacy release left (its BM25 structures written by the legacy
     triggers) and in a new one: hybrid, dense and sparse searches, the BM25 list deep and shallow, and the named
     documents are the same before the upgrade, after it (options from the caller or from rag.search_settings),
-    and in the new database, score for score."""
-    options = SearchOptions().sql_options()
+    and in the new database, score for score. Pages fused with chunks came after the legacy release: with
+    page_weight 0 the ranking is the legacy one."""
+    options = SearchOptions(page_weight=0.0).sql_options()
     with _database(pg_admin_url, "ranked") as url:
         legacy_migrate(url)
         version = _fill(url)
@@ -353,13 +354,17 @@ def test_an_upgraded_database_ranks_exactly_as_before_and_as_a_new_one(pg_admin_
         assert all(before[:-1]) and len(before[0]) == 10
         migrate(url)
         assert _rankings(url, version, options) == before
+        with connect(url, autocommit=True) as conn:  # the settings an upgraded database keeps, page_weight added
+            settings = conn.execute("SELECT options FROM rag.search_settings").fetchone()[0]
+            assert settings["page_weight"] == SearchOptions().page_weight
+            store.search.record_settings(conn, options)
         assert _rankings(url, version, None) == before
     with psycopg.connect(pg_admin_url, autocommit=True) as admin:
         name = f"fresh_{uuid.uuid4().hex[:8]}"
         admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE_DB)))
     fresh = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
     try:
-        assert _rankings(fresh, _fill(fresh), None) == before
+        assert _rankings(fresh, _fill(fresh), options) == before
     finally:
         with psycopg.connect(pg_admin_url, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
