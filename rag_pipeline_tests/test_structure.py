@@ -97,6 +97,13 @@ def test_contents_lines_never_enter_a_section_path():
     assert "TABLE OF CONTENTS" not in {part for s in sections for part in s.path}
 
 
+def test_a_heading_ending_in_a_number_is_a_contents_entry_only_on_a_contents_page():
+    [section] = sections_of([(7, "# Release notes\n## PostgreSQL 15\nWhat changed.")])
+    assert section.path == ("Release notes", "PostgreSQL 15")
+    contents = "# Contents\n## PostgreSQL 15 7\nRelease 14 9\nRelease 13 12\nOlder releases 20"
+    assert all(s.path == () for s in sections_of([(2, contents)]))
+
+
 def test_statements_anchor_under_their_item_and_do_not_govern_the_pages_after_them():
     pages = [
         (49, "# Report of Independent Registered Public Accounting Firm\n## Critical Audit Matters\nWe audited."),

@@ -41,6 +41,7 @@ class PreparedQuery:
     """What each list ranks with."""
 
     asked: str  # the query as asked
+    question: str  # the query without its instructions (what a reranker reads)
     lexical: str  # BM25 and document routing: the question, its aliases' names and its synonyms' expansions
     dense: str  # the embedded text: the question without instructions, with the expansions
     aliases: tuple[str, ...] = ()  # the names aliases added
@@ -121,4 +122,4 @@ def prepare(query: str, config: QueryConfig) -> PreparedQuery:
             expansions.extend(a for a in entry.add if a not in expansions)
     lexical = " ".join([question, *names, *expansions])
     dense = " ".join([question, *names, *expansions]) if config.expand_dense else " ".join([question, *names])
-    return PreparedQuery(query, lexical, dense, tuple(names), tuple(expansions), dropped)
+    return PreparedQuery(query, question, lexical, dense, tuple(names), tuple(expansions), dropped)

@@ -149,7 +149,7 @@ def search(
         for row in rows
     ]
     if reranker.enabled and hits:
-        hits = rerank(prepared.dense, hits, reranker)
+        hits = rerank(prepared.question, hits, reranker)  # a reranker reads the question, not the expansions
     return hits[:k]
 
 

@@ -35,6 +35,8 @@ SECTION_SEPARATOR = " › "
 MAX_JOINED_TITLE = 160
 # A table's title block: at most this many lines and words above it (more is a paragraph, not a title).
 MAX_TITLE_LINES = 5
+# A page with this many lines that end in a page number is a contents page: there, such lines are entries.
+MIN_CONTENTS_ENTRIES = 3
 MAX_CAPTION_WORDS = 40
 CHUNKER_FAMILY = "structure+recursive-tokens/5"
 
@@ -124,16 +126,17 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
         page_lines = text.split("\n")
         if any(_is_statement(h) for h in stack) and not _continues_table(page_lines):
             del stack[next(i for i, h in enumerate(stack) if _is_statement(h)):]
+        contents_page = _is_contents_page(page_lines)
         lines: list[str] = []
         title_open = False  # the last heading, on this page, has had no text yet: the next may continue its title
         joining = True  # false for the rest of a run of headings too long to be one title (a table of contents)
         for line in page_lines:
-            heading = _heading(line)
+            heading = _heading(line, contents_page)
             if heading is None and HEADING_MARK_RE.match(line):
                 line = structure.strip_heading_mark(line)  # a contents entry set as a heading is text
             anchor = structure.anchor_rank(heading[1]) if heading else None
             # A heading directly followed by a sub-heading stays with it: no heading-only sections.
-            if heading and any(kept.strip() and not _heading(kept) for kept in lines):
+            if heading and any(kept.strip() and not _heading(kept, contents_page) for kept in lines):
                 # a statement's title takes the name printed above it (its company) into its own section
                 carried = _title_lines_at_end(lines) if anchor == 2 else []
                 close(page, lines)
@@ -165,13 +168,24 @@ def sections_of(pages: Sequence[tuple[int, str]]) -> list[Section]:
     return sections
 
 
-def _heading(line: str) -> tuple[int, str] | None:
+def _listed(title: str, contents_page: bool) -> bool:
+    return structure.is_contents_entry(title) if contents_page else bool(structure.DOT_LEADER_RE.search(title[-200:]))
+
+
+def _is_contents_page(lines: Sequence[str]) -> bool:
+    """A table of contents (or an index): several lines that end with their page number."""
+    return sum(1 for line in lines if structure.is_contents_entry(structure.strip_heading_mark(line))) >= \
+        MIN_CONTENTS_ENTRIES
+
+
+def _heading(line: str, contents_page: bool = True) -> tuple[int, str] | None:
     """(level, title) for a Markdown heading, a numbered section line or a statement's title line, else None.
-    Contents entries ("Item 8. Financial Statements 45") and running furniture are never headings."""
+    Running furniture is never a heading, nor, on a contents page, a contents entry ("Item 8. Financial Statements
+    45"); elsewhere only a title with dot leaders is one ("PostgreSQL 15" is a heading)."""
     markdown = HEADING_MARK_RE.match(line)
     title = line[markdown.end():].rstrip().rstrip("#").rstrip() if markdown else ""
     if markdown and title:
-        if structure.is_contents_entry(title) or structure.is_furniture(title):
+        if structure.is_furniture(title) or _listed(title, contents_page):
             return None
         numbered = NUMBERED_HEADING_RE.match(title)
         if numbered and numbered.group("num"):  # "## 3.2 Scope": the numbering knows the depth better
@@ -181,7 +195,7 @@ def _heading(line: str) -> tuple[int, str] | None:
     if not stripped or TABLE_LINE_RE.match(stripped):
         return None
     numbered = NUMBERED_HEADING_RE.match(stripped)
-    if numbered and len(line.split()) <= 12 and not structure.is_contents_entry(stripped):
+    if numbered and len(line.split()) <= 12 and not _listed(stripped, contents_page):
         depth = 1 if numbered.group("item") else numbered.group("num").count(".") + 1
         return depth, stripped
     if structure.statement_name(stripped):  # a statement's title in body type ("CONSOLIDATED BALANCE SHEETS")

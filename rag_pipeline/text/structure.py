@@ -25,6 +25,7 @@ NUMBERED_WORDS = frozenset(
     # a day after its month ("As of December 31")
     + "january february march april may june july august september october november december jan feb mar apr jun "
       "jul aug sep sept oct nov dec".split())
+MAX_ENTRY_CHARS = 300
 FURNITURE_TITLES = frozenset({"table of contents", "contents", "index"})
 
 PART_RE = re.compile(r"^part\s+(?:[ivx]{1,4}|\d{1,2})\b", re.IGNORECASE)
@@ -58,6 +59,8 @@ def strip_heading_mark(line: str) -> str:
 def is_contents_entry(title: str) -> bool:
     """A line of a table of contents (or a running footer): a title that ends with its page number."""
     title = title.strip()
+    if len(title) > MAX_ENTRY_CHARS:  # also bounds the patterns' work on a hostile line
+        return False
     if DOT_LEADER_RE.search(title):
         return True
     match = TRAILING_NUMBER_RE.match(title)
