@@ -52,6 +52,8 @@ def variants(settings) -> dict[str, tuple[str, SearchOptions]]:
         "hybrid, all query terms": ("hybrid", dataclasses.replace(
             base, bm25=base.bm25.model_copy(update={"max_query_terms": 64}))),
         "hybrid, dense weight 2": ("hybrid", dataclasses.replace(base, dense_weight=2.0)),
+        "hybrid, chunks alone (page_weight 0)": ("hybrid", dataclasses.replace(base, page_weight=0.0)),
+        "dense, chunks alone (page_weight 0)": ("dense", dataclasses.replace(unrouted, page_weight=0.0)),
     }
 
 

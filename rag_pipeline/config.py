@@ -523,7 +523,7 @@ class RetrievalConfig(_Section):
     bm25: Bm25Config = Field(default_factory=Bm25Config)
     candidates: int | None = Field(None, ge=1, le=10_000, description="depth of each list before fusion; null: max(4k, 40)")
     document_routing: RoutingConfig = Field(default_factory=RoutingConfig)
-    page_weight: Fraction = Field(0.25, description="pages are fused like chunks (each list ranks pages by their "
+    page_weight: Fraction = Field(0.0, description="pages are fused like chunks (each list ranks pages by their "
                                   "best chunk in it); a hit's score is this share of its page's fused score and the "
                                   "rest its own: 0 ranks chunks alone, 1 ranks pages")
     query: QueryConfig = Field(default_factory=QueryConfig)

@@ -48,7 +48,7 @@ class SearchOptions:
     dense_weight: float = 1.0
     sparse_weight: float = 1.0
     candidates: int | None = None  # per list; default max(4k, 40)
-    page_weight: float = 0.25  # share of a hit's score that is its page's fused score (0: chunks alone)
+    page_weight: float = 0.0  # share of a hit's score that is its page's fused score (0: chunks alone)
     ef_search: int | None = None  # HNSW search depth; default max(2 * candidates, 100), at most 1000
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     bm25: Bm25Config = field(default_factory=Bm25Config)
