@@ -104,6 +104,13 @@ def test_a_heading_ending_in_a_number_is_a_contents_entry_only_on_a_contents_pag
     assert all(s.path == () for s in sections_of([(2, contents)]))
 
 
+def test_headings_ending_in_a_number_each_over_their_text_do_not_make_a_contents_page():
+    body = "\n".join(f"## Widget {i}\nWidget {i} is the part the assembly fits after the housing and before the "
+                     f"cover plate." for i in range(1, 6))
+    sections = sections_of([(3, "# Assembly\n" + body)])
+    assert [s.path for s in sections] == [("Assembly", f"Widget {i}") for i in range(1, 6)]
+
+
 def test_statements_anchor_under_their_item_and_do_not_govern_the_pages_after_them():
     pages = [
         (49, "# Report of Independent Registered Public Accounting Firm\n## Critical Audit Matters\nWe audited."),

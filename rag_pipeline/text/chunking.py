@@ -37,6 +37,8 @@ MAX_JOINED_TITLE = 160
 MAX_TITLE_LINES = 5
 # A page with this many lines that end in a page number is a contents page: there, such lines are entries.
 MIN_CONTENTS_ENTRIES = 3
+# Between two entries only short lines ("PART II", "Page", the first line of a wrapped title); a longer line is text.
+MAX_CONTENTS_GAP_WORDS = 12
 MAX_CAPTION_WORDS = 40
 CHUNKER_FAMILY = "structure+recursive-tokens/5"
 
@@ -173,9 +175,18 @@ def _listed(title: str, contents_page: bool) -> bool:
 
 
 def _is_contents_page(lines: Sequence[str]) -> bool:
-    """A table of contents (or an index): several lines that end with their page number."""
-    return sum(1 for line in lines if structure.is_contents_entry(structure.strip_heading_mark(line))) >= \
-        MIN_CONTENTS_ENTRIES
+    """A table of contents (or an index): a run of lines that end with their page number, with no sentence between
+    them. Headings that end in a number each followed by their text ("Clause 12" over its paragraph) are not one."""
+    run = 0
+    for line in lines:
+        title = structure.strip_heading_mark(line)
+        if structure.is_contents_entry(title):
+            run += 1
+            if run >= MIN_CONTENTS_ENTRIES:
+                return True
+        elif len(title.split()) > MAX_CONTENTS_GAP_WORDS:
+            run = 0
+    return False
 
 
 def _heading(line: str, contents_page: bool = True) -> tuple[int, str] | None:

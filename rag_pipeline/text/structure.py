@@ -21,7 +21,7 @@ TRAILING_NUMBER_RE = re.compile(r"^(?P<title>.*\S)\s+(?P<number>\d{1,3})$")
 NUMBERED_WORDS = frozenset(
     "note notes item items part section sections chapter schedule exhibit article table figure fig level tier "
     "phase step stage class series quarter q fy page appendix annex rule form chart no number unit group type "
-    "act pillar scope".split()
+    "act pillar scope clause paragraph volume vol version release module lesson".split()
     # a day after its month ("As of December 31")
     + "january february march april may june july august september october november december jan feb mar apr jun "
       "jul aug sep sept oct nov dec".split())
