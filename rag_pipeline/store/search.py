@@ -41,7 +41,7 @@ def bm25_ranking(
     want: int,
     *,
     depth: int = 4000,
-    max_terms: int = 12,
+    max_terms: int = Bm25Config().max_query_terms,
     documents: list[str] | None = None,
     few_rows: int = FEW_ROWS,
 ) -> LexicalRanking:

@@ -35,8 +35,9 @@ BEGIN
 END $$;
 
 -- The query's terms under every language configuration the version's rows use, with their BM25 idf, rarest
--- first: at most p_max_terms, so a long question's instructions and filler cannot drown its content words (those
--- have the highest idf). Terms no row holds are dropped. The tokenisation is the index's own (rag_lexemes).
+-- first: at most p_max_terms, a bound on the postings one query reads (rarity is not content: an instruction's
+-- words can be rarer in the corpus than the question's). Terms no row holds are dropped. The tokenisation is the
+-- index's own (rag_lexemes).
 CREATE OR REPLACE FUNCTION rag.query_terms(p_version integer, p_text text, p_max_terms integer)
 RETURNS TABLE (term_id integer, term text, df bigint, idf double precision) LANGUAGE plpgsql STABLE AS $$
 DECLARE
