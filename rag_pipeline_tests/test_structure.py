@@ -56,6 +56,9 @@ def test_statement_titles_are_named(line, name):
     "Consolidated statements of income (unaudited) 80",  # a contents entry
     "Cash flows from operating activities were strong in a year when our customers paid on time, as the "
     "Consolidated Statements of Cash Flows show",
+    # the last line of a wrapped sentence, and a label in a note's table (real filings)
+    "Consolidated Balance Sheets.", "Balance Sheets. See Note 6—Acquisitions and Divestitures for additional "
+    "information.", "Statements of Income:",
 ])
 def test_sentences_about_statements_are_not_their_titles(line):
     assert structure.statement_name(line) is None
@@ -195,3 +198,27 @@ def test_real_mdna_prose_with_figures_stays_prose(chunker):
     assert said and all(c.content_type == "prose" and "|" not in c.text for c in said)
     # the segment's figures are still a table
     assert any(c.content_type == "table" and "15,995" in c.text for c in chunks)
+
+
+@pytest.mark.financebench
+def test_a_statement_title_the_layout_model_leaves_unboxed_stays_above_its_table(chunker):
+    from rag_pipeline.config import ParsingConfig
+    from rag_pipeline.parsing.cascade import layout_page
+
+    markdown = layout_page(FINANCEBENCH / "pdfs" / "NIKE_2018_10K.pdf", 50, ParsingConfig(), None)
+    title = "NIKE, Inc. Consolidated Statements of Shareholders’ Equity"
+    assert markdown.index(title) < markdown.index("| ")
+    tables = [c for c in chunker.chunk("nike", [(50, markdown)]) if c.content_type == "table"]
+    assert tables and all("Shareholders’ Equity" in c.text.split("\n", 1)[0] for c in tables)
+
+
+def test_words_no_layout_region_holds_are_kept_where_they_stand():
+    from rag_pipeline.parsing.layout import _unheld_blocks
+
+    def word(text, top, x0):
+        return {"text": text, "top": top, "bottom": top + 8, "x0": x0, "x1": x0 + 6 * len(text)}
+
+    words = [word("Statements", 60, 100), word("Equity", 60, 170), word("(in", 72, 100), word("millions)", 72, 120),
+             word("48", 640, 300)]
+    blocks = _unheld_blocks(words, block_tops=[116.0])  # a table's region starts at 116
+    assert blocks == [((60.0, 100.0), "Statements Equity\n(in millions)"), ((640.0, 300.0), "48")]

@@ -233,8 +233,8 @@ def read_table(image: Any, scale: float, bbox: tuple[float, float, float, float]
 
 def page_markdown(page: Any, image: Any, scale: float, words: Sequence[dict[str, Any]] | None = None) -> str:
     """A page from its layout: regions top to bottom, titles as headings, tables read by SLANet with their
-    captions. Words no region holds are kept at the end: the
-    tier may misplace text, never drop it. `page` is the pdfplumber page; `words` default to its own."""
+    captions. Words no region holds are kept where they stand: the tier never drops text. `page` is the pdfplumber
+    page; `words` default to its own."""
     words = list(words if words is not None else page.extract_words())
     regions = detect_regions(image, scale)
     tables = [r for r in regions if r.kind == "table"][:MAX_TABLES_PER_PAGE]
@@ -275,9 +275,28 @@ def page_markdown(page: Any, image: Any, scale: float, words: Sequence[dict[str,
             text = "Table: " + " ".join(text.split()) if not text.lower().startswith("table") else " ".join(
                 text.split())
         blocks.append(((region.bbox[1], region.bbox[0]), text))
-    rest = _words_text([w for i, w in enumerate(words) if i not in used])
-    parts = [text for _, text in sorted(blocks, key=lambda b: b[0])]
-    return "\n\n".join(part for part in [*parts, rest] if part)
+    blocks += _unheld_blocks([w for i, w in enumerate(words) if i not in used], [key[0] for key, _ in blocks])
+    return "\n\n".join(text for _, text in sorted(blocks, key=lambda b: b[0]) if text)
+
+
+def _unheld_blocks(words: Sequence[dict[str, Any]], block_tops: Sequence[float]
+                   ) -> list[tuple[tuple[float, float], str]]:
+    """Words no region holds, placed where they stand: consecutive lines with no region's top between them make one
+    block at the first line's height. A statement's title the layout model boxed as nothing stays above its table
+    (kept at the end of the page, it left the table without its title and gave the next page's heading to it)."""
+    from rag_pipeline.parsing.tables import group_lines
+
+    runs: list[tuple[tuple[float, float], list[str]]] = []
+    last_top = None
+    for line in group_lines(words):
+        top = min(float(w["top"]) for w in line)
+        text = " ".join(str(w["text"]) for w in line)
+        if runs and last_top is not None and not any(last_top < t <= top for t in block_tops):
+            runs[-1][1].append(text)
+        else:
+            runs.append(((top, min(float(w["x0"]) for w in line)), [text]))
+        last_top = top
+    return [(key, "\n".join(lines)) for key, lines in runs]
 
 
 def in_box(word: dict[str, Any], bbox: tuple[float, float, float, float], pad: float = 2.0) -> bool:

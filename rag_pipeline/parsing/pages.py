@@ -42,4 +42,4 @@ class ParsedPage:
 def parser_version() -> str:
     """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""
     versions = {name: importlib.metadata.version(name) for name in ("pdfplumber", "docling-slim")}
-    return f"rp3;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"
+    return f"rp4;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"

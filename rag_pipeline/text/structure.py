@@ -88,6 +88,8 @@ def statement_name(line: str) -> str | None:
     lead = text[: match.start()].split()
     if len(lead) > 6 or any(word.lower().strip(",.:") in SENTENCE_LEADS or word[:1].islower() for word in lead):
         return None
+    if text[match.end():].lstrip().startswith((".", ":")):
+        return None  # "... in the Consolidated Balance Sheets.": a wrapped sentence's end, or a label in a note
     rest = re.sub(r"\([^)]*\)?", " ", text[match.end():]).split()  # "(in millions)", "(continued)" say nothing
     if rest and rest[0][:1].islower() and rest[0].lower() not in TITLE_CONTINUATIONS:
         return None  # "Balance sheet data was restated ...": a sentence
