@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from dagster import DagsterInstance
@@ -18,6 +16,7 @@ from rag_pipeline.endpoints.chat import EndpointError
 from rag_pipeline.endpoints.rerank import EndpointReranker
 from rag_pipeline.retrieval.query import load_synonyms, prepare
 from rag_pipeline.retrieval.search import SearchOptions, search
+from rag_pipeline_tests.chat_server import JsonServer
 
 FINANCIAL = QueryConfig(synonyms_file="builtin:financial_statements")
 
@@ -143,51 +142,23 @@ def test_pages_are_fused_like_chunks_and_blend_into_each_hit(filings):
     assert pages == sorted(pages, key=lambda page: page_rank[page])
 
 
-class RerankServer:
+class RerankServer(JsonServer):
     """POST /rerank (Cohere's answer, or TEI's with `tei=True`) and /chat/completions (a listwise ranking): the
-    passages that hold `favourite` rank first. `fail_next` answers 503 that many times."""
+    passages that hold `favourite` rank first."""
 
     def __init__(self, favourite: str, tei: bool = False):
-        self.calls, self.fail_next, self.bodies = 0, 0, []
-        server = self
+        self.favourite, self.tei = favourite, tei
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                """Quiet."""
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.calls += 1
-                server.bodies.append((self.path, body))
-                if server.fail_next > 0:
-                    server.fail_next -= 1
-                    self.send_response(503)
-                    self.end_headers()
-                    return
-                if self.path == "/rerank":
-                    scores = [(i, 1.0 if favourite in text else 0.1 / (i + 1)) for i, text in enumerate(body["texts"])]
-                    items = [{"index": i, ("score" if tei else "relevance_score"): s} for i, s in scores]
-                    payload = items if tei else {"results": sorted(items, key=lambda x: -x["relevance_score"])}
-                else:
-                    prompt = body["messages"][0]["content"]
-                    numbers = [n for n in range(1, 100) if f"[{n}] " in prompt]
-                    liked = [n for n in numbers if favourite in prompt.split(f"[{n}] ", 1)[1].split("\n\n[", 1)[0]]
-                    answer = " > ".join(f"[{n}]" for n in liked)
-                    payload = {"choices": [{"message": {"role": "assistant", "content": answer}}]}
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def reply(self, path, body):
+        if path == "/rerank":
+            scores = [(i, 1.0 if self.favourite in text else 0.1 / (i + 1)) for i, text in enumerate(body["texts"])]
+            items = [{"index": i, ("score" if self.tei else "relevance_score"): s} for i, s in scores]
+            return items if self.tei else {"results": sorted(items, key=lambda x: -x["relevance_score"])}
+        prompt = body["messages"][0]["content"]
+        numbers = [n for n in range(1, 100) if f"[{n}] " in prompt]
+        liked = [n for n in numbers if self.favourite in prompt.split(f"[{n}] ", 1)[1].split("\n\n[", 1)[0]]
+        return {"choices": [{"message": {"role": "assistant", "content": " > ".join(f"[{n}]" for n in liked)}}]}
 
 
 @pytest.mark.parametrize(("protocol", "tei"), [("rerank", False), ("rerank", True), ("chat", False)])
@@ -199,7 +170,7 @@ def test_an_endpoint_reranker_orders_the_fused_top_n(filings, protocol, tei):
         query = "what happened to sales and volumes in 2019"
         reranked = search(filings, query, ["analysts"], k=3, options=SearchOptions(reranker=config))
         assert "Pipeline volumes" in reranked[0].text and reranked[0].rerank_score is not None
-        path, body = server.bodies[-1]
+        path, body = server.requests[-1]
         if protocol == "rerank":
             assert path == "/rerank" and body["query"] == query and body["model"] == "m"
             assert len(body["documents"]) == len(search(filings, query, ["analysts"], k=20))

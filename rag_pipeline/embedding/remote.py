@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,23 +23,16 @@ class RemoteEmbedder:
     RETRYABLE = frozenset({408, 409, 425, 429})
 
     def __init__(self, name: str, config: EmbeddingConfig, transport: Any = None):
-        import httpx
-
-        from rag_pipeline.endpoints.redaction import keep_out_of_logs
+        from rag_pipeline.endpoints.http_client import json_client  # httpx only where an endpoint is used
 
         self.name = name
         self.served_name = served_model_name(name, config)
         self.endpoint = (config.endpoint or "").rstrip("/")
-        keep_out_of_logs(self.endpoint)  # its path or query may carry a key
         self.batch_size = config.batch_size
         self.max_retries = config.max_retries
         self.max_concurrency = config.max_concurrency
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(config.api_key_env) if config.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.Client(base_url=self.endpoint, headers=headers, timeout=config.timeout_seconds,
-                                    transport=transport)
+        self._client = json_client(self.endpoint, api_key_env=config.api_key_env,
+                                   timeout_seconds=config.timeout_seconds, transport=transport)
         self._dimensions: int | None = None
 
     @property

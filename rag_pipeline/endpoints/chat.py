@@ -3,13 +3,13 @@ exponential backoff on transient errors, an optional API key from the environmen
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import httpx
 
-from rag_pipeline.endpoints.redaction import keep_out_of_logs, redact, redact_url
+from rag_pipeline.endpoints.http_client import json_client
+from rag_pipeline.endpoints.redaction import redact, redact_url
 from rag_pipeline.workers.budget import waiting_on_endpoint
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
@@ -32,14 +32,9 @@ class ChatClient:
     ):
         self.endpoint = endpoint.rstrip("/")
         self.model = model
-        keep_out_of_logs(self.endpoint)  # its path or query may carry a key
         self.max_retries = max_retries
-        headers = {"Content-Type": "application/json"}
-        api_key = os.environ.get(api_key_env) if api_key_env else None
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(base_url=self.endpoint, headers=headers, timeout=timeout_seconds,
-                                    transport=transport)
+        self._client = json_client(self.endpoint, api_key_env=api_key_env, timeout_seconds=timeout_seconds,
+                                   transport=transport)
 
     def close(self) -> None:
         self._client.close()

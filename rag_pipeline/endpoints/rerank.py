@@ -12,7 +12,6 @@ no usable answer raises EndpointError, and the search then keeps the fused order
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -21,8 +20,9 @@ import httpx
 
 from rag_pipeline.config import RerankerConfig
 from rag_pipeline.endpoints.chat import RETRYABLE_STATUS, ChatClient, EndpointError
+from rag_pipeline.endpoints.http_client import json_client
 from rag_pipeline.endpoints.http_retry import retry_after_seconds
-from rag_pipeline.endpoints.redaction import keep_out_of_logs, redact, redact_url
+from rag_pipeline.endpoints.redaction import redact, redact_url
 
 LISTWISE_PROMPT = """I will give you {count} passages, each with a number in brackets. Rank them by how well they \
 answer or hold the evidence for the query.
@@ -44,18 +44,13 @@ class EndpointReranker:
             raise ValueError("retrieval.reranker.endpoint is not set")
         self.config = config
         self.endpoint = config.endpoint.rstrip("/")
-        keep_out_of_logs(self.endpoint)
         if config.protocol == "chat":
             self._chat = ChatClient(self.endpoint, config.endpoint_model or "", api_key_env=config.api_key_env,
                                     timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
                                     transport=transport)
         else:
-            headers = {"Content-Type": "application/json"}
-            api_key = os.environ.get(config.api_key_env) if config.api_key_env else None
-            if api_key:
-                headers["Authorization"] = f"Bearer {api_key}"
-            self._client = httpx.Client(base_url=self.endpoint, headers=headers, timeout=config.timeout_seconds,
-                                        transport=transport)
+            self._client = json_client(self.endpoint, api_key_env=config.api_key_env,
+                                       timeout_seconds=config.timeout_seconds, transport=transport)
 
     def close(self) -> None:
         (self._chat if self.config.protocol == "chat" else self._client).close()
