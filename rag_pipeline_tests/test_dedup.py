@@ -127,3 +127,65 @@ def test_relabelling_a_document_moves_its_chunks_out_of_shared_groups(make_setti
     # The staff user sees the staff copy only; the board copy stays with the board.
     staff_hits = search(db, "disclosed to third parties", ["staff"], k=10)
     assert all(owner != h.doc_id for h in staff_hits)
+
+
+REWORDED_NOTICE = ("Confidential material of Northwind Robotics: keep it inside the company, share it only with "
+                   "colleagues who need it for their work, and shred paper copies once the project they served has "
+                   "closed.")
+
+
+def test_rechunked_documents_leave_no_empty_group_whatever_the_order(make_settings, boilerplate_corpus, db, db_url):
+    from rag_pipeline.domain.status import DocumentStatus as D
+    from rag_pipeline.embedding.locations import load_tokenizer
+    from rag_pipeline.lifecycle import checks
+    from rag_pipeline.stages.chunk import ChunkStats, chunk_one, chunk_size, sizing_model_location
+    from rag_pipeline.stages.index import IndexStats, index_document
+    from rag_pipeline.store.database import connect
+    from rag_pipeline.text.chunking import Chunker
+
+    settings = make_settings([{"name": "policies", "root": str(boilerplate_corpus), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    staff_group, owner = next((r[0], r[1]) for r in _boilerplate_rows(db) if r[2] == ["staff"])
+    others = [r[0] for r in db.execute(
+        "SELECT DISTINCT doc_id FROM chunks WHERE group_id = %s AND doc_id <> %s ORDER BY 1", (staff_group, owner))]
+    assert len(others) == 4
+
+    # A parser bump rewords the notice in every staff document and queues them all for chunking again.
+    db.execute("""UPDATE document_pages SET markdown = regexp_replace(markdown, 'This document is the property[^\n]*',
+                                                                      %s)
+                  WHERE doc_id = ANY(%s)""", (REWORDED_NOTICE, [owner, *others]))
+    db.execute("UPDATE documents SET status = %s WHERE doc_id = ANY(%s)", (D.PENDING_CHUNK, [owner, *others]))
+
+    with connect(db_url) as conn:
+        location = sizing_model_location(conn, settings)
+        chunker = Chunker(load_tokenizer(location), chunk_size(settings, location), settings.chunking.overlap_tokens)
+        conn.commit()
+        # The order a parse worker and the index thread can take: the row's owner is chunked and indexed while the
+        # other occurrences still wait for their worker (so no occurrence takes the row over), then the others.
+        for doc_id in (owner, *others):
+            chunk_one(conn, store.queue.pending_document(conn, doc_id, D.PENDING_CHUNK), chunker, None, settings,
+                      ChunkStats())
+            index_document(conn, store.queue.pending_document(conn, doc_id, D.PENDING_INDEX), settings, IndexStats())
+
+    assert db.execute("SELECT count(*) FROM documents WHERE status <> 'indexed'").fetchone()[0] == 0
+    assert [r[2] for r in _boilerplate_rows(db)] == [["hr"]]  # the staff notice reads differently now
+    assert _occurrences(db, staff_group) == 0
+    assert db.execute("SELECT count(*) FROM chunk_groups WHERE group_id = %s", (staff_group,)).fetchone()[0] == 0
+    assert store.health.empty_group_count(db) == 0
+    assert checks.deletion_replay(db).passed
+
+
+def test_the_migration_drops_groups_left_without_chunks_and_keeps_the_others(make_settings, boilerplate_corpus, db):
+    from rag_pipeline_tests.test_sql_layout import SQL_DIR
+
+    settings = make_settings([{"name": "policies", "root": str(boilerplate_corpus), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    groups = db.execute("SELECT count(*) FROM chunk_groups").fetchone()[0]
+    db.execute("INSERT INTO chunk_groups (group_id, acl_key, lsh_params, signature) "
+               "SELECT 'orphan', acl_key, lsh_params, signature FROM chunk_groups LIMIT 1")
+    assert store.health.empty_group_count(db) == 1
+    db.execute((SQL_DIR / "migrations" / "003_drop_orphan_groups.sql").read_text())
+    assert store.health.empty_group_count(db) == 0
+    assert db.execute("SELECT count(*) FROM chunk_groups").fetchone()[0] == groups

@@ -283,7 +283,7 @@ def _unheld_blocks(words: Sequence[dict[str, Any]], block_tops: Sequence[float]
                    ) -> list[tuple[tuple[float, float], str]]:
     """Words no region holds, placed where they stand: consecutive lines with no region's top between them make one
     block at the first line's height. A statement's title the layout model boxed as nothing stays above its table
-    (kept at the end of the page, it left the table without its title and gave the next page's heading to it)."""
+    (at the page's end it left the table untitled, and the previous page's statement governed it)."""
     from rag_pipeline.parsing.tables import group_lines
 
     runs: list[tuple[tuple[float, float], list[str]]] = []

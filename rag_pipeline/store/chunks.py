@@ -9,6 +9,7 @@ import numpy as np
 import psycopg
 from pgvector import HalfVector
 
+from rag_pipeline.store import groups
 from rag_pipeline.text.chunking import Chunk
 
 
@@ -42,7 +43,11 @@ def replace_chunks(
     parser_version: str | None,
     text_config: str,
 ) -> None:
-    conn.execute("DELETE FROM chunks WHERE doc_id = %s", (doc_id,))
+    """A document's chunks, replaced (inside the caller's transaction, which holds the group-assignment lock). The
+    near-duplicate groups its old chunks were in and that no chunk is left in are dropped here: the index write
+    drops only the groups whose row the document owned, and another document's re-chunk can empty one later."""
+    left = {row[0] for row in conn.execute("DELETE FROM chunks WHERE doc_id = %s RETURNING group_id", (doc_id,))
+            if row[0]}
     with conn.cursor().copy(
         """COPY chunks (chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end,
                         content_type, token_count, content_hash, chunker_version, parser_version, flags,
@@ -57,6 +62,7 @@ def replace_chunks(
                     chunk.content_hash, chunker_version, parser_version, list(chunk_flags), text_config,
                 )
             )
+    groups.drop_empty(conn, sorted(left))
 
 
 def chunk_ids_of(conn: psycopg.Connection, doc_id: str) -> list[str]:

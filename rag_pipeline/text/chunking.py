@@ -35,7 +35,7 @@ SECTION_SEPARATOR = " › "
 MAX_JOINED_TITLE = 160
 # A table's title block: at most this many lines and words above it (more is a paragraph, not a title).
 MAX_TITLE_LINES = 5
-# A page with this many lines that end in a page number is a contents page: there, such lines are entries.
+# A page with a run of this many lines that end in a page number is a contents page: there, such lines are entries.
 MIN_CONTENTS_ENTRIES = 3
 # Between two entries only short lines ("PART II", "Page", the first line of a wrapped title); a longer line is text.
 MAX_CONTENTS_GAP_WORDS = 12
