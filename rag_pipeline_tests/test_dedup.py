@@ -177,7 +177,7 @@ def test_rechunked_documents_leave_no_empty_group_whatever_the_order(make_settin
 
 
 def test_the_migration_drops_groups_left_without_chunks_and_keeps_the_others(make_settings, boilerplate_corpus, db):
-    from rag_pipeline_tests.test_sql_layout import SQL_DIR
+    from rag_pipeline.store.database import SQL_DIR
 
     settings = make_settings([{"name": "policies", "root": str(boilerplate_corpus), "acl_labels": ["staff"]}])
     with DagsterInstance.ephemeral() as instance:
