@@ -107,6 +107,13 @@ def test_a_heading_ending_in_a_number_is_a_contents_entry_only_on_a_contents_pag
     assert all(s.path == () for s in sections_of([(2, contents)]))
 
 
+def test_a_bold_table_row_with_an_amount_is_not_a_heading():
+    [section] = sections_of([(69, "# NOTE 7 — SHORT-TERM BORROWINGS\nNotes payable at May 31.\n"
+                                  "### TOTAL NOTES PAYABLE $ 336\nThe weighted average interest rate was 2.1%.")])
+    assert section.path == ("NOTE 7 — SHORT-TERM BORROWINGS",)
+    assert "TOTAL NOTES PAYABLE $ 336" in section.text and "###" not in section.text
+
+
 def test_headings_ending_in_a_number_each_over_their_text_do_not_make_a_contents_page():
     body = "\n".join(f"## Widget {i}\nWidget {i} is the part the assembly fits after the housing and before the "
                      f"cover plate." for i in range(1, 6))

@@ -40,7 +40,8 @@ MIN_CONTENTS_ENTRIES = 3
 # Between two entries only short lines ("PART II", "Page", the first line of a wrapped title); a longer line is text.
 MAX_CONTENTS_GAP_WORDS = 12
 MAX_CAPTION_WORDS = 40
-CHUNKER_FAMILY = "structure+recursive-tokens/5"
+MONEY_RE = re.compile(r"[$€£¥]\s?\(?\d")
+CHUNKER_FAMILY = "structure+recursive-tokens/6"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:
@@ -192,12 +193,13 @@ def _is_contents_page(lines: Sequence[str]) -> bool:
 def _heading(line: str, contents_page: bool = True) -> tuple[int, str] | None:
     """(level, title) for a Markdown heading, a numbered section line or a statement's title line, else None.
     Running furniture is never a heading, nor, on a contents page, a contents entry ("Item 8. Financial Statements
-    45"); elsewhere only a title with dot leaders is one ("PostgreSQL 15" is a heading)."""
+    45"); elsewhere only a title with dot leaders is one ("PostgreSQL 15" is a heading). Nor is a line holding an
+    amount of money."""
     markdown = HEADING_MARK_RE.match(line)
     title = line[markdown.end():].rstrip().rstrip("#").rstrip() if markdown else ""
     if markdown and title:
-        if structure.is_furniture(title) or _listed(title, contents_page):
-            return None
+        if structure.is_furniture(title) or _listed(title, contents_page) or MONEY_RE.search(title):
+            return None  # a line with an amount in it is a table's row set in bold ("TOTAL NOTES PAYABLE $ 336")
         numbered = NUMBERED_HEADING_RE.match(title)
         if numbered and numbered.group("num"):  # "## 3.2 Scope": the numbering knows the depth better
             return numbered.group("num").count(".") + 1, title
