@@ -539,6 +539,9 @@ class ExecutionConfig(_Section):
 
     workers: int = Field(0, ge=0, le=256, description="parse-and-chunk worker processes in one run; 0: one per "
                          "core, fewer when worker_memory_mb times the cores exceeds the machine's memory")
+    threads_per_worker: int = Field(0, ge=0, le=256, description="compute threads (onnxruntime, torch) of each "
+                                    "parse worker; 0: the cores shared out over the workers and the run's "
+                                    "embedder, at least one each, so they do not oversubscribe the machine")
     isolation: bool = Field(True, description="parse and chunk each document in a worker process with the limits "
                             "below; false works them in the run's own process, unbounded (for debugging)")
     document_timeout: Duration = Field(300, ge=1, description="wall-clock budget of one document's parse and "

@@ -49,6 +49,21 @@ def test_the_code_location_holds_exactly_these_definitions(make_settings):
     assert upstream["parsed_documents"] == {"source_documents"}
 
 
+def test_ui_runs_keep_their_light_steps_in_the_run_process_unless_document_steps_run_side_by_side(make_settings):
+    """A step in a process of its own costs seconds of start-up; the ingest graph's steps cost milliseconds when
+    there is nothing to do. "Materialize all" (the implicit asset job) and every job get the run's process."""
+    defs = build_definitions(make_settings())
+    repository = defs.get_repository_def()
+    assert {job.name: job.executor_def.name for job in repository.get_all_jobs()} == {
+        job.name: "in_process" for job in repository.get_all_jobs()}
+    side_by_side = build_definitions(make_settings(execution={"steps": 2})).get_repository_def()
+    assert side_by_side.get_job("ingest").executor_def.name == "multi_or_in_process_executor"
+    # Inside a user's project the Component's ingest job names its executor; their own default is left alone.
+    component = build_definitions(make_settings(), own_code_location=False).get_repository_def()
+    assert component.get_job("ingest").executor_def.name == "in_process"
+    assert component.get_job("index_health").executor_def.name == "multi_or_in_process_executor"
+
+
 def test_asset_keys_go_under_the_configured_prefix_and_a_run_reports_through_them(make_settings, tmp_path):
     import dagster as dg
 

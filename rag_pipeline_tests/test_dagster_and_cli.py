@@ -116,6 +116,16 @@ def cli_env(tmp_path, db_url, pg_admin_url):
     return env
 
 
+HEAVY_MODULES = ("torch", "sentence_transformers", "transformers", "docling", "rapidocr", "onnxruntime", "scipy")
+
+
+def _heavy_imports(importtime_log: str) -> set[str]:
+    """The model-stack packages a `python -X importtime` run imported."""
+    imported = {line.rsplit("|", 1)[-1].strip() for line in importtime_log.splitlines()
+                if line.startswith("import time:")}
+    return imported & set(HEAVY_MODULES)
+
+
 def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     cli = [sys.executable, "-m", "rag_pipeline.cli"]
     first = subprocess.run(
@@ -130,19 +140,24 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     assert summary["parsed"] == 5 and summary["vectors_embedded"] == summary["chunks_written"] > 0
     assert not (tmp_path / "data" / "pg").exists()  # RAG_DATABASE_URL set: nothing embedded was started
 
+    # -X importtime lists every module the command imported: a run with nothing to do, and a search, pay for no
+    # model stack (torch alone costs seconds to import).
+    traced = [sys.executable, "-X", "importtime", "-m", "rag_pipeline.cli"]
     second = subprocess.run(
-        [*cli, "ingest", "--source", f"adhoc={corpus}", "--labels", "staff", "--json"],
+        [*traced, "ingest", "--source", f"adhoc={corpus}", "--labels", "staff", "--json"],
         env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     again = json.loads(second.stdout)
     assert again["parsed"] == 0 and again["vectors_embedded"] == 0 and again["unchanged"] == 7
+    assert _heavy_imports(second.stderr) == set()
 
     found = subprocess.run(
-        [*cli, "search", "battery life of the warehouse robot", "--labels", "staff", "-k", "3", "--json"],
+        [*traced, "search", "battery life of the warehouse robot", "--labels", "staff", "-k", "3", "--json"],
         env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     hits = json.loads(found.stdout)
     assert hits and hits[0]["path"] == "products/nw200-faq.html"
+    assert _heavy_imports(found.stderr) == set()
     assert {"chunk_id", "doc_id", "path", "page_start", "page_end", "score", "text"} <= set(hits[0])
     no_labels = subprocess.run([*cli, "search", "battery"], env=cli_env, capture_output=True, text=True)
     assert no_labels.returncode != 0 and "--labels" in no_labels.stderr

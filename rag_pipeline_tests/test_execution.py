@@ -20,6 +20,7 @@ from rag_pipeline.stages.process import leases_kept, process_pending
 from rag_pipeline.stages.progress import Reporter, Snapshot, listening
 from rag_pipeline.store.chunks import chunks_of
 from rag_pipeline.workers.pool import Failed, Finished, Limits, WorkerPool
+from rag_pipeline.workers.threads import ThreadBudget, thread_budget
 from rag_pipeline_tests.conftest import port_note
 from rag_pipeline_tests.hanging_worker import HangingRunner
 from rag_pipeline_tests.scripted_worker import ScriptedRunner
@@ -372,3 +373,26 @@ def test_the_cli_draws_a_bar_per_stage_from_the_progress_reports():
     shown = {task.description: (task.completed, task.total, task.fields["rate"]) for task in bars.tasks}
     assert shown["parse and chunk"][:2] == (9, 20) and shown["parse and chunk"][2].endswith("pages/s")
     assert shown["index"][:2] == (2, 5)
+
+
+def test_parse_workers_and_the_embedder_share_the_cores_instead_of_each_taking_all():
+    assert thread_budget(2, cores=2) == ThreadBudget(per_worker=1, embedder=1)  # the floor: one thread each
+    assert thread_budget(3, cores=16) == ThreadBudget(per_worker=4, embedder=4)
+    assert thread_budget(1, cores=8) == ThreadBudget(per_worker=4, embedder=4)
+    assert thread_budget(3, configured_per_worker=2, cores=16) == ThreadBudget(per_worker=2, embedder=10)
+
+
+def test_a_bounded_worker_builds_its_onnx_sessions_and_torch_with_that_many_threads():
+    """In a process of its own, as a worker: the bound must reach the sessions the layout tier builds."""
+    script = (
+        "import torch\n"
+        "from rag_pipeline.workers.threads import bound_compute_threads\n"
+        "bound_compute_threads(1)\n"
+        "from rag_pipeline.parsing import layout\n"
+        "print(layout._layout_engine().session.session.get_session_options().intra_op_num_threads,"
+        " layout._table_engine().table_structure.session.session.get_session_options().intra_op_num_threads,"
+        " torch.get_num_threads())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["1", "1", "1"]

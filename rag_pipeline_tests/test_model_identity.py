@@ -137,3 +137,30 @@ def test_the_identity_is_minted_in_one_place():
     assert model.weights == ids.weights_digest([("a", "1"), ("b", "2")])  # order of the walk does not matter
     assert model.key == f"onnx-int8:{model.weights}" and model.backend_model == "onnx-int8:all-MiniLM-L6-v2"
     assert identity_of("onnx-int8:all-MiniLM-L6-v2", EmbeddingConfig()).key == f"onnx-int8:{configured_identity(EmbeddingConfig()).weights}"
+
+
+QUERIES = ("What was AMD's free cash flow in FY2015?", "travel policy", "x", "Ünïcödé 東京 résumé — $1,234.56 (in millions)",
+           "Answer as an equity research analyst, in USD millions. " * 40)  # past max_seq_length: truncated alike
+
+
+def test_the_light_query_encoder_gives_the_torch_models_vectors(monkeypatch):
+    import numpy as np
+
+    from rag_pipeline.embedding import embedders
+    from rag_pipeline.embedding.light import BertQueryEncoder, load_bert_query_encoder
+
+    full = embedders.get_embedder("all-MiniLM-L6-v2")
+    light = load_bert_query_encoder(resolve_model("all-MiniLM-L6-v2").location)
+    assert isinstance(light, BertQueryEncoder) and light.dimensions == full.dimensions
+    for query in QUERIES:
+        np.testing.assert_allclose(light.embed_query(query), full.embed_query(query), atol=2e-6)
+    # A model it does not reproduce (MPNet: relative position buckets) is left to the full model.
+    mpnet = Path(resolve_model("all-mpnet-base-v2").location)
+    assert (mpnet / "modules.json").exists() and load_bert_query_encoder(str(mpnet)) is None
+
+    monkeypatch.setattr(embedders, "_embedders", {})  # nothing loaded in this process
+    assert isinstance(embedders.get_query_embedder("all-MiniLM-L6-v2", light=True), BertQueryEncoder)
+    loaded = embedders.get_query_embedder("all-MiniLM-L6-v2")
+    assert isinstance(loaded, embedders.Embedder)
+    # once the full model is loaded here, a light request shares it instead of holding a second copy
+    assert embedders.get_query_embedder("all-MiniLM-L6-v2", light=True) is loaded

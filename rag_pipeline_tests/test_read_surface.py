@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import time
 import uuid
 
 import psycopg
@@ -18,6 +19,7 @@ from psycopg import sql
 from rag_pipeline import store
 from rag_pipeline.config import ServiceConfig, ServiceToken
 from rag_pipeline.domain import ids
+from rag_pipeline.embedding import embedders
 from rag_pipeline.embedding.embedders import get_embedder
 from rag_pipeline.lifecycle import blue_green
 from rag_pipeline.retrieval.search import SearchOptions, search
@@ -180,12 +182,40 @@ def test_the_service_searches_with_the_tokens_labels_and_refuses_everything_else
                                                                 "Content-Type": "application/json"}),
             413, "request_too_large")
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready"}  # details only for a token holder
-    ready = client.get("/readyz", headers={"Authorization": f"Bearer {STAFF_TOKEN}"}).json()
+    assert _ready(client).json() == {"status": "ready"}  # details only for a token holder
+    ready = _ready(client, {"Authorization": f"Bearer {STAFF_TOKEN}"}).json()
     assert ready["status"] == "ready" and ready["version"]["label"] == "v1"
     assert ready["version"]["identity"].startswith("torch:sha256:")
     assert set(ready["checks"]) >= {"acl_coverage", "deletion_replay"}  # recorded by the ingest's checks
     assert "/search" in client.get("/openapi.json").json()["paths"]
+
+
+def _ready(client, headers: dict[str, str] | None = None, seconds: float = 120):
+    """/readyz's first 200 answer (the query model loads in the background after the start)."""
+    deadline = time.monotonic() + seconds
+    while (answer := client.get("/readyz", headers=headers or {})).status_code != 200:
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "not_ready", answer.text
+        assert time.monotonic() < deadline, f"not ready after {seconds} s: {answer.text}"
+        time.sleep(0.2)
+    return answer
+
+
+def test_the_service_loads_its_query_model_before_it_says_ready(clone, monkeypatch):
+    """A load balancer sends traffic once /readyz says ready: the first search must not load the model."""
+    conn, settings = clone
+    settings = settings.model_copy(update={"service": ServiceConfig(tokens=(ServiceToken(
+        name="handbook-bot", sha256=hashlib.sha256(STAFF_TOKEN.encode()).hexdigest(), labels=["staff"]),))})
+    monkeypatch.setattr(embedders, "_embedders", {})  # this process has no model loaded yet
+    loads = []
+    real_embedder = embedders.Embedder
+    monkeypatch.setattr(embedders, "Embedder", lambda *args, **kwargs: loads.append(1) or real_embedder(*args, **kwargs))
+    with TestClient(create_app(settings, conn.info.dsn)) as client:
+        first = client.get("/readyz")
+        assert first.status_code == 200 or "loading" in first.json()["error"]["message"], first.text
+        _ready(client)
+        assert loads == [1]  # loaded by the warm-up, before ready
+        assert _search(client, STAFF_TOKEN, query=QUERY, k=3).status_code == 200
+        assert loads == [1]  # the first search found it loaded
 
 
 def test_the_service_is_not_ready_without_an_active_version_and_refuses_to_start_without_tokens(service, clone):

@@ -16,19 +16,22 @@ from rag_pipeline.defs.index_versions import (
     promote_index_version,
     start_index_build,
 )
-from rag_pipeline.defs.ingestion import ingest_job, ingestion_assets
+from rag_pipeline.defs.ingestion import executor, ingest_job, ingestion_assets
 from rag_pipeline.defs.io import RUN_OUTPUTS, RunOutputsIOManager
 from rag_pipeline.defs.resources import RagResource, fixed_resource
 
 
-def build_definitions(settings: Settings) -> dg.Definitions:
-    """Bind resources and configuration in one place."""
+def build_definitions(settings: Settings, *, own_code_location: bool = True) -> dg.Definitions:
+    """Bind resources and configuration in one place. In the project's own code location the ingest job's executor
+    is every job's default, "Materialize all" included; a Component inside a user's project leaves their default
+    alone (its own jobs name theirs)."""
     ingestion, (backfill,), checks = keyed_under(
         settings.asset_key_prefix, ingestion_assets(settings), [index_version_backfill], index_checks)
     health_job = index_health_job(checks)
     jobs = [ingest_job(settings, ingestion), health_job, build_index_version_job(backfill), start_index_build,
             promote_index_version, housekeeping_job]
     return dg.Definitions(
+        executor=executor(settings) if own_code_location else None,
         assets=[*ingestion, backfill],
         asset_checks=checks,
         jobs=jobs,

@@ -28,4 +28,4 @@ class RagPipelineComponent(dg.Component, dg.Resolvable):
         path = Path(self.config_file).expanduser()
         if not path.is_absolute():
             path = Path(context.path) / path
-        return build_definitions(load_settings(path))
+        return build_definitions(load_settings(path), own_code_location=False)

@@ -274,9 +274,12 @@ def ingest_job(settings: Settings, assets: list[dg.AssetsDefinition]):  # an ass
 
 
 def executor(settings: Settings) -> dg.ExecutorDefinition | None:
-    """Dagster's default executor, or Dask's on the configured cluster (the dagster-dask package)."""
+    """Dask's on the configured cluster (the dagster-dask package); on one machine, every step in the run's own
+    process when there is one document step (the light steps cost milliseconds, a process each cost seconds; the
+    parse workers are processes of their own anyway), else Dagster's default, a process per step, so the document
+    steps run side by side."""
     if settings.execution.executor != "dask":
-        return None
+        return dg.in_process_executor if settings.execution.steps == 1 else None
     try:
         from dagster_dask import dask_executor
     except ImportError as exc:

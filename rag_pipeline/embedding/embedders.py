@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rag_pipeline.config import BACKEND_PREFIXES, REMOTE_PREFIX, EmbeddingConfig
+from rag_pipeline.config import BACKEND_PREFIXES, REMOTE_PREFIX, EmbeddingConfig, split_backend
 from rag_pipeline.embedding.local import Embedder
 from rag_pipeline.embedding.locations import (
     ModelUnavailableError,
@@ -59,4 +59,26 @@ def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Any:
             _embedders[key] = Embedder(model, device=config.device, batch_size=config.batch_size)
         return _embedders[key]
 
+
+def get_query_embedder(name: str, config: EmbeddingConfig | None = None, *, light: bool = False) -> Any:
+    """The embedder for queries: with `light`, for a process that only embeds a few queries (a command-line search
+    or eval), the numpy encoder where the model's folder is one it reproduces and no full model is loaded here
+    already; otherwise (and for other backends) the full one, as get_embedder."""
+    config = config or EmbeddingConfig()
+    if not light or split_backend(name)[0] != "torch" or config.device != "cpu":
+        return get_embedder(name, config)
+    model = resolve_model(name, config.models_dir)
+    weights = _weights_of(model)
+    with _embedders_lock:
+        loaded = (_embedders.get((model.location, weights, config.device))
+                  or _embedders.get((model.location, weights, "light")))
+    if loaded is not None:
+        return loaded
+    from rag_pipeline.embedding.light import load_bert_query_encoder
+
+    encoder = load_bert_query_encoder(model.location) if Path(model.location).is_dir() else None
+    if encoder is None:
+        return get_embedder(name, config)
+    with _embedders_lock:
+        return _embedders.setdefault((model.location, weights, "light"), encoder)
 

@@ -33,6 +33,7 @@ from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
 from rag_pipeline.parsing.pages import ParsedPage
 from rag_pipeline.workers import budget
+from rag_pipeline.workers.threads import compute_threads
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ def _rapidocr() -> Any:
         raise TierUnavailable("OCR needs rag-pipeline's 'ocr' extra (rapidocr): pip install 'rag-pipeline[ocr]'")
     from rapidocr import RapidOCR
 
-    return RapidOCR(params={"Global.log_level": "warning"})
+    return RapidOCR(params={"Global.log_level": "warning",
+                            "EngineConfig.onnxruntime.intra_op_num_threads": compute_threads()})
 
 
 _ocr_lock = threading.Lock()

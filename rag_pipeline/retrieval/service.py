@@ -2,14 +2,16 @@
 
     POST /search   {"query": "...", "k": 10, "mode": "hybrid"}  ->  {"results": [...], "version": ..., ...}
     GET  /healthz  the process answers
-    GET  /readyz   the database answers, an active version exists, and the latest index checks
+    GET  /readyz   the database answers, an active version exists and its query model is loaded; with a token,
+                   also the version and the latest index checks
     GET  /docs     OpenAPI documentation (/openapi.json)
 
 A caller is its API token (`Authorization: Bearer ...`), mapped in the configuration (`service.tokens`) to the
 labels its searches carry; labels never come from the request. Tokens are stored as sha256 digests or read from
 the environment, never in clear in a file, and compared in constant time. Request bodies, queries and k are
-bounded; every error is a JSON object {"error": {"code", "message"}}. The query model is loaded once per process
-and follows the active version's model through promotions (rag_pipeline.embedding.identity).
+bounded; every error is a JSON object {"error": {"code", "message"}}. The query model is loaded once per process,
+before /readyz says ready (loading takes seconds; a load balancer must not send the first searches into it), and
+follows the active version's model through promotions (rag_pipeline.embedding.identity).
 """
 
 import asyncio
@@ -18,6 +20,7 @@ import hmac
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -35,8 +38,9 @@ from starlette.exceptions import HTTPException
 
 from rag_pipeline import store
 from rag_pipeline.config import ConfigError, ServiceConfig, Settings
+from rag_pipeline.embedding.identity import cache_key
 from rag_pipeline.embedding.locations import ModelUnavailableError
-from rag_pipeline.retrieval.search import SearchError, SearchHit, SearchOptions, search
+from rag_pipeline.retrieval.search import SearchError, SearchHit, SearchOptions, query_embedder, search
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +171,48 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class QueryModelWarmup:
+    """Loads and exercises each active version's query model off the request path, once per process, so /readyz
+    says ready only when a search will not pay for the load. A model that cannot load keeps the service not ready,
+    with the reason."""
+
+    def __init__(self, options: SearchOptions) -> None:
+        self._options = options
+        self._lock = threading.Lock()
+        self._warm: set[str] = set()
+        self._loading: set[str] = set()
+        self._failed: dict[str, str] = {}
+
+    def not_ready_because(self, version: store.versions.IndexVersion) -> str | None:
+        """None when `version`'s query model is warm; else why not, after starting its load if none is running."""
+        key = cache_key(version)
+        with self._lock:
+            if key in self._warm:
+                return None
+            if key in self._failed:
+                return f"the query model cannot be loaded here: {self._failed[key]}"
+            if key not in self._loading:
+                self._loading.add(key)
+                threading.Thread(target=self._load, args=(version, key), name="query-model-warmup",
+                                 daemon=True).start()
+        return "the query model is loading"
+
+    def _load(self, version: store.versions.IndexVersion, key: str) -> None:
+        try:
+            query_embedder(version, self._options).embed_query("warm-up")
+        except Exception as exc:  # any failure keeps the service not ready; the log and /readyz say why
+            log.error("search service: the query model of %s did not load: %s", version.label, exc)
+            with self._lock:
+                self._failed[key] = str(exc) or type(exc).__name__
+        else:
+            log.info("search service: the query model of %s is loaded", version.label)
+            with self._lock:
+                self._warm.add(key)
+        finally:
+            with self._lock:
+                self._loading.discard(key)
+
+
 def _options(database_url: str) -> str:
     """The URL's own `options` (server settings), kept beside the ones the service adds."""
     return psycopg.conninfo.conninfo_to_dict(database_url).get("options") or ""
@@ -188,10 +234,18 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
                                   "options": f"{_options(database_url)} -c statement_timeout={query_ms}".strip(),
                                   "tcp_user_timeout": query_ms},
                           configure=register_vector, check=ConnectionPool.check_connection)
+    warmup = QueryModelWarmup(options)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool.open(wait=True, timeout=30)
+        try:
+            with pool.connection(timeout=config.database_timeout_seconds) as conn:
+                version = store.versions.active_version(conn)
+        except (PoolTimeout, psycopg.OperationalError):
+            version = None  # /readyz retries the lookup and starts the load
+        if version is not None:  # start loading now; /readyz answers meanwhile (not ready), as /healthz does
+            warmup.not_ready_because(version)
         try:
             yield
         finally:
@@ -277,6 +331,9 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
                           {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
         if version is None:
             return _error(503, "not_ready", "there is no active index version yet")
+        waiting_for_model = warmup.not_ready_because(version)
+        if waiting_for_model:
+            return _error(503, "not_ready", waiting_for_model, {"Retry-After": "1"})
         try:
             caller(request)
         except ApiError:

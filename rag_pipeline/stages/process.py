@@ -45,6 +45,7 @@ from rag_pipeline.stages.progress import Reporter
 from rag_pipeline.store.database import connect, index_write_lock
 from rag_pipeline.store.queue import PendingDocument
 from rag_pipeline.workers.pool import Failed, Finished, Limits, Runner, WorkerPool, auto_workers
+from rag_pipeline.workers.threads import bound_compute_threads, thread_budget, torch_threads
 
 log = logging.getLogger(__name__)
 D = DocumentStatus
@@ -131,6 +132,8 @@ class DocumentRunner:
         from rag_pipeline.parsing.cascade import Cascade
         from rag_pipeline.parsing.pages import parser_version
 
+        if settings.execution.threads_per_worker:  # before any model loads: they size their pools from it
+            bound_compute_threads(settings.execution.threads_per_worker)
         state = _WorkerState(db_url, settings, plan, connect(db_url), parser_version())
         state.cascade = Cascade(settings.parsing)
         if plan is not None:
@@ -284,6 +287,10 @@ def _work_documents(
     execution = settings.execution
     limits = Limits(execution.document_timeout, execution.page_timeout, execution.worker_memory_mb * 2**20)
     size = auto_workers(execution.workers, limits.memory_bytes)
+    threads = thread_budget(size, execution.threads_per_worker)
+    if execution.isolation:  # the workers' share, resolved (in-process items run with the run's own threads)
+        settings = settings.model_copy(update={"execution": execution.model_copy(
+            update={"threads_per_worker": threads.per_worker})})
     reporter = Reporter("parse" if D.PENDING_CHUNK not in statuses else "parse and chunk" if D.PENDING_PARSE
                         in statuses else "chunk", "pages", execution.progress_seconds, progress)
     in_hand: dict[str, DocumentTask] = {}
@@ -296,7 +303,8 @@ def _work_documents(
         roots.update({s.name: s for s in settings.sources})
         conn.commit()
         remove_orphaned_copies()
-        with WorkerPool(size, runner, (db_url, settings, plan), limits, isolated=execution.isolation) as pool:
+        with (WorkerPool(size, runner, (db_url, settings, plan), limits, isolated=execution.isolation) as pool,
+              torch_threads(threads.embedder)):
             result.workers = pool.size
             exhausted = False
             while True:

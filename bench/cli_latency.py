@@ -1,0 +1,161 @@
+"""What a user waits for at the command line, against what the work itself costs.
+
+Copies the bundled sample corpus and configuration into a temporary folder (its own embedded PostgreSQL), builds
+the index once, then times whole `rag-pipeline` processes, median of --repeat runs each:
+
+- `--version`, `--help`, `config show`: no work at all;
+- a no-op `ingest`, against the stages' own seconds (the run's JSON summary);
+- `ingest` after adding one Markdown file, against the no-op plus embedding that file's chunks with a loaded model;
+- `search`, against the same search in a warm process (model loaded, SQL function warm).
+
+    .venv/bin/python -m bench.cli_latency [--repeat 3]
+
+Run it on a quiet machine: these are wall times of whole processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.common import REPO, machine
+
+QUERY = "how much is the hotel allowance when travelling"
+LABELS = "staff"
+NEW_FILE = """# Parking at the Leeds site
+
+Staff park in the north car park; visitors use the marked bays by reception. Bicycle racks are beside the
+loading dock, and the charging points for electric cars are booked through the facilities desk.
+
+## Out of hours
+
+After 20:00 the barrier opens with a staff badge. Report a broken barrier to security on extension 4100.
+"""
+
+
+def _cli(config: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), *args],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    elapsed = time.perf_counter() - started
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"rag-pipeline {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
+    return elapsed, done
+
+
+def _median(config: Path, repeat: int, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+    runs = [_cli(config, *args) for _ in range(repeat)]
+    return statistics.median(t for t, _ in runs), runs[-1][1]
+
+
+def _stage_seconds(done: subprocess.CompletedProcess) -> float:
+    return sum(json.loads(done.stdout)["seconds"].values())
+
+
+def _warm_search_seconds(config: Path, repeat: int) -> float:
+    """One search in a process that already holds the model and has searched once."""
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.lifecycle.prepare import prepare
+    from rag_pipeline.retrieval.search import SearchOptions, search
+    from rag_pipeline.store.database import connect, resolve_urls
+
+    settings = load_settings(config)
+    url = resolve_urls(settings).index
+    prepare(url, settings)
+    options = SearchOptions.from_settings(settings)
+    with connect(url) as conn:
+        search(conn, QUERY, [LABELS], options=options)  # loads the model
+        times = []
+        for _ in range(max(repeat, 5)):
+            started = time.perf_counter()
+            search(conn, QUERY, [LABELS], options=options)
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _embed_seconds(config: Path, rel_path: str) -> tuple[float, int]:
+    """Embedding the chunks the run wrote for `rel_path`, with the model already loaded."""
+    from rag_pipeline import store
+    from rag_pipeline.config import load_settings
+    from rag_pipeline.domain import ids
+    from rag_pipeline.embedding.embedders import get_embedder
+    from rag_pipeline.store.database import connect, resolve_urls
+
+    settings = load_settings(config)
+    doc_id = ids.doc_id("sample", rel_path)
+    with connect(resolve_urls(settings).index) as conn:
+        chunks = store.chunks.chunks_of(conn, [doc_id])[doc_id]
+    embedder = get_embedder(settings.embedding.backend_model, settings.embedding)
+    texts = [f"{c.prefix}\n{c.text}" if c.prefix else c.text for c in chunks]
+    embedder.embed_documents(texts)  # warm
+    started = time.perf_counter()
+    embedder.embed_documents(texts)
+    return time.perf_counter() - started, len(texts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="ragbench-cli-"))
+    config = workdir / "rag.yaml"
+    try:
+        corpus = workdir / "sample_corpus"
+        shutil.copytree(REPO / "sample_corpus", corpus)
+        # The shipped configuration, its relative paths made absolute (the file moves to the work folder).
+        shipped = yaml.safe_load((REPO / "rag_pipeline.yaml").read_text())
+        shipped["data_dir"] = str(workdir / "data")
+        shipped["embedding"]["models_dir"] = str(REPO / ".models")
+        shipped["checks"]["golden_set"] = str(REPO / shipped["checks"]["golden_set"])
+        (source,) = shipped["sources"]
+        source["root"] = str(corpus)
+        config.write_text(yaml.safe_dump(shipped, sort_keys=False))
+        print(f"machine: {machine()}")
+        _cli(config, "db", "start")
+        build, _ = _cli(config, "ingest", "--json")
+        print(f"first build of the sample (not a target): {build:.1f} s")
+
+        rows = []
+        for label, command in (("--version", ("--version",)), ("--help", ("--help",)), ("config show", ("config", "show"))):
+            seconds, _ = _median(config, args.repeat, *command)
+            rows.append((label, seconds, None, "≤ 1 s"))
+        noop, done = _median(config, args.repeat, "ingest", "--json")
+        rows.append(("no-op ingest", noop, _stage_seconds(done), "≤ 3 s"))
+
+        (corpus / "handbook" / "parking.md").write_text(NEW_FILE)
+        one_file, done = _cli(config, "ingest", "--json")
+        embed, chunks = _embed_seconds(config, "handbook/parking.md")
+        rows.append((f"ingest of one new file ({chunks} chunks)", one_file, _stage_seconds(done),
+                     f"≤ 2 × (embed {embed:.2f} s + no-op) = {2 * (embed + noop):.1f} s"))
+
+        search_wall, _ = _median(config, args.repeat, "search", QUERY, "--labels", LABELS, "--json")
+        warm = _warm_search_seconds(config, args.repeat)
+        rows.append(("search", search_wall, warm, f"≤ 2 × warm search = {2 * warm:.2f} s"))
+
+        print(f"\n| command (median of {args.repeat}) | wall s | its work s | ratio | target |")
+        print("|---|---|---|---|---|")
+        for label, wall, work, target in rows:
+            ratio = f"{wall / work:.1f}×" if work else ""
+            print(f"| {label} | {wall:.2f} | {'' if work is None else f'{work:.2f}'} | {ratio} | {target} |")
+        print("\n'its work': the stages' own seconds for ingest (the run's summary), a search in a warm process for "
+              "search.")
+    finally:
+        if config.exists():
+            subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), "db", "stop"],
+                           capture_output=True, timeout=120)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

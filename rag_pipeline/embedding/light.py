@@ -1,0 +1,128 @@
+"""Query vectors without torch: a BERT encoder in numpy, for processes that only embed queries.
+
+A command-line `search` or `eval` spent 15 s loading torch and sentence-transformers to embed one query of a
+few dozen tokens. This reads the same sentence-transformers folder (its `tokenizer.json` through `tokenizers`,
+its weights through `safetensors`) and runs the same arithmetic in float32: the vectors equal the torch model's
+to within float rounding (rag_pipeline_tests/test_model_identity.py compares them), so they search the versions
+that model built. Only the layout it was checked on is accepted (a BERT encoder with absolute positions, then
+mean or CLS pooling, then normalisation); any other folder returns None from `load_bert_query_encoder` and the
+caller loads the full model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SUPPORTED_MODULES = (["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
+                      "sentence_transformers.models.Normalize"])
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """numpy has no erf, and BERT's GELU is the exact (erf) one, not the tanh approximation: Abramowitz & Stegun
+    7.1.26 in float64, within 1.5e-7 of erf, as close as float32 arithmetic gets anyway."""
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return (np.sign(x) * (1.0 - poly * np.exp(-z * z))).astype(np.float32)
+
+
+def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    variance = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(variance + eps) * weight + bias
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
+
+
+class BertQueryEncoder:
+    """One query at a time through a BERT encoder, pooled and normalised as the sentence-transformers folder says."""
+
+    def __init__(self, folder: Path, weights: dict[str, np.ndarray], config: dict[str, Any], pooling: str,
+                 max_seq_length: int, query_prompt: str) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer.no_padding()  # the file's own padding and truncation are the hub export's, not the model's
+        self._tokenizer.enable_truncation(max_seq_length)
+        # Linear layers' weights stored transposed once, so each product reads them in order.
+        self._w = {name: np.ascontiguousarray(value.T) if value.ndim == 2 and not name.startswith("embeddings.")
+                   else value for name, value in weights.items()}
+        self._heads = int(config["num_attention_heads"])
+        self._layers = int(config["num_hidden_layers"])
+        self._eps = float(config.get("layer_norm_eps", 1e-12))
+        self._pooling = pooling
+        self._query_prompt = query_prompt
+        self.dimensions = int(config["hidden_size"])
+
+    def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        return x @ self._w[f"{name}.weight"] + self._w[f"{name}.bias"]
+
+    def embed_query(self, text: str) -> np.ndarray:
+        ids = np.asarray(self._tokenizer.encode(self._query_prompt + text).ids, dtype=np.int64)
+        w = self._w
+        x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][: len(ids)]
+             + w["embeddings.token_type_embeddings.weight"][0])
+        x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self._eps)
+        tokens, hidden = x.shape
+        head = hidden // self._heads
+        for layer in range(self._layers):
+            prefix = f"encoder.layer.{layer}"
+
+            def heads(name: str, x: np.ndarray = x, prefix: str = prefix) -> np.ndarray:
+                return self._linear(x, f"{prefix}.attention.self.{name}").reshape(tokens, self._heads, head).transpose(1, 0, 2)
+
+            scores = heads("query") @ heads("key").transpose(0, 2, 1) / np.float32(math.sqrt(head))
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            attended = (scores / scores.sum(-1, keepdims=True)) @ heads("value")
+            attended = attended.transpose(1, 0, 2).reshape(tokens, hidden)
+            x = _layer_norm(self._linear(attended, f"{prefix}.attention.output.dense") + x,
+                            w[f"{prefix}.attention.output.LayerNorm.weight"],
+                            w[f"{prefix}.attention.output.LayerNorm.bias"], self._eps)
+            inner = _gelu(self._linear(x, f"{prefix}.intermediate.dense"))
+            x = _layer_norm(self._linear(inner, f"{prefix}.output.dense") + x, w[f"{prefix}.output.LayerNorm.weight"],
+                            w[f"{prefix}.output.LayerNorm.bias"], self._eps)
+        pooled = x[0] if self._pooling == "cls" else x.mean(0)
+        return (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def load_bert_query_encoder(location: str) -> BertQueryEncoder | None:
+    """The numpy encoder for the sentence-transformers folder at `location`, or None where the folder is not the
+    layout it reproduces exactly (then the full model must be loaded)."""
+    folder = Path(location)
+    modules = json.loads((folder / "modules.json").read_text()) if (folder / "modules.json").is_file() else None
+    config = _json(folder / "config.json")
+    if (not modules or [m.get("type") for m in modules] != SUPPORTED_MODULES or modules[0].get("path")
+            or config.get("model_type") != "bert" or config.get("position_embedding_type", "absolute") != "absolute"
+            or config.get("hidden_act") != "gelu" or not (folder / "tokenizer.json").is_file()
+            or not (folder / "model.safetensors").is_file()):
+        return None
+    pooling_config = _json(folder / modules[1]["path"] / "config.json")
+    modes = {mode for mode in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens",
+                               "lasttoken") if pooling_config.get(f"pooling_mode_{mode}")}
+    if modes not in ({"mean_tokens"}, {"cls_token"}):
+        return None
+    st_config = _json(folder / "sentence_bert_config.json")
+    if st_config.get("do_lower_case"):  # sentence-transformers lowercases before the tokenizer: not reproduced here
+        return None
+    prompts = _json(folder / "config_sentence_transformers.json").get("prompts") or {}
+    if prompts.get("query") and not pooling_config.get("include_prompt", True):
+        return None  # the prompt's tokens would have to be left out of the mean
+    from safetensors.numpy import load_file
+
+    weights = {name.removeprefix("bert."): value for name, value in load_file(folder / "model.safetensors").items()}
+    if "embeddings.word_embeddings.weight" not in weights:
+        return None
+    max_seq_length = int(st_config.get("max_seq_length") or config.get("max_position_embeddings", 512))
+    return BertQueryEncoder(folder, weights, config, "cls" if modes == {"cls_token"} else "mean", max_seq_length,
+                            prompts.get("query") or "")

@@ -1,0 +1,74 @@
+"""How many compute threads each process may run, so parse workers and the run's embedder share the cores
+instead of each sizing its thread pools to the whole machine.
+
+onnxruntime (layout, table structure, OCR) and torch (Docling, the embedder) each start one thread per core by
+default. With one parse worker per core and the run's own process embedding at the same time, a 2-core machine
+ran six busy threads on two cores: every tier paid for the switching. A worker's models read `compute_threads()`
+when they are built; the run's process bounds torch while its workers are alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+UNBOUNDED = -1  # the libraries' own choice: one thread per core
+
+_compute_threads = UNBOUNDED
+# The OpenMP and BLAS pools torch and numpy start read these once, when they load.
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    per_worker: int
+    embedder: int
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def thread_budget(workers: int, configured_per_worker: int = 0, cores: int | None = None) -> ThreadBudget:
+    """Threads for each of `workers` parse workers and for the embedder beside them: the configured number per
+    worker, or (0) the cores shared out over the workers and the embedder; never fewer than one."""
+    cores = cores or usable_cores()
+    per_worker = configured_per_worker or max(1, cores // (workers + 1))
+    return ThreadBudget(per_worker=per_worker, embedder=max(1, cores - workers * per_worker))
+
+
+def compute_threads() -> int:
+    """This process's bound for a model's intra-op threads (UNBOUNDED unless `bound_compute_threads` set one)."""
+    return _compute_threads
+
+
+def bound_compute_threads(threads: int) -> None:
+    """Bound this process's compute threads, for the models it builds from now on (a worker, before it loads its
+    parsers) and for torch if it is loaded already."""
+    global _compute_threads
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    _compute_threads = threads
+    for name in _THREAD_VARIABLES:
+        os.environ[name] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads bounded for the block (the run's embedder while parse workers share the cores),
+    then restored. Nothing is imported: a process without torch has nothing to bound."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
