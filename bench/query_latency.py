@@ -23,10 +23,11 @@ from bench.synthetic import COMMON_LABEL, RARE_LABEL, ZipfText, load_index, synt
 from rag_pipeline import store
 from rag_pipeline.config import Settings
 from rag_pipeline.embedding.embedders import get_embedder
-from rag_pipeline.retrieval.search import search
+from rag_pipeline.retrieval.search import SearchOptions, search
 from rag_pipeline.store.database import connect
 
 FILTERS = (("none", [COMMON_LABEL, RARE_LABEL]), ("2% labels", [RARE_LABEL]))
+AS_THE_SERVICE = SearchOptions(light_query_model=False)  # the full query model, as `rag-pipeline serve` keeps it
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -40,11 +41,11 @@ def measure(conn, queries: list[str], modes: list[str], k: int) -> dict[tuple[st
     for mode in modes:
         for name, labels in FILTERS:
             for query in queries[:10]:
-                search(conn, query, labels, k=k, mode=mode)  # warm the caches
+                search(conn, query, labels, k=k, mode=mode, options=AS_THE_SERVICE)  # warm the caches
             latencies, returned = [], []
             for query in queries:
                 started = time.perf_counter()
-                hits = search(conn, query, labels, k=k, mode=mode)
+                hits = search(conn, query, labels, k=k, mode=mode, options=AS_THE_SERVICE)
                 latencies.append((time.perf_counter() - started) * 1000)
                 returned.append(len(hits))
             results[(mode, name)] = (percentile(latencies, 0.5), percentile(latencies, 0.95),

@@ -274,7 +274,7 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     questions = load_golden(Path(golden))
     k = args.k or settings.checks.k
     floor = settings.retrieval.min_similarity if args.min_similarity is None else args.min_similarity
-    options = SearchOptions.from_settings(settings, min_similarity=floor, light_query_model=True)
+    options = SearchOptions.from_settings(settings, min_similarity=floor)
     with connect(_index_url(settings)) as conn:
         if args.floors:
             floors = [float(f) for f in args.floors.split(",")]
@@ -317,7 +317,7 @@ def cmd_checks(args: argparse.Namespace, settings: Settings) -> int:
 
     with connect(_index_url(settings)) as conn:
         if args.set_baseline:
-            metrics = health.rebaseline(conn, settings.checks, SearchOptions.from_settings(settings, light_query_model=True))
+            metrics = health.rebaseline(conn, settings.checks, SearchOptions.from_settings(settings))
             print(f"baseline recorded: {json.dumps(metrics['overall'])}")
             return 0
         outcomes = health.run_all(conn, settings)
@@ -338,7 +338,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
         if args.index_version is not None:
             version = _searchable_version(conn, args.index_version)
         hits = search(conn, args.query, args.labels, k=args.k or settings.retrieval.k, mode=args.mode,
-                      version=version, options=SearchOptions.from_settings(settings, light_query_model=True))
+                      version=version, options=SearchOptions.from_settings(settings))
     if args.json:
         _print_json([hit.to_dict() for hit in hits])
         return 0

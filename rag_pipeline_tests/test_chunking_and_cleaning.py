@@ -1,6 +1,12 @@
 import pytest
 
-from rag_pipeline.embedding.locations import load_tokenizer, max_sequence_length, resolve_model
+from rag_pipeline.embedding.locations import (
+    FastTokenizer,
+    load_chunking_tokenizer,
+    load_tokenizer,
+    max_sequence_length,
+    resolve_model,
+)
 from rag_pipeline.text.chunking import (
     Chunker,
     fitted_prefix,
@@ -226,3 +232,21 @@ def test_chunk_sizes_that_leave_no_room_are_refused_before_any_document_is_touch
         chunk_size(load_settings(config), location)
     config.write_text("chunking: {overlap_tokens: 20}\n")
     assert chunk_size(load_settings(config), location) == 256 - 2 - 32
+
+
+@pytest.mark.parametrize("model", ["all-MiniLM-L6-v2", "all-mpnet-base-v2"])
+def test_the_workers_tokenizer_cuts_the_same_chunks_as_transformers(model):
+    """Parse workers size chunks with `tokenizers` alone (transformers costs 2 s to import in each): the chunks,
+    the token counts and the cut prefixes must be the ones transformers' tokenizer gives."""
+    location = resolve_model(model).location
+    fast, full = load_chunking_tokenizer(location), load_tokenizer(location)
+    assert isinstance(fast, FastTokenizer)
+    pages = [(1, "# Travel\n" + ("Flights are booked two weeks ahead; hotels up to EUR 140 a night. " * 60)),
+             (2, "| Item | 2023 | 2022 |\n|---|---|---|\n" + "".join(f"| Row {i} déjà vu | {i},000 | ({i}) |\n"
+                                                                    for i in range(80))),
+             (3, "Ünïcödé 東京 résumé — $1,234.56 (in millions) \u200b" * 30 + (TORTURE / "README.md").read_text()[:5000])]
+    ours, theirs = Chunker(fast, 120), Chunker(full, 120)
+    assert [c.text for c in ours.chunk("d", pages)] == [c.text for c in theirs.chunk("d", pages)]
+    for _, page in pages:
+        assert ours.count_tokens(page) == theirs.count_tokens(page)
+        assert truncate_to_tokens(fast, page, 50) == truncate_to_tokens(full, page, 50)

@@ -143,24 +143,38 @@ QUERIES = ("What was AMD's free cash flow in FY2015?", "travel policy", "x", "Ü
            "Answer as an equity research analyst, in USD millions. " * 40)  # past max_seq_length: truncated alike
 
 
-def test_the_light_query_encoder_gives_the_torch_models_vectors(monkeypatch):
+def test_the_numpy_encoder_gives_the_torch_models_vectors_for_queries_and_documents(monkeypatch):
     import numpy as np
 
     from rag_pipeline.embedding import embedders
-    from rag_pipeline.embedding.light import BertQueryEncoder, load_bert_query_encoder
+    from rag_pipeline.embedding.light import BertEncoder, load_bert_encoder
 
     full = embedders.get_embedder("all-MiniLM-L6-v2")
-    light = load_bert_query_encoder(resolve_model("all-MiniLM-L6-v2").location)
-    assert isinstance(light, BertQueryEncoder) and light.dimensions == full.dimensions
+    light = load_bert_encoder(resolve_model("all-MiniLM-L6-v2").location)
+    assert isinstance(light, BertEncoder) and light.dimensions == full.dimensions
     for query in QUERIES:
         np.testing.assert_allclose(light.embed_query(query), full.embed_query(query), atol=2e-6)
+    np.testing.assert_allclose(light.embed_documents(list(QUERIES)), full.embed_documents(list(QUERIES)), atol=2e-6)
     # A model it does not reproduce (MPNet: relative position buckets) is left to the full model.
     mpnet = Path(resolve_model("all-mpnet-base-v2").location)
-    assert (mpnet / "modules.json").exists() and load_bert_query_encoder(str(mpnet)) is None
+    assert (mpnet / "modules.json").exists() and load_bert_encoder(str(mpnet)) is None
 
     monkeypatch.setattr(embedders, "_embedders", {})  # nothing loaded in this process
-    assert isinstance(embedders.get_query_embedder("all-MiniLM-L6-v2", light=True), BertQueryEncoder)
-    loaded = embedders.get_query_embedder("all-MiniLM-L6-v2")
-    assert isinstance(loaded, embedders.Embedder)
-    # once the full model is loaded here, a light request shares it instead of holding a second copy
-    assert embedders.get_query_embedder("all-MiniLM-L6-v2", light=True) is loaded
+    monkeypatch.setattr(embedders, "_light_first", {})
+    loads = []
+    real_embedder = embedders.Embedder
+    monkeypatch.setattr(embedders, "Embedder", lambda *args, **kwargs: loads.append(1) or real_embedder(*args, **kwargs))
+    clock = iter(range(1000))  # each encoding "takes" one second by this clock
+    monkeypatch.setattr(embedders, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(embedders, "LIGHT_SECONDS", 2.0)
+    light_first = embedders.get_query_embedder("all-MiniLM-L6-v2")
+    assert light_first is embedders.get_light_first_embedder("all-MiniLM-L6-v2")  # one per model per process
+    np.testing.assert_allclose(light_first.embed_query(QUERIES[0]), full.embed_query(QUERIES[0]), atol=2e-6)
+    assert light_first.embed_documents(list(QUERIES[:3])).shape == (3, full.dimensions)
+    assert loads == []  # two seconds of numpy so far: torch never loaded
+    np.testing.assert_allclose(light_first.embed_documents([QUERIES[3]]), full.embed_documents([QUERIES[3]]), atol=2e-6)
+    assert loads == [1]  # past the budget: the full model is loaded, once, and serves the rest
+    light_first.embed_query(QUERIES[1])
+    assert loads == [1]
+    # A service asks for the full model at once; a process that has it loaded rents nothing.
+    assert isinstance(embedders.get_query_embedder("all-MiniLM-L6-v2", light=False), real_embedder) and loads == [1]

@@ -88,13 +88,23 @@ RUN_MONITORING_POLL_SECONDS = 10  # a killed run is marked failed within about t
 DAGSTER_SCHEMA_LOCK = 0x7261675F64616773  # "rag_dags": an advisory lock key of its own
 
 
+# The table each of Dagster's Postgres storages (runs, event log, schedules) checks for before it creates its own.
+DAGSTER_STORAGE_TABLES = ("runs", "event_logs", "jobs")
+
+
 def _create_dagster_storage(dagster_url: str) -> None:
     """Let one process at a time create Dagster's tables: two first runs started together (two CLIs, a CLI and
-    the daemon) would both issue CREATE TABLE and one would fail on "already exists"."""
+    the daemon) would both issue CREATE TABLE and one would fail on "already exists". Once they exist (every run
+    after the first) one query says so, instead of an instance built for nothing (half a second)."""
     import dagster as dg
 
     from rag_pipeline.store.database import advisory_lock
 
+    with psycopg.connect(dagster_url, autocommit=True) as conn:
+        found = conn.execute("SELECT count(to_regclass(name)) FROM unnest(%s::text[]) AS name",
+                             (list(DAGSTER_STORAGE_TABLES),)).fetchone()[0]
+    if found == len(DAGSTER_STORAGE_TABLES):
+        return
     with advisory_lock(dagster_url, DAGSTER_SCHEMA_LOCK), dg.DagsterInstance.get() as instance:
         instance.get_runs(limit=1)  # storage is created (or found) by now
 

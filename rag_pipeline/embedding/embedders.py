@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 from rag_pipeline.config import BACKEND_PREFIXES, REMOTE_PREFIX, EmbeddingConfig, split_backend
@@ -60,25 +61,106 @@ def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Any:
         return _embedders[key]
 
 
-def get_query_embedder(name: str, config: EmbeddingConfig | None = None, *, light: bool = False) -> Any:
-    """The embedder for queries: with `light`, for a process that only embeds a few queries (a command-line search
-    or eval), the numpy encoder where the model's folder is one it reproduces and no full model is loaded here
-    already; otherwise (and for other backends) the full one, as get_embedder."""
+def _light_encoder(name: str, config: EmbeddingConfig) -> Any:
+    """The numpy encoder for `name` (kept per process), or None where it does not reproduce the model or the
+    model is not a local torch model on the CPU."""
+    if split_backend(name)[0] != "torch" or config.device != "cpu":
+        return None
+    model = resolve_model(name, config.models_dir)
+    if not Path(model.location).is_dir():
+        return None
+    key = (model.location, _weights_of(model), "light")
+    with _embedders_lock:
+        if key in _embedders:
+            return _embedders[key]
+    from rag_pipeline.embedding.light import load_bert_encoder
+
+    encoder = load_bert_encoder(model.location)
+    if encoder is None:
+        return None
+    with _embedders_lock:
+        return _embedders.setdefault(key, encoder)
+
+
+def _loaded_full(name: str, config: EmbeddingConfig) -> Any:
+    model = resolve_model(name, config.models_dir)
+    with _embedders_lock:
+        return _embedders.get((model.location, _weights_of(model), config.device))
+
+
+# Seconds of numpy encoding a process spends before it loads the full model for the rest: about what loading torch
+# and sentence-transformers costs on a CPU (6-8 s on 2 cores, against 0.01-0.1 s a text). A search, an eval or a
+# refresh of a few documents never loads it; a big run pays at most this much more than loading it at once
+# (renting until the rent has cost the price of buying).
+LIGHT_SECONDS = 5.0
+
+
+class LightFirstEmbedder:
+    """Queries and documents for a local torch model: the numpy encoder (rag_pipeline.embedding.light: the same
+    vectors) until it has cost LIGHT_SECONDS in this process, then the full model; the full model at once where
+    the numpy encoder does not reproduce it or it is loaded here already."""
+
+    def __init__(self, name: str, config: EmbeddingConfig) -> None:
+        self._name, self._config = name, config
+        self._lock = threading.Lock()
+        self._light_seconds = 0.0
+        self._light = _light_encoder(name, config) if _loaded_full(name, config) is None else None
+        self._full: Any = None if self._light is not None else get_embedder(name, config)
+        self.dimensions = (self._light or self._full).dimensions
+
+    def _model(self) -> tuple[Any, bool]:
+        with self._lock:
+            if self._full is None:  # loaded here since (a version's first build sizes it): no reason to rent
+                self._full = _loaded_full(self._name, self._config)
+            if self._full is None and self._light is not None and self._light_seconds < LIGHT_SECONDS:
+                return self._light, True
+            if self._full is None:
+                self._full = get_embedder(self._name, self._config)
+            return self._full, False
+
+    def _timed(self, light: bool, started: float) -> None:
+        if light:
+            with self._lock:
+                self._light_seconds += perf_counter() - started
+
+    def embed_query(self, text: str) -> Any:
+        model, light = self._model()
+        started = perf_counter()
+        try:
+            return model.embed_query(text)
+        finally:
+            self._timed(light, started)
+
+    def embed_documents(self, texts: list[str]) -> Any:
+        model, light = self._model()
+        started = perf_counter()
+        try:
+            return model.embed_documents(texts)
+        finally:
+            self._timed(light, started)
+
+
+_light_first: dict[tuple[str, str, str], LightFirstEmbedder] = {}
+
+
+def get_light_first_embedder(name: str, config: EmbeddingConfig | None = None) -> Any:
+    """LightFirstEmbedder for a local torch model on the CPU (one per model per process); get_embedder's for every
+    other backend."""
     config = config or EmbeddingConfig()
-    if not light or split_backend(name)[0] != "torch" or config.device != "cpu":
+    if split_backend(name)[0] != "torch" or config.device != "cpu":
         return get_embedder(name, config)
     model = resolve_model(name, config.models_dir)
-    weights = _weights_of(model)
+    key = (model.location, _weights_of(model), config.device)
     with _embedders_lock:
-        loaded = (_embedders.get((model.location, weights, config.device))
-                  or _embedders.get((model.location, weights, "light")))
-    if loaded is not None:
-        return loaded
-    from rag_pipeline.embedding.light import load_bert_query_encoder
+        found = _light_first.get(key)
+    if found is None:
+        found = LightFirstEmbedder(name, config)
+        with _embedders_lock:
+            found = _light_first.setdefault(key, found)
+    return found
 
-    encoder = load_bert_query_encoder(model.location) if Path(model.location).is_dir() else None
-    if encoder is None:
-        return get_embedder(name, config)
-    with _embedders_lock:
-        return _embedders.setdefault((model.location, weights, "light"), encoder)
 
+def get_query_embedder(name: str, config: EmbeddingConfig | None = None, *, light: bool = True) -> Any:
+    """The embedder for queries: light first (get_light_first_embedder) by default, the full model at once with
+    `light=False` (a long-running service, faster per query)."""
+    return get_light_first_embedder(name, config) if light else get_embedder(name, config or EmbeddingConfig())

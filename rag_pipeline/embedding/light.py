@@ -1,12 +1,13 @@
-"""Query vectors without torch: a BERT encoder in numpy, for processes that only embed queries.
+"""Vectors without torch: a BERT encoder in numpy, for processes that embed a few texts.
 
 A command-line `search` or `eval` spent 15 s loading torch and sentence-transformers to embed one query of a
-few dozen tokens. This reads the same sentence-transformers folder (its `tokenizer.json` through `tokenizers`,
-its weights through `safetensors`) and runs the same arithmetic in float32: the vectors equal the torch model's
-to within float rounding (rag_pipeline_tests/test_model_identity.py compares them), so they search the versions
-that model built. Only the layout it was checked on is accepted (a BERT encoder with absolute positions, then
-mean or CLS pooling, then normalisation); any other folder returns None from `load_bert_query_encoder` and the
-caller loads the full model.
+few dozen tokens, and a refresh that added one small file spent 8 s to embed its two chunks. This reads the same
+sentence-transformers folder (its `tokenizer.json` through `tokenizers`, its weights through `safetensors`) and
+runs the same arithmetic in float32, one text at a time: the vectors equal the torch model's to within float
+rounding (rag_pipeline_tests/test_model_identity.py compares them), so they search and fill the versions that
+model built. Only the layout it was checked on is accepted (a BERT encoder with absolute positions, then mean or
+CLS pooling, then normalisation); any other folder returns None from `load_bert_encoder` and the caller loads
+the full model. Per text it is slower than torch's batches (0.1 s for 256 tokens on 2 cores): it serves the few.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
 
 
-class BertQueryEncoder:
-    """One query at a time through a BERT encoder, pooled and normalised as the sentence-transformers folder says."""
+class BertEncoder:
+    """One text at a time through a BERT encoder, pooled and normalised as the sentence-transformers folder says,
+    with the folder's query and document prompts."""
 
     def __init__(self, folder: Path, weights: dict[str, np.ndarray], config: dict[str, Any], pooling: str,
-                 max_seq_length: int, query_prompt: str) -> None:
+                 max_seq_length: int, query_prompt: str, document_prompt: str) -> None:
         from tokenizers import Tokenizer
 
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -59,13 +61,22 @@ class BertQueryEncoder:
         self._eps = float(config.get("layer_norm_eps", 1e-12))
         self._pooling = pooling
         self._query_prompt = query_prompt
+        self._document_prompt = document_prompt
         self.dimensions = int(config["hidden_size"])
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         return x @ self._w[f"{name}.weight"] + self._w[f"{name}.bias"]
 
     def embed_query(self, text: str) -> np.ndarray:
-        ids = np.asarray(self._tokenizer.encode(self._query_prompt + text).ids, dtype=np.int64)
+        return self._encode(self._query_prompt + text)
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        return np.stack([self._encode(self._document_prompt + text) for text in texts])
+
+    def _encode(self, text: str) -> np.ndarray:
+        ids = np.asarray(self._tokenizer.encode(text).ids, dtype=np.int64)
         w = self._w
         x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][: len(ids)]
              + w["embeddings.token_type_embeddings.weight"][0])
@@ -96,7 +107,7 @@ def _json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def load_bert_query_encoder(location: str) -> BertQueryEncoder | None:
+def load_bert_encoder(location: str) -> BertEncoder | None:
     """The numpy encoder for the sentence-transformers folder at `location`, or None where the folder is not the
     layout it reproduces exactly (then the full model must be loaded)."""
     folder = Path(location)
@@ -115,14 +126,17 @@ def load_bert_query_encoder(location: str) -> BertQueryEncoder | None:
     st_config = _json(folder / "sentence_bert_config.json")
     if st_config.get("do_lower_case"):  # sentence-transformers lowercases before the tokenizer: not reproduced here
         return None
-    prompts = _json(folder / "config_sentence_transformers.json").get("prompts") or {}
-    if prompts.get("query") and not pooling_config.get("include_prompt", True):
+    prompts = {name: text for name, text in (_json(folder / "config_sentence_transformers.json").get("prompts")
+                                             or {}).items() if text}
+    if prompts and not pooling_config.get("include_prompt", True):
         return None  # the prompt's tokens would have to be left out of the mean
+    # The prompts sentence-transformers' Embedder uses (rag_pipeline.embedding.local): query, document or passage.
+    document_prompt = next((prompts[name] for name in ("document", "passage") if name in prompts), "")
     from safetensors.numpy import load_file
 
     weights = {name.removeprefix("bert."): value for name, value in load_file(folder / "model.safetensors").items()}
     if "embeddings.word_embeddings.weight" not in weights:
         return None
     max_seq_length = int(st_config.get("max_seq_length") or config.get("max_position_embeddings", 512))
-    return BertQueryEncoder(folder, weights, config, "cls" if modes == {"cls_token"} else "mean", max_seq_length,
-                            prompts.get("query") or "")
+    return BertEncoder(folder, weights, config, "cls" if modes == {"cls_token"} else "mean", max_seq_length,
+                       prompts.get("query", ""), document_prompt)

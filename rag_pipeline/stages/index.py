@@ -20,7 +20,7 @@ from rag_pipeline import store
 from rag_pipeline.config import Settings
 from rag_pipeline.domain import ids
 from rag_pipeline.domain.status import DocumentStatus
-from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.embedding.embedders import get_embedder, get_light_first_embedder
 from rag_pipeline.embedding.identity import cache_key, configured_identity, model_for_version
 from rag_pipeline.parsing.pages import parser_version
 from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
@@ -76,6 +76,7 @@ def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
 def index_documents(
     db_url: str, settings: Settings, lease: store.work.Lease, stats: IndexStats,
     more_coming: Callable[[], bool] = lambda: False, stop: Callable[[], bool] = lambda: False,
+    idle: Callable[[float], object] = time.sleep,
 ) -> None:
     """Lease pending_index documents one at a time and write each into every writable version: near-duplicate
     groups, then one row per group, with vectors from the embedding cache where possible.
@@ -83,7 +84,8 @@ def index_documents(
     Each embedding call's vectors are cached as soon as they are made, and each document is written in its own
     transaction, so a crash loses at most the document in hand (and of that only the call in flight). While
     `more_coming()` says other workers may still queue documents, an empty queue is waited on, not left; once
-    `stop()` says so, no further document is taken.
+    `stop()` says so, no further document is taken. `idle(seconds)` waits before the next look (a caller that
+    knows when documents are queued, or parsing ends, returns early).
     """
     started = time.perf_counter()
     touched: dict[int, IndexVersion] = {}
@@ -93,7 +95,7 @@ def index_documents(
                 leased = store.work.lease_next(conn, [D.PENDING_INDEX], lease)
                 if leased is None:
                     if more_coming():
-                        time.sleep(IDLE_POLL_SECONDS)
+                        idle(IDLE_POLL_SECONDS)
                         continue
                     # Once more: a document may have been queued between the look above and the end of parsing.
                     leased = store.work.lease_next(conn, [D.PENDING_INDEX], lease)
@@ -234,8 +236,9 @@ def _rehome_groups(
 
 
 def _embedder(version: IndexVersion, settings: Settings) -> Any:
-    """The model that gives `version`'s vectors here (loaded on first use, then kept per process)."""
-    return get_embedder(model_for_version(version, settings.embedding), settings.embedding)
+    """The model that gives `version`'s vectors here (loaded on first use, then kept per process; a refresh of a
+    few chunks embeds them without loading torch: rag_pipeline.embedding.embedders.LightFirstEmbedder)."""
+    return get_light_first_embedder(model_for_version(version, settings.embedding), settings.embedding)
 
 
 Prepared = tuple[dict[str, list[StoredChunk]], dict[int, dict[str, np.ndarray]]]

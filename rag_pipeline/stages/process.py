@@ -137,10 +137,10 @@ class DocumentRunner:
         state = _WorkerState(db_url, settings, plan, connect(db_url), parser_version())
         state.cascade = Cascade(settings.parsing)
         if plan is not None:
-            from rag_pipeline.embedding.locations import load_tokenizer
+            from rag_pipeline.embedding.locations import load_chunking_tokenizer
             from rag_pipeline.text.chunking import Chunker
 
-            state.chunker = Chunker(load_tokenizer(plan.model_location), plan.size, plan.overlap)
+            state.chunker = Chunker(load_chunking_tokenizer(plan.model_location), plan.size, plan.overlap)
         if settings.prefix.mode == "llm":
             from rag_pipeline.text.prefixes import LlmPrefixer
 
@@ -238,6 +238,8 @@ def process_pending(
                                         progress, indexer, index_reporter)
                     finally:
                         parsing.clear()
+                        if indexer is not None:
+                            indexer.wake()
                 if indexer is not None:
                     with connect(db_url) as conn:
                         while indexer.is_alive():
@@ -263,10 +265,19 @@ class _IndexThread(threading.Thread):
         super().__init__(name="index", daemon=True)
         self.args_ = (db_url, settings, lease, stats, more_coming, stop)
         self.failure: BaseException | None = None
+        self._wake = threading.Event()
+
+    def wake(self) -> None:
+        """A document was queued for it, or parsing ended: look now, not at the next poll."""
+        self._wake.set()
+
+    def _idle(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
 
     def run(self) -> None:
         try:
-            index_documents(*self.args_)
+            index_documents(*self.args_, idle=self._idle)
         except BaseException as exc:  # re-raised in the supervisor by raise_failure
             self.failure = exc
 
@@ -336,6 +347,8 @@ def _work_documents(
                     # Documents that moved on are released (the index worker leases them next); the others keep
                     # their lease until the run ends, so nothing is retried in a loop within one run.
                     store.work.release_moved_on(conn, task.doc.doc_id, lease, statuses)
+                    if indexer is not None:
+                        indexer.wake()
                     exhausted = False
                 if exhausted and not in_hand:
                     break

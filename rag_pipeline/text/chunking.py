@@ -260,8 +260,10 @@ class Chunker:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.overlap_tokens = overlap_tokens
-        self._splitter = RecursiveCharacterTextSplitter.from_huggingface_tokenizer(
-            tokenizer,
+        # The model's tokens measure length (as langchain's from_huggingface_tokenizer does, without requiring
+        # transformers' class: rag_pipeline.embedding.locations.FastTokenizer gives the same tokens).
+        self._splitter = RecursiveCharacterTextSplitter(
+            length_function=self.count_tokens,
             chunk_size=max_tokens,
             chunk_overlap=overlap_tokens,
             separators=["\n\n", "\n", ". ", " ", ""],
