@@ -118,26 +118,21 @@ class LightFirstEmbedder:
                 self._full = get_embedder(self._name, self._config)
             return self._full, False
 
-    def _timed(self, light: bool, started: float) -> None:
-        if light:
-            with self._lock:
-                self._light_seconds += perf_counter() - started
+    def _encode(self, method: str, argument: Any) -> Any:
+        model, light = self._model()
+        started = perf_counter()
+        try:
+            return getattr(model, method)(argument)
+        finally:
+            if light:
+                with self._lock:
+                    self._light_seconds += perf_counter() - started
 
     def embed_query(self, text: str) -> Any:
-        model, light = self._model()
-        started = perf_counter()
-        try:
-            return model.embed_query(text)
-        finally:
-            self._timed(light, started)
+        return self._encode("embed_query", text)
 
     def embed_documents(self, texts: list[str]) -> Any:
-        model, light = self._model()
-        started = perf_counter()
-        try:
-            return model.embed_documents(texts)
-        finally:
-            self._timed(light, started)
+        return self._encode("embed_documents", texts)
 
 
 _light_first: dict[tuple[str, str, str], LightFirstEmbedder] = {}
