@@ -171,6 +171,23 @@ def test_layout_tier_reads_borderless_tables_offline():
     assert "Table 324. Arrests by Sex and Age: 2009" in markdown  # its caption, read from the text layer
 
 
+@pytest.mark.financebench
+def test_the_layout_tier_reads_the_pages_of_one_open_filing_as_it_reads_each_alone():
+    """A cascade keeps the file open for all the pages it escalates (opening a filing walks its whole page tree);
+    nothing of one page may leak into the next."""
+    from rag_pipeline.parsing.cascade import OpenPdf, layout_page
+    from rag_pipeline_tests.conftest import FINANCEBENCH
+
+    path = FINANCEBENCH / "pdfs" / "COCACOLA_2017_10K.pdf"
+    opened = OpenPdf(path, None)
+    try:
+        together = [layout_page(path, number, ParsingConfig(), None, opened) for number in (60, 47, 121)]
+    finally:
+        opened.close()
+    assert together == [layout_page(path, number, ParsingConfig(), None) for number in (60, 47, 121)]
+    assert all("|" in markdown for markdown in together)  # each page's statement tables were read
+
+
 def _staggered_figures(path):
     """Rows of a label and figures whose columns do not line up (a table tier 1 cannot assemble)."""
     from fpdf import FPDF

@@ -171,9 +171,35 @@ def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str 
     return "\n".join(max(readings, key=lambda r: r.score, default=first).lines)
 
 
-def layout_page(path: Path, page_number: int, config: ParsingConfig, password: str | None) -> str:
+class OpenPdf:
+    """One pdfplumber document for the pages of a file that the layout tier reads, opened on first use: opening
+    walks the whole page tree (a quarter of a second for a 200-page filing), so once a file, not once a page.
+    pdfplumber is not thread-safe: one page at a time, and each page's parsed objects are dropped after it."""
+
+    def __init__(self, path: Path, password: str | None) -> None:
+        self.path, self._password = path, password
+        self._pdf: Any = None
+        self.lock = threading.Lock()
+
+    def page(self, page_number: int) -> Any:
+        """The page (call with `lock` held)."""
+        if self._pdf is None:
+            import pdfplumber
+
+            self._pdf = pdfplumber.open(self.path, password=self._password or "")
+        return self._pdf.pages[page_number - 1]
+
+    def close(self) -> None:
+        if self._pdf is not None:
+            self._pdf.close()
+            self._pdf = None
+
+
+def layout_page(path: Path, page_number: int, config: ParsingConfig, password: str | None,
+                opened: OpenPdf | None = None) -> str:
     """The layout-and-table tier (rag_pipeline.parsing.layout) on one page; its words are the PDF's own characters (what
-    is drawn: hidden text is never read), or RapidOCR's where the page has no text layer."""
+    is drawn: hidden text is never read), or RapidOCR's where the page has no text layer. `opened`: the file, open
+    already (Cascade.run keeps it open for all the pages it escalates)."""
     from rag_pipeline.parsing import layout, rtl
     from rag_pipeline.parsing.pdf import INVISIBLE_RENDER_MODE, render_aware
 
@@ -182,17 +208,24 @@ def layout_page(path: Path, page_number: int, config: ParsingConfig, password: s
     reason = layout.unavailable_reason()
     if reason:
         raise TierUnavailable(reason)
-    import pdfplumber
-
     image = render_page(path, page_number, config.layout_dpi, password, config.max_render_pixels)
-    with pdfplumber.open(path, password=password or "") as pdf:
-        page = render_aware(pdf.pages[page_number - 1])
-        if page.rotation:
-            raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
-        scale = image.width / max(1.0, float(page.width))  # pixels per point, as rendered
-        page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
-        words = page.extract_words() or _ocr_words(image, scale)
-        return rtl.logical_text(layout.page_markdown(page, image, scale, words))
+    document = opened or OpenPdf(path, password)
+    try:
+        with document.lock:
+            original = document.page(page_number)
+            try:
+                page = render_aware(original)
+                if page.rotation:
+                    raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
+                scale = image.width / max(1.0, float(page.width))  # pixels per point, as rendered
+                page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
+                words = page.extract_words()
+            finally:
+                original.close()  # its parsed objects: a long filing would otherwise keep every page's
+        return rtl.logical_text(layout.page_markdown(page, image, scale, words or _ocr_words(image, scale)))
+    finally:
+        if opened is None:
+            document.close()
 
 
 def _ocr_words(image: Any, scale: float) -> list[dict[str, Any]]:
@@ -280,25 +313,26 @@ class Cascade:
         if self._vlm is not None:
             self._vlm.close()
 
-    def _tier(self, tier: str, path: Path, page: int, password: str | None) -> str:
+    def _tier(self, tier: str, path: Path, page: int, password: str | None, opened: OpenPdf | None = None) -> str:
         if tier == "docling":
             return docling_page(path, page, self.config)
         if tier == "ocr":
             return ocr_page(path, page, self.config, password)
         if tier == "layout":
-            return layout_page(path, page, self.config, password)
+            return layout_page(path, page, self.config, password, opened)
         if self._vlm is None:
             raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
         if not self.budget.take():
             raise TierUnavailable(f"VLM page budget of {self.config.vlm.page_budget} spent for this run")
         return self._vlm.page(path, page, password)
 
-    def _escalate(self, path: Path, page: ParsedPage, reason: str, password: str | None) -> ParsedPage:
+    def _escalate(self, path: Path, page: ParsedPage, reason: str, password: str | None,
+                  opened: OpenPdf | None = None) -> ParsedPage:
         attempts: list[dict[str, Any]] = []
         for tier in REMEDIES[reason]:
             started = time.perf_counter()
             try:
-                markdown = self._tier(tier, path, page.page, password)
+                markdown = self._tier(tier, path, page.page, password, opened)
             except TierUnavailable as exc:
                 self.unavailable.setdefault(tier, str(exc))
                 attempts.append({"tier": tier, "outcome": "unavailable", "detail": str(exc)})
@@ -334,13 +368,18 @@ class Cascade:
         # Only the VLM tier waits on the network: OCR and Docling already use every core.
         workers = max(1, self.config.vlm.max_concurrency if self._vlm else 1)
 
+        opened = OpenPdf(path, password)
+
         def escalate(item: tuple[int, str]) -> ParsedPage:
             index, reason = item
-            return self._escalate(path, pages[index], reason, password)
+            return self._escalate(path, pages[index], reason, password, opened)
 
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for (index, _), page in zip(failing, pool.map(escalate, failing), strict=True):
-                out[index] = page
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for (index, _), page in zip(failing, pool.map(escalate, failing), strict=True):
+                    out[index] = page
+        finally:
+            opened.close()
         return out
 
 
