@@ -109,17 +109,6 @@ def _create_dagster_storage(dagster_url: str) -> None:
         instance.get_runs(limit=1)  # storage is created (or found) by now
 
 
-def command_instance() -> Any:
-    """The prepared Dagster instance for a command's runs. Its storages keep a small connection pool for the
-    process (as Dagster's webserver does): by default they open a connection per event written, about 180 for a
-    refresh with nothing to do."""
-    import dagster as dg
-
-    instance = dg.DagsterInstance.get()
-    instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=8)  # 0: no time limit
-    return instance
-
-
 def summarize_run(result: Any) -> dict[str, Any]:
     """One flat summary of the stats each asset reported (the `ingest --json` contract)."""
     reported: dict[str, dict[str, Any]] = {}
@@ -170,6 +159,7 @@ def run_ingest(
 ) -> dict[str, Any]:
     """Run the `ingest` job through Dagster against `instance` (the prepared one by default). `sources` are
     NAME=PATH folders from the command line (with default `labels`), scanned instead of the configured ones."""
+    import dagster as dg
 
     from rag_pipeline.config import ConfigError, SourceConfig, parse_labels
     from rag_pipeline.defs.code_location import build_definitions
@@ -188,7 +178,7 @@ def run_ingest(
         "loggers": {"console": {"config": {"log_level": log_level}}},
     }
     if instance is None:
-        instance = command_instance()
+        instance = dg.DagsterInstance.get()
     fail_dead_runs(instance)  # a killed earlier run must not hold the index writer pool
     if settings.execution.executor != "default":
         if adhoc:
@@ -236,6 +226,7 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
     The shards run here one after another; from the UI (or a cluster run launcher) the same job runs as a
     backfill over all partitions, in parallel.
     """
+    import dagster as dg
 
     from rag_pipeline import store
     from rag_pipeline.defs.code_location import build_definitions
@@ -247,7 +238,7 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
     version = start_version_build(db_url, settings, model)
     job = build_definitions(settings).resolve_job_def("build_index_version")
     if instance is None:
-        instance = command_instance()
+        instance = dg.DagsterInstance.get()
     fail_dead_runs(instance)
     runs = []
     for key in shards.get_partition_keys():
