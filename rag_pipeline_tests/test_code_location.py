@@ -58,6 +58,9 @@ def test_ui_runs_keep_their_light_steps_in_the_run_process_unless_document_steps
         job.name: "in_process" for job in repository.get_all_jobs()}
     side_by_side = build_definitions(make_settings(execution={"steps": 2})).get_repository_def()
     assert side_by_side.get_job("ingest").executor_def.name == "multi_or_in_process_executor"
+    # Under Dask only the ingest job goes to the cluster: promotion and housekeeping hold the writer pool.
+    dask = build_definitions(make_settings(execution={"executor": "dask", "dask_address": "tcp://127.0.0.1:1"}))
+    assert dask.get_repository_def().get_job("housekeeping_job").executor_def.name == "multi_or_in_process_executor"
     # Inside a user's project the Component's ingest job names its executor; their own default is left alone.
     component = build_definitions(make_settings(), own_code_location=False).get_repository_def()
     assert component.get_job("ingest").executor_def.name == "in_process"

@@ -166,15 +166,47 @@ def test_the_numpy_encoder_gives_the_torch_models_vectors_for_queries_and_docume
     monkeypatch.setattr(embedders, "Embedder", lambda *args, **kwargs: loads.append(1) or real_embedder(*args, **kwargs))
     clock = iter(range(1000))  # each encoding "takes" one second by this clock
     monkeypatch.setattr(embedders, "perf_counter", lambda: float(next(clock)))
-    monkeypatch.setattr(embedders, "LIGHT_SECONDS", 2.0)
+    monkeypatch.setattr(embedders, "LIGHT_SECONDS", 3.0)
     light_first = embedders.get_query_embedder("all-MiniLM-L6-v2")
     assert light_first is embedders.get_light_first_embedder("all-MiniLM-L6-v2")  # one per model per process
     np.testing.assert_allclose(light_first.embed_query(QUERIES[0]), full.embed_query(QUERIES[0]), atol=2e-6)
-    assert light_first.embed_documents(list(QUERIES[:3])).shape == (3, full.dimensions)
-    assert loads == []  # two seconds of numpy so far: torch never loaded
-    np.testing.assert_allclose(light_first.embed_documents([QUERIES[3]]), full.embed_documents([QUERIES[3]]), atol=2e-6)
-    assert loads == [1]  # past the budget: the full model is loaded, once, and serves the rest
+    assert loads == []  # one second of numpy so far
+    # Two more texts fit the budget; past it the full model is loaded, once, and embeds the rest in one call.
+    mixed = light_first.embed_documents(list(QUERIES[:4]))
+    assert loads == [1]
+    np.testing.assert_allclose(mixed, full.embed_documents(list(QUERIES[:4])), atol=2e-6)
     light_first.embed_query(QUERIES[1])
     assert loads == [1]
     # A service asks for the full model at once; a process that has it loaded rents nothing.
     assert isinstance(embedders.get_query_embedder("all-MiniLM-L6-v2", light=False), real_embedder) and loads == [1]
+
+
+def test_the_numpy_encoder_refuses_a_folder_it_would_not_reproduce(tmp_path):
+    """A folder whose vectors it cannot give exactly loads the full model instead (load_bert_encoder returns None)."""
+    from rag_pipeline.embedding.light import load_bert_encoder
+
+    source = Path(resolve_model("all-MiniLM-L6-v2").location)
+
+    def variant(name: str, file: str, edit) -> str:
+        folder = tmp_path / name
+        shutil.copytree(source, folder, ignore=shutil.ignore_patterns("model.safetensors"))
+        (folder / "model.safetensors").symlink_to(source / "model.safetensors")
+        path = folder / file
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+        return str(folder)
+
+    assert load_bert_encoder(variant("same", "config.json", lambda c: c)) is not None
+    assert load_bert_encoder(variant("prompted", "config_sentence_transformers.json",
+                                     lambda c: {**c, "prompts": {"query": "q: "}, "default_prompt_name": "query"})) is None
+    assert load_bert_encoder(variant("lowercased", "sentence_bert_config.json",
+                                     lambda c: {**c, "do_lower_case": True})) is None
+    assert load_bert_encoder(variant("kwargs", "sentence_bert_config.json",
+                                     lambda c: {**c, "model_args": {"torch_dtype": "float16"}})) is None
+    assert load_bert_encoder(variant("relative", "config.json",
+                                     lambda c: {**c, "position_embedding_type": "relative_key"})) is None
+    assert load_bert_encoder(variant("max-pooled", "1_Pooling/config.json",
+                                     lambda c: {**c, "pooling_mode_mean_tokens": False,
+                                                "pooling_mode_max_tokens": True})) is None
+    broken = variant("broken", "config.json", lambda c: c)
+    (Path(broken) / "modules.json").write_text("{not json")
+    assert load_bert_encoder(broken) is None  # unreadable: the full model reads it, or says why

@@ -218,6 +218,40 @@ def test_the_service_loads_its_query_model_before_it_says_ready(clone, monkeypat
         assert loads == [1]  # the first search found it loaded
 
 
+def test_a_query_model_that_fails_to_load_keeps_the_service_unready_until_a_retry_loads_it(monkeypatch):
+    from types import SimpleNamespace
+
+    from rag_pipeline.embedding.locations import ModelUnavailableError
+    from rag_pipeline.retrieval import service
+
+    attempts = []
+
+    def query_embedder(version, options):
+        attempts.append(version.label)
+        if attempts == ["v1"]:  # the embedding endpoint is down at the start
+            raise ModelUnavailableError("connection refused")
+        return SimpleNamespace(embed_query=lambda text: [0.0])
+
+    monkeypatch.setattr(service, "query_embedder", query_embedder)
+    monkeypatch.setattr(service, "cache_key", lambda version: version.label)
+    warmup = service.QueryModelWarmup(SearchOptions())
+    v1, v2 = SimpleNamespace(label="v1"), SimpleNamespace(label="v2")
+
+    def settled(version) -> str | None:
+        deadline = time.monotonic() + 30
+        while (reason := warmup.not_ready_because(version)) == "the query model is loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        return reason
+
+    assert settled(v1) == "the query model could not be loaded; the service log says why"
+    assert warmup.not_ready_because(v1) == settled(v1) and attempts == ["v1"]  # not retried at once
+    monkeypatch.setattr(warmup, "RETRY_SECONDS", 0.0)
+    assert settled(v1) is None and attempts == ["v1", "v1"]
+    # Promoted to another model: still ready while it loads (every replica unready at once drains the fleet).
+    assert warmup.not_ready_because(v2) is None
+
+
 def test_the_service_is_not_ready_without_an_active_version_and_refuses_to_start_without_tokens(service, clone):
     client, conn = service
     conn.execute("DELETE FROM index_alias")

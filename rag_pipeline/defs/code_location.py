@@ -22,16 +22,19 @@ from rag_pipeline.defs.resources import RagResource, fixed_resource
 
 
 def build_definitions(settings: Settings, *, own_code_location: bool = True) -> dg.Definitions:
-    """Bind resources and configuration in one place. In the project's own code location the ingest job's executor
-    is every job's default, "Materialize all" included; a Component inside a user's project leaves their default
-    alone (its own jobs name theirs)."""
+    """Bind resources and configuration in one place. In the project's own code location, with one document step
+    on one machine, every job runs its steps in the run's process, "Materialize all" included; a Component inside
+    a user's project leaves their default alone (its ingest job names its own executor)."""
     ingestion, (backfill,), checks = keyed_under(
         settings.asset_key_prefix, ingestion_assets(settings), [index_version_backfill], index_checks)
     health_job = index_health_job(checks)
     jobs = [ingest_job(settings, ingestion), health_job, build_index_version_job(backfill), start_index_build,
             promote_index_version, housekeeping_job]
     return dg.Definitions(
-        executor=executor(settings) if own_code_location else None,
+        # Only the in-process default: other jobs' ops (promotion, housekeeping) hold the writer pool, which
+        # Dask cannot carry (see writer_pool).
+        executor=dg.in_process_executor if own_code_location and executor(settings) is dg.in_process_executor
+        else None,
         assets=[*ingestion, backfill],
         asset_checks=checks,
         jobs=jobs,

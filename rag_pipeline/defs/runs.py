@@ -89,7 +89,7 @@ DAGSTER_SCHEMA_LOCK = 0x7261675F64616773  # "rag_dags": an advisory lock key of 
 
 
 # The table each of Dagster's Postgres storages (runs, event log, schedules) checks for before it creates its own.
-DAGSTER_STORAGE_TABLES = ("runs", "event_logs", "jobs")
+DAGSTER_STORAGE_TABLES = ("runs", "instance_info", "event_logs", "jobs")
 
 
 def _create_dagster_storage(dagster_url: str) -> None:
@@ -100,7 +100,7 @@ def _create_dagster_storage(dagster_url: str) -> None:
 
     from rag_pipeline.store.database import advisory_lock
 
-    with psycopg.connect(dagster_url, autocommit=True) as conn:
+    with psycopg.connect(dagster_url, autocommit=True, connect_timeout=10) as conn:
         found = conn.execute("SELECT count(to_regclass(name)) FROM unnest(%s::text[]) AS name",
                              (list(DAGSTER_STORAGE_TABLES),)).fetchone()[0]
     if found == len(DAGSTER_STORAGE_TABLES):

@@ -132,7 +132,18 @@ class LightFirstEmbedder:
         return self._encode("embed_query", text)
 
     def embed_documents(self, texts: list[str]) -> Any:
-        return self._encode("embed_documents", texts)
+        """Text by text while the numpy encoder is within its budget (one call may hold hundreds of texts), the
+        rest in one call of the full model."""
+        import numpy as np
+
+        vectors = []
+        for done, text in enumerate(texts):
+            model, light = self._model()
+            if not light:
+                rest = model.embed_documents(list(texts[done:]))
+                return np.concatenate([np.stack(vectors), rest]) if vectors else rest
+            vectors.append(self._encode("embed_documents", [text])[0])
+        return np.stack(vectors) if vectors else self._model()[0].embed_documents([])
 
 
 _light_first: dict[tuple[str, str, str], LightFirstEmbedder] = {}

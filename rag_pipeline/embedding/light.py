@@ -13,11 +13,14 @@ the full model. Per text it is slower than torch's batches (0.1 s for 256 tokens
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_MODULES = (["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
                       "sentence_transformers.models.Normalize"])
@@ -109,8 +112,15 @@ def _json(path: Path) -> dict[str, Any]:
 
 def load_bert_encoder(location: str) -> BertEncoder | None:
     """The numpy encoder for the sentence-transformers folder at `location`, or None where the folder is not the
-    layout it reproduces exactly (then the full model must be loaded)."""
-    folder = Path(location)
+    layout it reproduces exactly, or cannot be read (then the full model must be loaded, and says why if it cannot)."""
+    try:
+        return _load(Path(location))
+    except Exception as exc:  # a folder it cannot read (JSON, safetensors): the full model reads it, or says why
+        log.info("the numpy encoder does not read %s (%s): the full model is used", location, exc)
+        return None
+
+
+def _load(folder: Path) -> BertEncoder | None:
     modules = json.loads((folder / "modules.json").read_text()) if (folder / "modules.json").is_file() else None
     config = _json(folder / "config.json")
     if (not modules or [m.get("type") for m in modules] != SUPPORTED_MODULES or modules[0].get("path")
@@ -124,10 +134,15 @@ def load_bert_encoder(location: str) -> BertEncoder | None:
     if modes not in ({"mean_tokens"}, {"cls_token"}):
         return None
     st_config = _json(folder / "sentence_bert_config.json")
-    if st_config.get("do_lower_case"):  # sentence-transformers lowercases before the tokenizer: not reproduced here
+    # Only the length limit, stated: lowercasing before the tokenizer, model kwargs or a limit sentence-transformers
+    # derives from the tokenizer are not reproduced here.
+    if set(st_config) - {"max_seq_length", "do_lower_case"} or st_config.get("do_lower_case") \
+            or not st_config.get("max_seq_length"):
         return None
-    prompts = {name: text for name, text in (_json(folder / "config_sentence_transformers.json").get("prompts")
-                                             or {}).items() if text}
+    st_settings = _json(folder / "config_sentence_transformers.json")
+    if st_settings.get("default_prompt_name"):  # applied to every text that names no prompt: not reproduced
+        return None
+    prompts = {name: text for name, text in (st_settings.get("prompts") or {}).items() if text}
     if prompts and not pooling_config.get("include_prompt", True):
         return None  # the prompt's tokens would have to be left out of the mean
     # The prompts sentence-transformers' Embedder uses (rag_pipeline.embedding.local): query, document or passage.
@@ -135,8 +150,9 @@ def load_bert_encoder(location: str) -> BertEncoder | None:
     from safetensors.numpy import load_file
 
     weights = {name.removeprefix("bert."): value for name, value in load_file(folder / "model.safetensors").items()}
-    if "embeddings.word_embeddings.weight" not in weights:
-        return None
-    max_seq_length = int(st_config.get("max_seq_length") or config.get("max_position_embeddings", 512))
+    if "embeddings.word_embeddings.weight" not in weights or any(
+            value.dtype != np.float32 for name, value in weights.items() if not name.endswith("position_ids")):
+        return None  # half-precision weights would compute in half precision here: other vectors
+    max_seq_length = min(int(st_config["max_seq_length"]), int(config.get("max_position_embeddings", 512)))
     return BertEncoder(folder, weights, config, "cls" if modes == {"cls_token"} else "mean", max_seq_length,
                        prompts.get("query", ""), document_prompt)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_pipeline.embedding.locations import ModelUnavailableError, ResolvedModel, require_local_models
+from rag_pipeline.workers.threads import apply_torch_bound
 
 # Torch's OpenMP threads spin for a while after each parallel region. Between two queries that is the time the
 # database backend runs the search on the same cores: spinning threads made the query path's p95 half again slower
@@ -37,6 +38,7 @@ class Embedder:
             self._model = SentenceTransformer(model.location, device=device)
         except Exception as exc:
             raise _load_error(model, exc) from exc
+        apply_torch_bound()  # torch was loaded just now, maybe while parse workers share the cores
         self.model = model
         self.batch_size = batch_size
         dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension

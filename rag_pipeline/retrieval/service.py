@@ -173,41 +173,52 @@ class BodyLimit:
 
 class QueryModelWarmup:
     """Loads and exercises each active version's query model off the request path, once per process, so /readyz
-    says ready only when a search will not pay for the load. A model that cannot load keeps the service not ready,
-    with the reason."""
+    says ready only when a search will not pay for the load. A model that cannot load keeps the service not ready
+    (the log says why) and is tried again after RETRY_SECONDS: an embedding endpoint down at the start must not
+    leave the service unready until a restart. Once the service has been ready, a promotion to a version with
+    another model keeps it ready while that model loads: every replica turning unready at once would drain the
+    whole fleet, and the first searches pay for the load instead."""
+
+    RETRY_SECONDS = 30.0
 
     def __init__(self, options: SearchOptions) -> None:
         self._options = options
         self._lock = threading.Lock()
         self._warm: set[str] = set()
         self._loading: set[str] = set()
-        self._failed: dict[str, str] = {}
+        self._failed: dict[str, float] = {}  # model key -> when its load failed
 
     def not_ready_because(self, version: store.versions.IndexVersion) -> str | None:
-        """None when `version`'s query model is warm; else why not, after starting its load if none is running."""
-        key = cache_key(version)
+        """None when `version`'s query model is warm (or the service was ready before and it is loading); else why
+        not, after starting its load if none is running."""
+        try:
+            key = cache_key(version)
+        except ModelUnavailableError as exc:  # a version with no model identity yet: searches cannot run either
+            return f"the query model of {version.label} is not known here: {type(exc).__name__}"
         with self._lock:
             if key in self._warm:
                 return None
-            if key in self._failed:
-                return f"the query model cannot be loaded here: {self._failed[key]}"
+            failed_at = self._failed.get(key)
+            if failed_at is not None and time.monotonic() - failed_at < self.RETRY_SECONDS:
+                return "the query model could not be loaded; the service log says why"
             if key not in self._loading:
                 self._loading.add(key)
                 threading.Thread(target=self._load, args=(version, key), name="query-model-warmup",
                                  daemon=True).start()
-        return "the query model is loading"
+            return None if self._warm else "the query model is loading"
 
     def _load(self, version: store.versions.IndexVersion, key: str) -> None:
         try:
             query_embedder(version, self._options).embed_query("warm-up")
-        except Exception as exc:  # any failure keeps the service not ready; the log and /readyz say why
+        except Exception as exc:  # any failure keeps the service not ready; the log says why
             log.error("search service: the query model of %s did not load: %s", version.label, exc)
             with self._lock:
-                self._failed[key] = str(exc) or type(exc).__name__
+                self._failed[key] = time.monotonic()
         else:
             log.info("search service: the query model of %s is loaded", version.label)
             with self._lock:
                 self._warm.add(key)
+                self._failed.pop(key, None)
         finally:
             with self._lock:
                 self._loading.discard(key)
@@ -242,8 +253,9 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
         try:
             with pool.connection(timeout=config.database_timeout_seconds) as conn:
                 version = store.versions.active_version(conn)
-        except (PoolTimeout, psycopg.OperationalError):
-            version = None  # /readyz retries the lookup and starts the load
+        except Exception as exc:  # a database not reachable or not prepared: /readyz retries and starts the load
+            log.warning("search service: no active version to warm at the start: %s", type(exc).__name__)
+            version = None
         if version is not None:  # start loading now; /readyz answers meanwhile (not ready), as /healthz does
             warmup.not_ready_because(version)
         try:

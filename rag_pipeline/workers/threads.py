@@ -58,17 +58,29 @@ def bound_compute_threads(threads: int) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
+_torch_bound: int | None = None  # the run's embedder bound while parse workers are alive (torch_threads)
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """torch's intra-op threads bounded for the block (the run's embedder while parse workers share the cores),
-    then restored. Nothing is imported: a process without torch has nothing to bound."""
+    then restored; a model that loads torch during the block applies the bound itself (apply_torch_bound)."""
+    global _torch_bound
     torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    before = torch.get_num_threads() if torch is not None else None
+    _torch_bound = threads
+    apply_torch_bound()
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        _torch_bound = None
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(before or usable_cores())
+
+
+def apply_torch_bound() -> None:
+    """Bound torch as torch_threads says, if it is loaded and a bound is in force (called by whatever loads it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and _torch_bound is not None:
+        torch.set_num_threads(_torch_bound)
