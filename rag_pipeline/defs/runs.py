@@ -98,12 +98,9 @@ def _create_dagster_storage(dagster_url: str) -> None:
     after the first) one query says so, instead of an instance built for nothing (half a second)."""
     import dagster as dg
 
-    from rag_pipeline.store.database import advisory_lock
+    from rag_pipeline.store.database import advisory_lock, tables_exist
 
-    with psycopg.connect(dagster_url, autocommit=True, connect_timeout=10) as conn:
-        found = conn.execute("SELECT count(to_regclass(name)) FROM unnest(%s::text[]) AS name",
-                             (list(DAGSTER_STORAGE_TABLES),)).fetchone()[0]
-    if found == len(DAGSTER_STORAGE_TABLES):
+    if tables_exist(dagster_url, DAGSTER_STORAGE_TABLES):
         return
     with advisory_lock(dagster_url, DAGSTER_SCHEMA_LOCK), dg.DagsterInstance.get() as instance:
         instance.get_runs(limit=1)  # storage is created (or found) by now

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,6 +315,14 @@ def _lock_holders(conn: psycopg.Connection) -> str:
         f"{name.removeprefix(LOCK_HOLDER_PREFIX) or 'another session'} (pid {pid}, since "
         f"{started:%Y-%m-%d %H:%M:%S}, {mode})" for name, pid, started, mode in rows
     ) or "another session"
+
+
+def tables_exist(url: str, names: Sequence[str], connect_timeout: int = 10) -> bool:
+    """Whether every one of `names` is a table on the search path of `url`'s database (one query)."""
+    with psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout) as conn:
+        found = conn.execute("SELECT count(to_regclass(name)) FROM unnest(%s::text[]) AS name",
+                             (list(names),)).fetchone()
+    return found is not None and found[0] == len(names)
 
 
 @contextmanager

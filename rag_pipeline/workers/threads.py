@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 UNBOUNDED = -1  # the libraries' own choice: one thread per core
 
@@ -54,11 +55,20 @@ def bound_compute_threads(threads: int) -> None:
     _compute_threads = threads
     for name in _THREAD_VARIABLES:
         os.environ[name] = str(threads)
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
+    torch = _loaded_torch()
+    if torch is not None:
+        torch.set_num_threads(threads)
 
 
 _torch_bound: int | None = None  # the run's embedder bound while parse workers are alive (torch_threads)
+
+
+def _loaded_torch() -> Any:
+    """torch if it is imported and initialised; None while another thread is still importing it (its loader then
+    applies the bound: apply_torch_bound)."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and hasattr(torch, "set_num_threads") and hasattr(torch, "get_num_threads") \
+        else None
 
 
 @contextlib.contextmanager
@@ -66,7 +76,7 @@ def torch_threads(threads: int) -> Iterator[None]:
     """torch's intra-op threads bounded for the block (the run's embedder while parse workers share the cores),
     then restored; a model that loads torch during the block applies the bound itself (apply_torch_bound)."""
     global _torch_bound
-    torch = sys.modules.get("torch")
+    torch = _loaded_torch()
     before = torch.get_num_threads() if torch is not None else None
     _torch_bound = threads
     apply_torch_bound()
@@ -74,13 +84,13 @@ def torch_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         _torch_bound = None
-        torch = sys.modules.get("torch")
+        torch = _loaded_torch()
         if torch is not None:
             torch.set_num_threads(before or usable_cores())
 
 
 def apply_torch_bound() -> None:
     """Bound torch as torch_threads says, if it is loaded and a bound is in force (called by whatever loads it)."""
-    torch = sys.modules.get("torch")
+    torch = _loaded_torch()
     if torch is not None and _torch_bound is not None:
         torch.set_num_threads(_torch_bound)
