@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from rag_pipeline.embedding.locations import (
@@ -244,7 +246,7 @@ def test_the_workers_tokenizer_cuts_the_same_chunks_as_transformers(model):
     pages = [(1, "# Travel\n" + ("Flights are booked two weeks ahead; hotels up to EUR 140 a night. " * 60)),
              (2, "| Item | 2023 | 2022 |\n|---|---|---|\n" + "".join(f"| Row {i} déjà vu | {i},000 | ({i}) |\n"
                                                                     for i in range(80))),
-             (3, "Ünïcödé 東京 résumé — $1,234.56 (in millions) \u200b" * 30 + (TORTURE / "README.md").read_text()[:5000])]
+             (3, "Ünïcödé 東京 résumé — $1,234.56 (in millions) \u200b" * 30 + (Path(__file__).parents[1] / "README.md").read_text()[:5000])]
     ours, theirs = Chunker(fast, 120), Chunker(full, 120)
     assert [c.text for c in ours.chunk("d", pages)] == [c.text for c in theirs.chunk("d", pages)]
     for _, page in pages:
