@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import traceback
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_pipeline.config import ConfigError, Settings, load_settings, parse_labels
-from rag_pipeline.extras import MissingExtraError, require
+from rag_pipeline.extras import DISTRIBUTION, MissingExtraError, install_hint, require
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_DELETIONS_HELD, EXIT_ERROR = 0, 1, 2, 3, 4, 5
 
@@ -98,21 +99,28 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     _prepare_instance(settings)
     from rag_pipeline.defs.runs import run_ingest
 
-    bar = _progress_bar() if sys.stdout.isatty() and not args.json else contextlib.nullcontext()
-    with bar:
+    bars = sys.stdout.isatty() and not args.json
+    with _progress_bar() if bars else contextlib.nullcontext():
+        # Dagster tees a step's output to the terminal from another process, past the bars' display: with bars,
+        # the terminal gets the run's warnings and errors only (every line is in the UI's run log); without, plain
+        # lines as they come.
         summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
-                             confirm_deletions=args.confirm_deletions or [])
+                             confirm_deletions=args.confirm_deletions or [], log_level="WARNING" if bars else "INFO")
     summary["problems"] = _problems_with_paths(settings, summary["problems"])
+    held, dead = _attention_list(settings)
+    summary["held_now"] = len(held)  # `held` counts the documents this run newly held
     if args.json:
         _print_json(summary)
     else:
         print(f"run {summary['run_id']}: {'succeeded' if summary['success'] else 'FAILED'}")
         for key, value in summary.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
+            if key == "held":
+                print(f"  {'held now':<18} {summary['held_now']} (newly held: {value})")
+            elif isinstance(value, int | float) and not isinstance(value, bool) and key != "held_now":
                 print(f"  {key:<18} {value}")
         for reason, count in sorted(summary["dead_letter_reasons"].items()):
             print(f"  dead letter: {reason:<10} {count}")
-        _print_attention_list(settings)
+        _print_attention_list(held, dead)
         for problem in summary["problems"]:
             print(f"  problem {problem['source']}:{problem['path']}: {problem['problem']}")
         for name, check in sorted(summary["checks"].items()):
@@ -138,18 +146,42 @@ def _progress_bar() -> Iterator[Any]:
 
     from rag_pipeline.stages.progress import Snapshot, listening
 
-    bars = Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), redirect_stderr=True)
+    bars = Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(), TextColumn("documents"),
+                    TextColumn("{task.fields[work]}"), TimeRemainingColumn(), redirect_stderr=True)
     tasks: dict[str, Any] = {}
 
     def draw(snapshot: Snapshot) -> None:
+        if not snapshot.total:
+            return  # nothing queued yet: no 0/0 bar
         if snapshot.stage not in tasks:
-            tasks[snapshot.stage] = bars.add_task(snapshot.stage, total=snapshot.total, rate="")
+            tasks[snapshot.stage] = bars.add_task(snapshot.stage, total=snapshot.total, work="")
+        # The bar counts documents; the units (pages, chunks) and their rate are said as what they are.
         bars.update(tasks[snapshot.stage], completed=snapshot.done, total=snapshot.total,
-                    rate=f"{snapshot.rate:,.1f} {snapshot.unit}/s")
+                    work=f"· {snapshot.units:,} {snapshot.unit} ({snapshot.rate:,.1f} {snapshot.unit}/s)")
 
-    with bars, listening(draw):
+    with bars, listening(draw), _logs_above():
         yield bars
+
+
+@contextlib.contextmanager
+def _logs_above() -> Iterator[None]:
+    """Log handlers made before the bars started write to the terminal directly, so a log line would land in the
+    middle of a bar. While the bars are drawn, every such handler writes through rich's proxies (sys.stdout and
+    sys.stderr inside the display), which print each line above the bars."""
+    import logging
+
+    terminals = {sys.__stdout__: sys.stdout, sys.__stderr__: sys.stderr}  # inside the display: the proxies
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict))]
+    moved = []
+    for handler in {h for lg in loggers for h in getattr(lg, "handlers", ())}:
+        stream = getattr(handler, "stream", None)
+        if isinstance(handler, logging.StreamHandler) and stream in terminals and terminals[stream] is not stream:
+            moved.append((handler, handler.setStream(terminals[stream])))
+    try:
+        yield
+    finally:
+        for handler, stream in moved:
+            handler.setStream(stream)
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
@@ -223,14 +255,16 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _print_attention_list(settings: Settings, limit: int = 20) -> None:
-    """Documents a person should look at: held back (and why), or dead-lettered."""
+def _attention_list(settings: Settings) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Documents a person should look at: held back (and why), and dead-lettered."""
     from rag_pipeline import store
     from rag_pipeline.store.database import connect
 
     with connect(_index_url(settings)) as conn:
-        held = store.documents.held_documents(conn)
-        dead = store.pages.dead_letter_summary(conn)
+        return store.documents.held_documents(conn), store.pages.dead_letter_summary(conn)
+
+
+def _print_attention_list(held: list[Any], dead: list[dict[str, Any]], limit: int = 20) -> None:
     for source, rel_path, status, reason in held[:limit]:
         print(f"  {status}: {source}:{rel_path}" + (f" ({reason})" if reason else ""))
     for entry in dead[:limit]:
@@ -346,7 +380,9 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
         print("no results")
     for rank, hit in enumerate(hits, 1):
         pages = f"p.{hit.page_start}" if hit.page_start == hit.page_end else f"pp.{hit.page_start}-{hit.page_end}"
-        print(f"{rank:>2}. {hit.score:.4f}  {hit.source}:{hit.path} {pages}  [{hit.section_path}]")
+        similarity = "" if hit.similarity is None else f"similarity {hit.similarity:.3f}  "
+        print(f"{rank:>2}. {similarity}(rank score {hit.score:.4f})  {hit.source}:{hit.path} {pages}  "
+              f"[{hit.section_path}]")
         print("    " + " ".join(hit.text.split())[:200])
     return 0
 
@@ -454,13 +490,13 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
         if report["status"] != "ok":
             print(f"{path}: dead letter ({report['reason']}): {report['detail']}")
         for page in report["pages"]:
-            escalation = page["signals"].get("escalation")
-            note = f"  escalated: {escalation}" if escalation else ""
-            print(f"page {page['page']:>4}  {page['tier']:<10} {len(page['markdown']):>7} chars  "
-                  f"{page['tables']} tables  {page['seconds']:.3f}s{note}")
+            print(f"=== page {page['page']}: tier {page['tier']}, {len(page['markdown'])} chars, {page['tables']} "
+                  f"tables, {page['seconds']:.3f} s")
+            print("signals: " + json.dumps(page["signals"], sort_keys=True, default=str))
+            print(page["markdown"].rstrip() + "\n")
         for tier, why in report["tiers_unavailable"].items():
             print(f"note: tier {tier} could not run: {why}")
-    return 0
+    return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
@@ -483,7 +519,7 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     dg_cli = beside if beside.exists() else Path(shutil.which("dg") or beside)
     if not dg_cli.exists():
         raise MissingExtraError("the `dg` command of dagster-dg-cli is not installed beside this Python: "
-                                "pip install 'rag-pipeline[pipeline]'")
+                                + install_hint("pipeline"))
     # A workspace file of our own (not the operator's DAGSTER_HOME) names the location as `dg dev` in the checkout
     # and workspace.yaml do: rag_pipeline.
     workspace = settings.data_dir / "ui_workspace.yaml"
@@ -494,10 +530,19 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     if settings.config_file:
         os.environ["RAG_CONFIG"] = str(settings.config_file)
     print(f"Dagster UI on http://{host}:{port} (DAGSTER_HOME={home}); Ctrl-C stops it.", flush=True)
-    # dagster dev started from a script ignores SIGTERM unless SIGINT is back to its default before exec.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.execv(command[0], command)
-    return 0  # not reached
+    # dg dev started from a script ignores SIGTERM unless SIGINT is back to its default before exec.
+    ui = subprocess.Popen(command, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    signal.signal(signal.SIGTERM, lambda *_: ui.terminate())  # a stop sent to this process stops the UI too
+    # Ctrl-C reaches dg dev and this process alike (one process group): dg dev stops its webserver, daemon and code
+    # server, and a stop the user asked for is a clean exit (`make run` ends without "Error 1").
+    interrupted = False
+    while True:
+        try:
+            code = ui.wait()
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+    return EXIT_OK if interrupted else code
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -507,9 +552,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.host or args.port:
         service = settings.service.model_copy(update={k: v for k, v in (("host", args.host), ("port", args.port)) if v})
         settings = settings.model_copy(update={"service": service})
-    print(f"search service on http://{settings.service.host}:{settings.service.port} (OpenAPI docs at /docs); "
-          "Ctrl-C stops it.", flush=True)
-    serve(settings, _index_url(settings))
+    serve(settings, _index_url(settings), announce=lambda: print(
+        f"search service on http://{settings.service.host}:{settings.service.port} (OpenAPI docs at /docs); "
+        "Ctrl-C stops it.", flush=True))
     return 0
 
 
@@ -521,7 +566,7 @@ def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("rag-pipeline")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # run from a checkout that was never installed
         return "unknown (not installed)"
 

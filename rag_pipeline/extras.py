@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 
+# The distribution's name on the package index ("rag-pipeline" there is an unrelated project); the import package
+# and the command stay rag_pipeline and rag-pipeline.
+DISTRIBUTION = "dagster-rag-pipeline"
+
 # The modules each extra brings that the code checks for before it starts work that needs them.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "pipeline": ("dagster", "dagster_postgres", "dagster_webserver", "dagster_dg_cli", "sentence_transformers",
@@ -28,6 +32,11 @@ def require(extra: str, purpose: str) -> None:
     missing = missing_modules(extra)
     if missing:
         raise MissingExtraError(
-            f"{purpose} needs rag-pipeline's '{extra}' extra (missing: {', '.join(missing)}): "
-            f"pip install 'rag-pipeline[{extra}]'"
+            f"{purpose} needs the '{extra}' extra of {DISTRIBUTION} (missing: {', '.join(missing)}): "
+            f"{install_hint(extra)}"
         )
+
+
+def install_hint(extra: str) -> str:
+    """The install line for `extra`, as every message that names a missing extra says it."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"

@@ -127,6 +127,19 @@ def test_parse_cli_contract(tmp_path):
                             capture_output=True, text=True, cwd=tmp_path, timeout=120)
     report = json.loads(broken.stdout)
     assert report["status"] == "dead_letter" and report["reason"] == "truncated" and report["pages"] == []
+    assert broken.returncode == 1 and ok.returncode == 0  # a dead letter is a failure to the shell
+
+    # As text: each page's tier, signals and Markdown, as the README promises; a dead letter exits 1 there too.
+    text = subprocess.run([*cli, str(SAMPLE_CORPUS / "finance" / "q3-report.pdf")], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert text.stdout.startswith("=== page 1: tier pdfplumber, ")
+    signals = next(line for line in text.stdout.splitlines() if line.startswith("signals: "))
+    assert json.loads(signals.removeprefix("signals: ")) == json.loads(json.dumps(first["signals"], default=str))
+    assert first["markdown"].strip() in text.stdout
+    dead = subprocess.run([*cli, str(SAMPLE_CORPUS / "legacy" / "scanned-contract.pdf")], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert dead.returncode == 1 and "dead letter (truncated)" in dead.stdout
 
 
 def test_scans_turned_sideways_or_upside_down_are_read_upright(tmp_path):

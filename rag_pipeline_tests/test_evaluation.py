@@ -3,6 +3,7 @@
 import json
 import os
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,9 @@ def test_golden_set_validation(tmp_path):
     bad.write_text(json.dumps({"id": "q1", "question": "?", "answerable": True}) + "\n")
     with pytest.raises(GoldenSetError, match="no gold"):
         load_golden(bad)
+    bad.write_text(json.dumps({"id": "q1", "question": "?", "gold": [{"doc": "a.md"}], "labels": "staff"}) + "\n")
+    with pytest.raises(GoldenSetError, match="labels must be a list"):
+        load_golden(bad)
     shipped = load_golden(GOLDEN)
     assert len(shipped) >= 40
     assert sum(not q.answerable for q in shipped) >= 5
@@ -73,8 +77,12 @@ def test_shipped_golden_set_on_the_sample_corpus(make_settings, corpus, db):
     assert reports["dense"].metrics["overall"]["recall@k"] >= 0.9
     # Questions are paraphrased: keyword matching alone must not solve the set.
     assert reports["sparse"].metrics["overall"]["recall@k"] < 0.95
-    # Without the finance label the finance questions cannot be answered: the ACL holds in evaluation too.
-    staff_only = evaluate(db, [q for q in questions if q.slice == "finance"], ["staff"], k=3, mode="dense")
+    # The finance questions carry their own labels, so the shipped golden_labels ([staff]) measure them too...
+    finance = [q for q in questions if q.slice == "finance"]
+    assert finance and all(q.labels == ("finance",) for q in finance)
+    assert evaluate(db, finance, ["staff"], k=3, mode="dense").metrics["overall"]["hit@k"] >= 0.8
+    # ...and without the finance label they cannot be answered: the ACL holds in evaluation too.
+    staff_only = evaluate(db, [replace(q, labels=()) for q in finance], ["staff"], k=3, mode="dense")
     assert staff_only.metrics["overall"]["hit@k"] == 0.0
     floor = evaluate(db, questions, ["staff", "finance"], k=3, mode="dense", options=SearchOptions(min_similarity=0.35))
     assert floor.metrics["unanswerable"]["abstention"] > 0.0

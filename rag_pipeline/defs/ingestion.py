@@ -19,6 +19,7 @@ from rag_pipeline.defs.metadata import (
 )
 from rag_pipeline.defs.resources import Rag
 from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
+from rag_pipeline.extras import install_hint
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.discover import DiscoverStats, discover
 from rag_pipeline.stages.index import IndexStats
@@ -284,5 +285,5 @@ def executor(settings: Settings) -> dg.ExecutorDefinition | None:
         from dagster_dask import dask_executor
     except ImportError as exc:
         raise ConfigError("execution.executor: dask needs the dagster-dask package "
-                          "(pip install 'rag-pipeline[dask]')") from exc
+                          f"({install_hint('dask')})") from exc
     return dask_executor.configured({"cluster": {"existing": {"address": settings.execution.dask_address}}})

@@ -53,6 +53,7 @@ def prepare_dagster_home(settings: Settings, dagster_url: str) -> Path:
         config = {
             "storage": {"postgres": {"postgres_url": postgres_url}},
             "telemetry": {"enabled": False},
+            "nux": {"enabled": False},  # no welcome pop-up over the first page a new user opens
             "run_launcher": {"module": "rag_pipeline.defs.run_monitoring", "class": "LocalRunLauncher"},
             "run_monitoring": {"enabled": True, "poll_interval_seconds": RUN_MONITORING_POLL_SECONDS,
                                "max_resume_run_attempts": 0},

@@ -27,11 +27,20 @@ def _load_error(model: ResolvedModel, exc: Exception) -> ModelUnavailableError:
     return ModelUnavailableError(f"cannot load embedding model {model.name!r} from {model.location}: {exc}.{hint}")
 
 
+def _quiet_loading() -> None:
+    """No "Loading weights" progress bar: it is written straight to the terminal, through the CLI's own bars and
+    into every log; a load that fails says so in its error."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
 class Embedder:
     """A loaded sentence-transformers model with asymmetric query/document prompts where it has them."""
 
     def __init__(self, model: ResolvedModel, device: str = "cpu", batch_size: int = 32):
         require_local_models()
+        _quiet_loading()
         from sentence_transformers import SentenceTransformer
 
         try:
@@ -76,6 +85,7 @@ class Reranker:
 
     def __init__(self, folder: Path, device: str = "cpu", batch_size: int = 16):
         require_local_models()
+        _quiet_loading()
         from sentence_transformers import CrossEncoder
 
         if not Path(folder).is_dir():

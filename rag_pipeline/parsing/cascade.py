@@ -114,10 +114,10 @@ def render_page(path: Path, page_number: int, dpi: int, password: str | None,
 
 @lru_cache(maxsize=1)
 def _rapidocr() -> Any:
-    from rag_pipeline.extras import missing_modules
+    from rag_pipeline.extras import install_hint, missing_modules
 
     if missing_modules("ocr"):
-        raise TierUnavailable("OCR needs rag-pipeline's 'ocr' extra (rapidocr): pip install 'rag-pipeline[ocr]'")
+        raise TierUnavailable(f"OCR needs the 'ocr' extra (rapidocr): {install_hint('ocr')}")
     from rapidocr import RapidOCR
 
     return RapidOCR(params={"Global.log_level": "warning",

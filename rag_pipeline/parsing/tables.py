@@ -37,6 +37,7 @@ YEARISH_RE = re.compile(r"^(?:19|20)\d\d$|^(?:Q[1-4]|FY)\s?\d{2,4}$", re.IGNOREC
 MAX_HEADER_LINES = 5
 MAX_CAPTION_LINES = 6
 MAX_CAPTION_CHARS = 600
+PROSE_CHARS = 100  # below a title, this much text ending a sentence is a paragraph, not the title's notes
 
 
 @dataclass
@@ -399,10 +400,19 @@ def _caption(lines: list[Line], first: int, pitch: float, used_until: int,
     short = len(title) <= 80 and (block[0].x1 - block[0].x0) <= 0.7 * max(table_width, 1.0)
     if not (starts or short) or title.endswith((".", ",", ";", ":")) and not TITLE_RE.match(title):
         return "", None  # the end of a paragraph, not a title
+    if not TITLE_RE.match(title) and _prose(block[1:]):
+        return "", None  # a heading over a paragraph over the table: the heading and the text stay on the page
     text = " ".join(_strip_leaders(line.text) for line in block)
     if len(text) > MAX_CAPTION_CHARS:
         block, text = block[:1], title
     return text, (min(line.x0 for line in block), block[0].top, max(line.x1 for line in block), block[-1].bottom)
+
+
+def _prose(lines: list[Line]) -> bool:
+    """Sentences rather than a caption's notes (units, periods, sources): a paragraph's worth of text that ends
+    a sentence."""
+    text = " ".join(line.text for line in lines).strip()
+    return len(text) >= PROSE_CHARS and text.endswith((".", "!", "?"))
 
 
 def _capitals(text: str) -> bool:

@@ -2,7 +2,10 @@
 
 Golden set: JSON Lines, one question per line:
   {"id": "q1", "question": "...", "answerable": true, "slice": "table",
-   "gold": [{"doc": "relative/path/in/source.pdf", "pages": [12, 13]}], "gold_chunk_ids": ["..."]}
+   "gold": [{"doc": "relative/path/in/source.pdf", "pages": [12, 13]}], "gold_chunk_ids": ["..."],
+   "labels": ["finance"]}
+A question's own `labels` (optional) are the ACL labels it is asked with; a question without them is asked with the
+evaluation's labels (`checks.golden_labels`, `eval --labels`). So one set can hold questions for several audiences.
 A retrieved chunk is relevant when its id is a gold chunk id, or it belongs to a gold document and its page
 span overlaps a gold page (a gold entry without pages accepts any page of the document).
 """
@@ -43,6 +46,10 @@ class GoldQuestion:
     slice: str
     gold: tuple[GoldDoc, ...] = ()
     gold_chunk_ids: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # asked with these labels; empty: the evaluation's
+
+    def asked_with(self, labels: Sequence[str] | str) -> Sequence[str] | str:
+        return self.labels or labels
 
     def units(self) -> set[tuple[str, ...]]:
         """What a perfect retrieval covers: every gold (document, page) and every gold chunk id."""
@@ -64,6 +71,13 @@ class GoldQuestion:
         return covered
 
 
+def _question_labels(value: Any) -> tuple[str, ...]:
+    """A question's labels: a list of strings (a string would be one label by accident, so it is refused)."""
+    if not isinstance(value, list) or not all(isinstance(label, str) and label.strip() for label in value):
+        raise ValueError(f"labels must be a list of non-empty strings, got {value!r}")
+    return tuple(dict.fromkeys(label.strip() for label in value))
+
+
 def load_golden(path: Path) -> list[GoldQuestion]:
     questions: list[GoldQuestion] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -78,6 +92,7 @@ def load_golden(path: Path) -> list[GoldQuestion]:
                 slice=str(raw.get("slice", "all")),
                 gold=tuple(GoldDoc(g["doc"], tuple(int(p) for p in g.get("pages", ()))) for g in raw.get("gold", ())),
                 gold_chunk_ids=tuple(raw.get("gold_chunk_ids", ())),
+                labels=_question_labels(raw.get("labels", [])),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise GoldenSetError(f"{path}:{number}: {exc}") from exc
@@ -173,7 +188,8 @@ def evaluate(
     if version is None:
         raise GoldenSetError("there is no active index version to evaluate")
     results = [
-        score_question(q, search(conn, q.question, labels, k=k, mode=mode, version=version, options=options), k)
+        score_question(q, search(conn, q.question, q.asked_with(labels), k=k, mode=mode, version=version,
+                                 options=options), k)
         for q in questions
     ]
     return EvalReport(version.version_id, version.embedding_model, mode, k, len(questions), aggregate(results), results)
@@ -280,7 +296,8 @@ def floor_sweep(
     each floor drops the hits below it before the cut at k, as `retrieval.min_similarity` would."""
     options = options or SearchOptions()
     unfloored = replace(options, min_similarity=None)
-    fetched = [(q, search(conn, q.question, labels, k=3 * k, mode=mode, version=version, options=unfloored))
+    fetched = [(q, search(conn, q.question, q.asked_with(labels), k=3 * k, mode=mode, version=version,
+                          options=unfloored))
                for q in questions]
     points = []
     for floor in floors:

@@ -404,9 +404,13 @@ def header_timeout_protocol(seconds: float) -> type:
     return HeaderTimeoutProtocol
 
 
-def serve(settings: Settings, database_url: str) -> None:
+def serve(settings: Settings, database_url: str, announce: Callable[[], None] | None = None) -> None:
+    """Build the app (a configuration it refuses raises ConfigError here, before `announce` says anything), then
+    listen until stopped."""
     import uvicorn
 
     app = create_app(settings, database_url)
+    if announce is not None:
+        announce()
     uvicorn.run(app, host=settings.service.host, port=settings.service.port, log_level="info",
                 http=header_timeout_protocol(settings.service.header_timeout_seconds))
