@@ -297,6 +297,7 @@ def test_the_run_queue_admits_one_index_writer_at_a_time_and_monitors_runs(make_
         assert pools.default_pool_limit == 1 and pools.pool_granularity.value == "run"
         assert instance.run_monitoring_enabled and isinstance(instance.run_launcher, LocalRunLauncher)
         assert not instance.nux_enabled and not instance.telemetry_enabled  # no pop-up, nothing sent
+        assert instance.run_coordinator.dequeue_interval_seconds == 1  # a UI launch waits a second, not five
 
 
 def test_an_operators_dagster_yaml_is_never_written_and_no_password_is_written_in_clear(

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,67 @@ def test_docling_formats():
     assert "Safety equipment" in docx[0].markdown and "| Payroll" in docx[0].markdown
     html = list(parse_file(SAMPLE_CORPUS / "products" / "nw200-faq.html"))
     assert "nine hours" in html[0].markdown and html[0].markdown.count("## ") == 4
+
+
+MARKDOWN = """---
+title: front matter is not text
+---
+Release notes
+=============
+
+The *new* scanner reads
+folders **faster**; see [the guide](https://example.invalid/guide) and <span>inline HTML</span>.
+
+Known issues
+------------
+
+1. Large files
+   - over 100 MB are skipped
+2. Symlinks
+
+| Setting | Default |
+|:---|---:|
+| `workers` | 2 |
+| a \\| b | 3 |
+
+```python
+print("kept as it is")
+```
+
+> A quote
+> over two lines.
+
+<div class="note">Raw HTML block</div>
+
+***
+"""
+
+
+def test_markdown_is_read_as_markdown_without_a_model_stack(tmp_path):
+    source = tmp_path / "notes.md"
+    source.write_text(MARKDOWN)
+    [page] = parse_file(source)
+    assert page.tier == "markdown" and page.tables == 1 and page.signals["format"] == "md"
+    assert page.markdown == (
+        "# Release notes\n\n"
+        "The new scanner reads folders faster; see the guide and inline HTML.\n\n"
+        "## Known issues\n\n"
+        "1. Large files\n   - over 100 MB are skipped\n2. Symlinks\n\n"
+        "| Setting | Default |\n|---|---|\n| `workers` | 2 |\n| a \\| b | 3 |\n\n"
+        '```python\nprint("kept as it is")\n```\n\n'
+        "> A quote over two lines.\n\n"
+        "Raw HTML block\n")
+    # Nesting deeper than the parser follows is kept as the file's own text: nothing is lost.
+    deep = tmp_path / "deep.md"
+    deep.write_text("".join("  " * i + f"- item {i}\n" for i in range(200)))
+    [page] = parse_file(deep)
+    assert all(f"item {i}" in page.markdown for i in range(200))
+    # A Markdown file costs no model stack: nothing of torch or Docling is imported to read it.
+    probe = ("import sys\nfrom pathlib import Path\nfrom rag_pipeline.parsing.formats import parse_file\n"
+             f"list(parse_file(Path({str(source)!r})))\n"
+             "print(sorted(m for m in ('torch', 'docling', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
 
 
 def test_dead_letter_reasons(tmp_path):

@@ -1,4 +1,4 @@
-"""DOCX, PPTX, XLSX, HTML and Markdown through Docling's native converters, which run offline."""
+"""DOCX, PPTX, XLSX and HTML through Docling's native converters, which run offline."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _docling_converter() -> Any:
 
     # PDFs never reach Docling here: its PDF pipeline needs layout-model weights (the cascade issue adds it).
     return DocumentConverter(
-        allowed_formats=[InputFormat.DOCX, InputFormat.PPTX, InputFormat.XLSX, InputFormat.HTML, InputFormat.MD]
+        allowed_formats=[InputFormat.DOCX, InputFormat.PPTX, InputFormat.XLSX, InputFormat.HTML]
     )
 
 

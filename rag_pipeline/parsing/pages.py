@@ -41,5 +41,7 @@ class ParsedPage:
 @lru_cache(maxsize=1)
 def parser_version() -> str:
     """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""
-    versions = {name: importlib.metadata.version(name) for name in ("pdfplumber", "docling-slim")}
-    return f"rp4;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']}"
+    versions = {name: importlib.metadata.version(name) for name in ("pdfplumber", "docling-slim", "markdown-it-py")}
+    # rp5: Markdown read by markdown-it-py; a title over a paragraph over a table is no caption
+    return (f"rp5;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
+            f"markdown-it={versions['markdown-it-py']}")
