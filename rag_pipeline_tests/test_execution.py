@@ -4,6 +4,7 @@ share one queue, discovery that never waits for parse work, and a crash that los
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -370,9 +371,13 @@ def test_the_cli_draws_a_bar_per_stage_from_the_progress_reports():
         parse.report(done=5, left=15, units=40)
         parse.report(done=9, left=11, units=70)
         Reporter("index", "chunks", 1, lambda _: None).report(done=2, left=3, units=30)
-    shown = {task.description: (task.completed, task.total, task.fields["rate"]) for task in bars.tasks}
-    assert shown["parse and chunk"][:2] == (9, 20) and shown["parse and chunk"][2].endswith("pages/s")
-    assert shown["index"][:2] == (2, 5)
+        Reporter("nothing yet", "chunks", 1, lambda _: None).report(done=0, left=0, units=0)
+    shown = {task.description: (task.completed, task.total, task.fields["work"]) for task in bars.tasks}
+    # The bar counts documents; the units and their rate are named as what they are.
+    assert shown["parse and chunk"][:2] == (9, 20)
+    assert re.fullmatch(r"· 70 pages \([\d,.]+ pages/s\)", shown["parse and chunk"][2])
+    assert shown["index"][:2] == (2, 5) and re.fullmatch(r"· 30 chunks \([\d,.]+ chunks/s\)", shown["index"][2])
+    assert "nothing yet" not in shown  # no 0/0 bar
 
 
 def test_parse_workers_and_the_embedder_share_the_cores_instead_of_each_taking_all():
