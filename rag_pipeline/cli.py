@@ -108,14 +108,15 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
                              confirm_deletions=args.confirm_deletions or [], log_level="WARNING" if bars else "INFO")
     summary["problems"] = _problems_with_paths(settings, summary["problems"])
     held, dead = _attention_list(settings)
-    summary["held_now"] = len(held)  # `held` counts the documents this run newly held
+    summary["held_now"] = None if held is None else len(held)  # `held` counts the documents this run newly held
     if args.json:
         _print_json(summary)
     else:
         print(f"run {summary['run_id']}: {'succeeded' if summary['success'] else 'FAILED'}")
         for key, value in summary.items():
             if key == "held":
-                print(f"  {'held now':<18} {summary['held_now']} (newly held: {value})")
+                now = "unknown" if summary["held_now"] is None else summary["held_now"]
+                print(f"  {'held now':<18} {now} (newly held: {value})")
             elif isinstance(value, int | float) and not isinstance(value, bool) and key != "held_now":
                 print(f"  {key:<18} {value}")
         for reason, count in sorted(summary["dead_letter_reasons"].items()):
@@ -255,16 +256,23 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _attention_list(settings: Settings) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Documents a person should look at: held back (and why), and dead-lettered."""
+def _attention_list(settings: Settings) -> tuple[list[Any] | None, list[dict[str, Any]]]:
+    """Documents a person should look at: held back (and why), and dead-lettered. None when the database cannot
+    say (a run that lost it): the run's own summary is printed all the same."""
+    import psycopg
+
     from rag_pipeline import store
     from rag_pipeline.store.database import connect
 
-    with connect(_index_url(settings)) as conn:
-        return store.documents.held_documents(conn), store.pages.dead_letter_summary(conn)
+    try:
+        with connect(_index_url(settings)) as conn:
+            return store.documents.held_documents(conn), store.pages.dead_letter_summary(conn)
+    except psycopg.Error:
+        return None, []
 
 
-def _print_attention_list(held: list[Any], dead: list[dict[str, Any]], limit: int = 20) -> None:
+def _print_attention_list(held: list[Any] | None, dead: list[dict[str, Any]], limit: int = 20) -> None:
+    held = held or []
     for source, rel_path, status, reason in held[:limit]:
         print(f"  {status}: {source}:{rel_path}" + (f" ({reason})" if reason else ""))
     for entry in dead[:limit]:
@@ -530,19 +538,34 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
     if settings.config_file:
         os.environ["RAG_CONFIG"] = str(settings.config_file)
     print(f"Dagster UI on http://{host}:{port} (DAGSTER_HOME={home}); Ctrl-C stops it.", flush=True)
-    # dg dev started from a script ignores SIGTERM unless SIGINT is back to its default before exec.
-    ui = subprocess.Popen(command, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    signal.signal(signal.SIGTERM, lambda *_: ui.terminate())  # a stop sent to this process stops the UI too
-    # Ctrl-C reaches dg dev and this process alike (one process group): dg dev stops its webserver, daemon and code
-    # server, and a stop the user asked for is a clean exit (`make run` ends without "Error 1").
+    # Stops sent to this process reach the UI too: SIGTERM and SIGHUP are passed on; Ctrl-C reaches both (one
+    # process group), and one sent to this process alone is passed on if the UI is still up after a while.
+    children: list[subprocess.Popen] = []
+
+    def pass_on(signum: int, _frame: Any) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, pass_on)
+    signal.signal(signal.SIGHUP, pass_on)
+    # A signal Python catches is back to its default in the child after exec; one this process ignores (started
+    # with `&` from a script) would stay ignored there, and dg dev then ignores SIGTERM too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    ui = subprocess.Popen(command)
+    children.append(ui)
     interrupted = False
     while True:
         try:
-            code = ui.wait()
+            code = ui.wait(timeout=15 if interrupted else None)
             break
+        except subprocess.TimeoutExpired:
+            ui.send_signal(signal.SIGINT)
         except KeyboardInterrupt:
             interrupted = True
-    return EXIT_OK if interrupted else code
+    if interrupted:
+        return EXIT_OK  # a stop the user asked for is a clean exit: `make run` ends without "Error 1"
+    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -621,8 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", help="golden-set retrieval metrics")
     evaluate.add_argument("golden", nargs="?", help="golden set, JSON Lines (default: checks.golden_set)")
-    evaluate.add_argument("--labels", help="the ACL labels to evaluate as, comma-separated "
-                          "(default: checks.golden_labels)")
+    evaluate.add_argument("--labels", help="the ACL labels to evaluate as, comma-separated (default: "
+                          "checks.golden_labels); a question with its own `labels` is asked with those")
     evaluate.add_argument("-k", type=int, help="cut-off (default: checks.k)")
     evaluate.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid", help=MODE_HELP)
     evaluate.add_argument("--index-version", type=int, metavar="V",
@@ -654,7 +677,8 @@ def build_parser() -> argparse.ArgumentParser:
     index_promote = index_sub.add_parser("promote", help="make a version active, if its gates pass")
     index_promote.add_argument("version", type=int, metavar="V", help="the index version to make active")
     index_promote.add_argument("--golden", help="golden set for the quality gate (default: checks.golden_set)")
-    index_promote.add_argument("--labels", help="labels to evaluate the golden set as (default: checks.golden_labels)")
+    index_promote.add_argument("--labels", help="labels to evaluate the golden set as (default: "
+                               "checks.golden_labels; a question with its own `labels` is asked with those)")
     index_promote.add_argument("-k", type=int, help="cut-off (default: checks.k)")
     index_promote.add_argument("--tolerance", type=float,
                                help="allowed drop in recall@k / nDCG@k (default: checks.quality_tolerance)")

@@ -336,7 +336,7 @@ class ChecksConfig(_Section):
     """Thresholds of the asset checks that keep the index true (docs/operations.md says what each checks)."""
 
     golden_set: Path | None = Field(None, description="JSON Lines golden set for retrieval_quality; null: off")
-    golden_labels: Labels = Field((), description="the ACL labels the golden questions are asked with")
+    golden_labels: Labels = Field((), description="the ACL labels the golden questions are asked with (a question with its own `labels` is asked with those)")
     k: int = Field(10, ge=1, le=1000)
     quality_tolerance: Fraction = Field(0.02, description="recall@k and ndcg@k may fall this far below the baseline")
     near_empty_page_chars: int = Field(20, ge=0)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -256,6 +257,16 @@ def _postmasters() -> set[int]:
     return found
 
 
+def test_the_component_registry_module_imports_with_dagster_alone():
+    """`dg` imports the entry point's module whenever it lists components, in any environment with this package:
+    it needs dagster and the core, not the pipeline extra's modules."""
+    hidden = [m for m in OPTIONAL_MODULES if not m.startswith("dagster")]
+    probe = (f"import sys\nfor name in {hidden!r}:\n    sys.modules[name] = None\n"
+             "import rag_pipeline.defs.component\nprint('ok')")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_a_users_dg_project_scaffolds_lists_checks_and_launches_the_component_in_its_own_yard(
         tmp_path, db_url, pg_admin_url):
     import psutil
@@ -263,6 +274,8 @@ def test_a_users_dg_project_scaffolds_lists_checks_and_launches_the_component_in
     defs = _user_project(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") and k != "DAGSTER_HOME"}
     env["PYTHONPATH"] = str(tmp_path / "src")  # as `pip install -e .` of the user's project would
+    marker = f"component-test-{uuid.uuid4().hex}"  # every process this test starts carries it
+    env["USER_PROJECT_TEST_MARKER"] = marker
 
     listed = _dg(tmp_path, "list", "components", "--json", env=env)
     assert listed.returncode == 0, listed.stderr[-2000:]
@@ -301,7 +314,6 @@ def test_a_users_dg_project_scaffolds_lists_checks_and_launches_the_component_in
     assert {a["asset_key"] for a in found["assets"]} >= {"source_documents", "parsed_documents", "search_index"}
     assert any(s["cron_schedule"] == "*/15 * * * *" for s in found["schedules"])  # the configuration it was given
 
-    started = time.time()
     launched = _dg(tmp_path, "launch", "--job", "ingest", env=env)
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     with psycopg.connect(db_url) as conn:
@@ -309,9 +321,14 @@ def test_a_users_dg_project_scaffolds_lists_checks_and_launches_the_component_in
     assert _postmasters() == before  # no server of its own
     assert not [p for p in tmp_path.rglob(".rag_data")]  # and no data folder anywhere in the user's tree
     time.sleep(2)
-    outliving = [p.info["cmdline"] for p in psutil.process_iter(["cmdline", "create_time"])
-                 if p.info["create_time"] and p.info["create_time"] >= started and p.pid != os.getpid()
-                 and any("rag_pipeline" in part or "dagster" in part for part in p.info["cmdline"] or [])]
+
+    def ours(process: psutil.Process) -> bool:
+        try:
+            return process.environ().get("USER_PROJECT_TEST_MARKER") == marker
+        except psutil.Error:
+            return False
+
+    outliving = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if ours(p)]
     assert outliving == []  # no worker or server outlives the run
 
 

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -290,7 +291,13 @@ def _in_a_terminal(command: list[str], env: dict, cwd: Path) -> tuple[int, str]:
     process = subprocess.Popen(command, stdin=terminal_fd, stdout=terminal_fd, stderr=terminal_fd, env=env, cwd=cwd)
     os.close(terminal_fd)
     screen = bytearray()
-    while True:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([main_fd], [], [], 1.0)
+        if not ready:
+            if process.poll() is not None:
+                break  # done; nothing more was written
+            continue
         try:
             data = os.read(main_fd, 65536)
         except OSError:  # the terminal closed: the process and its children are done with it
@@ -314,6 +321,33 @@ def test_ingest_at_a_terminal_draws_bars_that_log_lines_do_not_break(cli_env, co
     assert re.search(r"index +\S+ 5/5 documents · \d+ chunks", plain), plain[-3000:]
     assert " 0/0 " not in plain and "Loading weights" not in plain  # no other progress bar writes through them
     assert "run " in plain and "succeeded" in plain and "held now" in plain
+
+
+def test_a_stop_sent_to_the_ui_command_alone_stops_the_ui_it_started(cli_env, tmp_path):
+    import psutil
+
+    port = _free_port()
+    command = subprocess.Popen([sys.executable, "-m", "rag_pipeline.cli", "ui", "--port", str(port)], env=cli_env,
+                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "webserver did not come up"
+                time.sleep(1)
+        started = psutil.Process(command.pid).children(recursive=True)
+        assert started  # dg dev, its webserver and daemon
+        command.send_signal(signal.SIGTERM)  # to this process only, as a supervisor stopping a service does
+        assert command.wait(timeout=60) in (0, 128 + signal.SIGTERM)
+        _, alive = psutil.wait_procs(started, timeout=60)
+        assert alive == []  # nothing it started outlives it
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(command.pid, signal.SIGKILL)
 
 
 def test_every_cli_option_has_help_and_the_version_is_not_an_index_version(capsys):

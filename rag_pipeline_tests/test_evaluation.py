@@ -55,9 +55,10 @@ def test_golden_set_validation(tmp_path):
     bad.write_text(json.dumps({"id": "q1", "question": "?", "answerable": True}) + "\n")
     with pytest.raises(GoldenSetError, match="no gold"):
         load_golden(bad)
-    bad.write_text(json.dumps({"id": "q1", "question": "?", "gold": [{"doc": "a.md"}], "labels": "staff"}) + "\n")
-    with pytest.raises(GoldenSetError, match="labels must be a list"):
-        load_golden(bad)
+    for labels in ("staff", []):  # a string would be one label by accident; an empty list, no labels at all
+        bad.write_text(json.dumps({"id": "q1", "question": "?", "gold": [{"doc": "a.md"}], "labels": labels}) + "\n")
+        with pytest.raises(GoldenSetError, match="labels must be a non-empty list"):
+            load_golden(bad)
     shipped = load_golden(GOLDEN)
     assert len(shipped) >= 40
     assert sum(not q.answerable for q in shipped) >= 5

@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -145,6 +146,21 @@ def test_the_readme_module_map_names_files_that_exist():
 # --- the application examples, run as written against an ingest of the bundled sample ----------------------------
 
 
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.fixture
 def support_bot(clone):
     """The SQL block run as the README says: its first part as the database owner, the rest as support_bot."""
@@ -177,12 +193,17 @@ def test_the_readme_service_example_and_its_retrievers_run_as_written(clone, tmp
     _, settings = clone
     config = yaml.safe_load(settings.config_file.read_text())
     config.update(yaml.safe_load(the_block("yaml", "tokens:").text))
-    config_file = tmp_path / "rag_pipeline.yaml"
-    config_file.write_text(yaml.safe_dump(config))
-    port = config["service"]["port"]
     script = the_block("bash", APPLICATION_MARKERS["service"]).text
     # The block as written, then the retrievers' block in the same shell (it reads the token the block exported).
     retrievers = the_block("python", APPLICATION_MARKERS["retrievers"]).text
+    port = config["service"]["port"]
+    assert f"127.0.0.1:{port}" in script and f"127.0.0.1:{port}" in retrievers
+    if not _port_is_free(port):  # the README's port is taken on this machine: the same blocks on a free one
+        free = _free_port()
+        config["service"]["port"] = free
+        script, retrievers = (text.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free}") for text in (script, retrievers))
+    config_file = tmp_path / "rag_pipeline.yaml"
+    config_file.write_text(yaml.safe_dump(config))
     check = (f"\nprintf '\\n'\n{shlex.quote(sys.executable)} - <<'PY'\nimport json\n{retrievers}\n"
              "print(json.dumps([docs[0].metadata['path'], nodes[0].metadata['path']]))\nPY\n")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAG_")}, "RAG_CONFIG": str(config_file),
@@ -195,7 +216,8 @@ def test_the_readme_service_example_and_its_retrievers_run_as_written(clone, tmp
         try:
             code = shell.wait(timeout=300)
         finally:
-            os.killpg(shell.pid, signal.SIGTERM)  # the service the block started in the background
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell.pid, signal.SIGTERM)  # the service the block started in the background
             time.sleep(1)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(shell.pid, signal.SIGKILL)
@@ -206,4 +228,3 @@ def test_the_readme_service_example_and_its_retrievers_run_as_written(clone, tmp
     assert 0 < response["results"][0]["similarity"] <= 1
     paths = json.loads([line for line in printed if line.startswith('["')][-1])
     assert paths == ["handbook/travel-policy.md", "handbook/travel-policy.md"]
-    assert f"127.0.0.1:{port}" in script

@@ -24,7 +24,6 @@ from pathlib import Path
 import dagster as dg
 
 from rag_pipeline.config import ConfigError, Settings, load_settings
-from rag_pipeline.defs.code_location import build_definitions
 
 DEFS_YAML = """\
 type: rag_pipeline.defs.component.RagPipelineComponent
@@ -54,6 +53,8 @@ class RagPipelineScaffolder(dg.Scaffolder):
     configuration beside it (an existing one is kept)."""
 
     def scaffold(self, request: dg.ScaffoldRequest) -> None:
+        if request.scaffold_format != "yaml":
+            raise ValueError("RagPipelineComponent is declared in YAML: scaffold it with --format yaml")
         request.target_path.mkdir(parents=True, exist_ok=True)
         (request.target_path / "defs.yaml").write_text(DEFS_YAML)
         config = request.target_path / "rag_pipeline.yaml"
@@ -77,6 +78,10 @@ class RagPipelineComponent(dg.Component, dg.Resolvable):
                               "(a relative path resolves against the folder of defs.yaml)")
         settings = load_settings(path)
         check_yard(settings, package_folder(Path(context.defs_module_path)))
+        # Imported here: `dg` imports this module whenever it lists components, in any environment this package is
+        # installed in (the pipeline extra's modules may be absent there).
+        from rag_pipeline.defs.code_location import build_definitions
+
         return build_definitions(settings, own_code_location=False)
 
 

@@ -8,19 +8,30 @@ image files (their words stay), YAML front matter, emphasis markers, thematic br
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from rag_pipeline.parsing.pages import TABLE_SEPARATOR_RE, ParsedPage
 
-FRONT_MATTER_RE = re.compile(r"\A---[ \t]*\n.*?\n(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.S)
-HTML_TAG_RE = re.compile(r"<[^>]*>")
+FRONT_MATTER_RE = re.compile(r"\A---[ \t]*\n(.*?)\n(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.S)
+# Tags of HTML's own elements and comments go; anything else in angle brackets is text, so a `<system>` tag stays
+# visible to the prompt-injection flags and "a total < 50 EUR" keeps its words.
+HTML_ELEMENTS = ("a abbr address article aside audio b blockquote br button caption center cite code col colgroup dd "
+                 "del details dfn div dl dt em embed figcaption figure font footer form h1 h2 h3 h4 h5 h6 header hr i "
+                 "iframe img input ins kbd label legend li link main mark meta nav noscript object ol optgroup option "
+                 "p picture pre q s samp section select small source span strike strong sub summary sup table tbody "
+                 "td template textarea tfoot th thead time tr tt u ul var video wbr").split()
+HTML_TAG_RE = re.compile(rf"<!--.*?-->|</?(?:{'|'.join(HTML_ELEMENTS)})(?:\s[^<>]*)?/?>", re.S | re.IGNORECASE)
+BLOCK_START_RE = re.compile(r"^(?:#{1,6}(?:\s|$)|>|[-+*]\s|\d{1,9}[.)]\s|\|)")
 MAX_NESTING = 20  # lists and quotes deeper than this are read as text (markdown-it-py stops nesting there)
+MAX_PARSED_BYTES = 8 * 1024 * 1024  # the parser holds about 100 bytes per byte of input: larger files stay text
 
 
 def _parser() -> MarkdownIt:
@@ -29,8 +40,9 @@ def _parser() -> MarkdownIt:
 
 def parse_markdown(path: Path) -> Iterator[ParsedPage]:
     started = time.perf_counter()
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    markdown = to_markdown(text)
+    raw = path.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
+    markdown = to_markdown(text) if len(raw) <= MAX_PARSED_BYTES else text
     yield ParsedPage(page=1, tier="markdown", markdown=markdown, seconds=time.perf_counter() - started,
                      tables=len(TABLE_SEPARATOR_RE.findall(markdown)),
                      signals={"chars": len(markdown), "format": "md"})
@@ -39,12 +51,29 @@ def parse_markdown(path: Path) -> Iterator[ParsedPage]:
 def to_markdown(text: str) -> str:
     """`text` (any Markdown) in the project's normal form. A document nested deeper than markdown-it-py follows
     (it drops what lies below its limit) is kept as its own text instead: nothing is lost to the parser."""
-    text = FRONT_MATTER_RE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"), count=1)
+    text = _without_front_matter(text.replace("\r\n", "\n").replace("\r", "\n"))
     tokens = _parser().parse(text)
     if any(t.level >= MAX_NESTING - 2 for t in tokens):
         return text.strip() + "\n"
     blocks = _Writer().blocks(tokens)
     return "\n\n".join(b for b in blocks if b.strip()) + "\n"
+
+
+def _without_front_matter(text: str) -> str:
+    """YAML front matter (`---` lines around a mapping) is metadata, not text; a `---` that opens anything else (a
+    thematic break, a setext heading's underline below) is left to the parser."""
+    match = FRONT_MATTER_RE.match(text)
+    if match is None:
+        return text
+    try:
+        is_mapping = isinstance(yaml.safe_load(match.group(1)), dict)
+    except yaml.YAMLError:
+        is_mapping = False
+    return text[match.end():] if is_mapping else text
+
+
+def _strip_tags(markup: str) -> str:
+    return html.unescape(HTML_TAG_RE.sub(" ", markup))
 
 
 def _inline(token: Token) -> str:
@@ -62,7 +91,7 @@ def _inline(token: Token) -> str:
         elif child.type == "image":
             parts.append(_inline(child) if child.children else child.attrGet("alt") or "")
         elif child.type == "html_inline":
-            parts.append(HTML_TAG_RE.sub("", child.content))
+            parts.append(_strip_tags(child.content).strip())
     return "".join(parts).strip()
 
 
@@ -94,12 +123,13 @@ class _Writer:
         if kind == "paragraph_open":
             text = _inline(self.tokens[self.position])
             self.position += 2
-            return text
+            # A paragraph that an escape kept from being a heading, list or table stays one for the chunker.
+            return "\\" + text if BLOCK_START_RE.match(text) else text
         if kind in ("fence", "code_block"):
             fence = "````" if "```" in token.content else "```"
             return f"{fence}{token.info.strip()}\n{token.content.rstrip()}\n{fence}"
         if kind == "html_block":
-            return " ".join(HTML_TAG_RE.sub(" ", token.content).split())
+            return " ".join(_strip_tags(token.content).split())
         if kind == "blockquote_open":
             inner = "\n\n".join(self._until("blockquote_close"))
             return "\n".join(f"> {line}" if line else ">" for line in inner.split("\n"))

@@ -292,4 +292,4 @@ def parse_pdf(path: Path, password: str | None, limits: ParseLimits = ParseLimit
             yield ParsedPage(number + 1, "pdfplumber", markdown, time.perf_counter() - started, tables, signals)
 
 
-# --- Office, HTML, Markdown (Docling) ---------------------------------------------------------------
+# --- Office and HTML (Docling) ---------------------------------------------------------------------

@@ -73,8 +73,9 @@ class GoldQuestion:
 
 def _question_labels(value: Any) -> tuple[str, ...]:
     """A question's labels: a list of strings (a string would be one label by accident, so it is refused)."""
-    if not isinstance(value, list) or not all(isinstance(label, str) and label.strip() for label in value):
-        raise ValueError(f"labels must be a list of non-empty strings, got {value!r}")
+    if not isinstance(value, list) or not value or not all(isinstance(label, str) and label.strip() for label in value):
+        raise ValueError(f"labels must be a non-empty list of non-empty strings (leave the key out for the "
+                         f"evaluation's labels), got {value!r}")
     return tuple(dict.fromkeys(label.strip() for label in value))
 
 
@@ -92,7 +93,7 @@ def load_golden(path: Path) -> list[GoldQuestion]:
                 slice=str(raw.get("slice", "all")),
                 gold=tuple(GoldDoc(g["doc"], tuple(int(p) for p in g.get("pages", ()))) for g in raw.get("gold", ())),
                 gold_chunk_ids=tuple(raw.get("gold_chunk_ids", ())),
-                labels=_question_labels(raw.get("labels", [])),
+                labels=_question_labels(raw["labels"]) if "labels" in raw else (),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise GoldenSetError(f"{path}:{number}: {exc}") from exc

@@ -4,7 +4,7 @@ flagged at ingest, so the application can quote them as data, drop them, or show
 Flagging never removes text: a document may legitimately discuss prompt injection.
 
 The patterns read the text as it was written, whatever the format: HTML entities and Markdown backslash escapes
-(Docling writes `<|im_start|>` in a .md file as `&lt;|im\\_start|&gt;`) are undone, then NFKC, then format
+(Docling's Markdown of an Office or HTML file writes `<|im_start|>` as `&lt;|im\\_start|&gt;`) are undone, then NFKC, then format
 characters (zero-width spaces, joiners, bidi controls, soft hyphens) are removed and Cyrillic and Greek letters
 that look Latin are folded to Latin, so `ign\u200bore` and a Cyrillic `о` in "ignore" still read "ignore".
 """
