@@ -172,7 +172,8 @@ def _logs_above() -> Iterator[None]:
     import logging
 
     terminals = {sys.__stdout__: sys.stdout, sys.__stderr__: sys.stderr}  # inside the display: the proxies
-    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict))]
+    loggers = [logging.getLogger(), *(lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                      if isinstance(lg, logging.Logger))]  # placeholders have no handlers
     moved = []
     for handler in {h for lg in loggers for h in getattr(lg, "handlers", ())}:
         stream = getattr(handler, "stream", None)
