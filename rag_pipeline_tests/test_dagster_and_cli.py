@@ -69,6 +69,17 @@ def _graphql(port: int, query: str) -> dict:
         return json.loads(response.read())
 
 
+def _wait_for_webserver(port: int, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "webserver did not come up"
+            time.sleep(1)
+
+
 @contextlib.contextmanager
 def _ui(cli: list[str], env: dict, cwd: Path):
     """`rag-pipeline ui` (webserver and daemon) on a free port, once it answers; stopped afterwards."""
@@ -76,14 +87,7 @@ def _ui(cli: list[str], env: dict, cwd: Path):
     server = subprocess.Popen([*cli, "ui", "--host", "127.0.0.1", "--port", str(port)], env=env, cwd=cwd,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "webserver did not come up"
-                time.sleep(1)
+        _wait_for_webserver(port)
         yield port
     finally:
         os.killpg(server.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it: dg dev stops webserver and daemon
@@ -331,14 +335,7 @@ def test_a_stop_sent_to_the_ui_command_alone_stops_the_ui_it_started(cli_env, tm
                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "webserver did not come up"
-                time.sleep(1)
+        _wait_for_webserver(port)
         started = psutil.Process(command.pid).children(recursive=True)
         assert started  # dg dev, its webserver and daemon
         command.send_signal(signal.SIGTERM)  # to this process only, as a supervisor stopping a service does
