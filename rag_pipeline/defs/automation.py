@@ -11,7 +11,7 @@ from rag_pipeline.defs.housekeeping import housekeeping_job
 from rag_pipeline.defs.ingestion import DiscoverConfig, sources_to_scan
 from rag_pipeline.defs.resources import Rag
 from rag_pipeline.lifecycle.alerts import AlertSender, Observation, transitions
-from rag_pipeline.sources.folders import source_digest
+from rag_pipeline.sources import kinds
 
 if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
@@ -44,12 +44,20 @@ def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
     @dg.sensor(
         name="source_changes", job_name="ingest", minimum_interval_seconds=settings.source_sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        description="Launches a refresh when files appear, change or disappear in a source folder (or their "
-        "sidecar metadata changes). The cursor holds each source's digest and the number of launches.",
+        description="Launches a refresh when files appear, change or disappear in a source folder or object "
+        "store prefix (or their sidecar metadata changes): one listing per source per interval. The cursor holds each source's digest and the number of launches.",
     )
     def source_changes(context: dg.SensorEvaluationContext, rag: Rag):
-        digests = {source.name: source_digest(source) for source in sources_to_scan(rag, DiscoverConfig()).sources}
         cursor = json.loads(context.cursor) if context.cursor else {"launches": 0, "digests": {}}
+        digests = {}
+        for source in sources_to_scan(rag, DiscoverConfig()).sources:
+            try:
+                digests[source.name] = kinds.digest(source)
+            except Exception as exc:  # noqa: BLE001 - a store that cannot be listed now is not a change
+                context.log.warning(f"source {source.name}: cannot be listed ({type(exc).__name__}: "
+                                    f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); no change assumed")
+                if source.name in cursor["digests"]:
+                    digests[source.name] = cursor["digests"][source.name]
         changed = sorted(name for name, digest in digests.items() if cursor["digests"].get(name) != digest)
         if not changed:
             return dg.SkipReason(f"no change in {len(digests)} sources")

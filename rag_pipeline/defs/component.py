@@ -97,7 +97,7 @@ def check_yard(settings: Settings, package: Path) -> None:
     """What a Component in someone else's project may not do, refused at load with the key that says it."""
     where = settings.config_file
     for index, source in enumerate(settings.sources):
-        if not source.root.is_dir():
+        if source.store_scheme is None and not source.folder.is_dir():
             raise ConfigError(f"{where}: sources[{index}].root: {source.root} is not a folder (a relative root "
                               f"resolves against the configuration file's folder, {where.parent if where else '.'})")
     if settings.database_url:

@@ -109,7 +109,8 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
             "deletions_held": stats.deletions_held,
             "seconds": round(stats.seconds, 3),
             "per_source": typed_table(
-                ("source", "seen", "new", "changed", "deleted", "relabelled", "held", "deletions held"),
+                ("source", "seen", "new", "changed", "deleted", "relabelled", "held", "deletions held",
+                 "moved (pages reused)", "list requests", "sidecar reads", "metadata reads"),
                 [(name, *counts.values()) for name, counts in stats.per_source.items()],
             ),
             "problems": typed_table(  # documents named by ref by the stage: see stages.discover

@@ -43,6 +43,7 @@ FOLDER_SIDECAR = "_meta.json"
 SECRET_KEYS = frozenset({"password"})
 MAX_SIDECAR_BYTES = 64 * 1024
 MAX_SIDECAR_DEPTH = 16  # nesting of JSON values in a sidecar
+ETAG_ID = "etag:"  # an object's file_id: its ETag
 
 
 class UnsafePathError(ValueError):
@@ -158,14 +159,17 @@ class DiscoveredFile:
     held: tuple[DocumentStatus, str] | None = None
     # What the scan judged, so that parsing reads exactly that file (open_judged): device and inode, link count,
     # and for a link the path inside the root of its target (None: rel_path itself).
+    # An object's file_id is `etag:<ETag>`: the version the listing saw, the only one a download accepts.
     file_id: str | None = None
     file_links: int | None = None
     read_path: str | None = None
 
     @property
     def fingerprint(self) -> str:
-        # Cheap by design: deciding to skip a file must not read it.
-        return f"{self.size_bytes}:{self.mtime_ns}"
+        # Cheap by design: deciding to skip a file must not read it. `size:mtime_ns`, then an object's ETag.
+        base = f"{self.size_bytes}:{self.mtime_ns}"
+        return f"{base}:{self.file_id.removeprefix(ETAG_ID)}" if self.file_id and self.file_id.startswith(
+            ETAG_ID) else base
 
 
 @dataclass
@@ -210,6 +214,12 @@ def read_sidecar(path: Path, root: Path) -> dict[str, Any]:
             raw = handle.read(MAX_SIDECAR_BYTES + 1)
     except OSError as exc:
         raise SidecarError(f"sidecar {name} cannot be read: {exc.strerror or exc}") from None
+    return parse_sidecar(raw, name)
+
+
+def parse_sidecar(raw: bytes, name: str) -> dict[str, Any]:
+    """A sidecar's bytes (at most MAX_SIDECAR_BYTES + 1 of them read) as its validated object; the rules of
+    `read_sidecar`, for every kind of source."""
     if len(raw) > MAX_SIDECAR_BYTES:
         raise SidecarError(f"sidecar {name} is larger than {MAX_SIDECAR_BYTES} bytes")
     try:
@@ -220,8 +230,8 @@ def read_sidecar(path: Path, root: Path) -> dict[str, Any]:
         raise SidecarError(f"sidecar {name} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise SidecarError(f"sidecar {name} must hold a JSON object")
-    _refuse_unstorable(data, printable(path.name), 0)
-    _refuse_label_lookalikes(data, printable(path.name))
+    _refuse_unstorable(data, name, 0)
+    _refuse_label_lookalikes(data, name)
     if "acl_labels" in data:
         data["acl_labels"] = _labels(data["acl_labels"], name)
     return data

@@ -3,6 +3,7 @@ deleted), one transaction per source, without reading any document's bytes."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -13,7 +14,9 @@ import psycopg
 from rag_pipeline import store
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.domain.refs import document_name, without_path
-from rag_pipeline.sources.folders import DiscoveredFile, ScanProblem, ScanReport, scan_source
+from rag_pipeline.sources import kinds
+from rag_pipeline.sources.folders import DiscoveredFile, ScanProblem, ScanReport
+from rag_pipeline.sources.object_stores import StoreCounters
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
 from rag_pipeline.store.database import connect
 from rag_pipeline.store.scans import ReconcileCounts
@@ -36,7 +39,7 @@ class DiscoverStats(StageStats):
     problems: list[dict[str, str]] = field(default_factory=list)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
     SUMMARY = ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held", "deletions_held",
-               "problems")
+               "problems", "per_source")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredF
     documents are applied. Documents under paths the scan could not read (`report.unreadable`, complete once
     `files` is consumed) are kept as they were."""
     counts = ReconcileCounts(seen=store.scans.stage_scan(conn, files))
+    # Before anything is deleted: an object at a new key with the ETag and size of one already parsed (a move,
+    # a copy) takes that one's pages instead of being downloaded and parsed again.
+    counts.adopted = store.scans.adopt_moved(conn, source)
     unreadable = list(report.unreadable)  # read after the scan has run, not before
     missing, judged = store.scans.count_gone(conn, source, unreadable)
     reason = deletion_hold_reason(guard, counts.seen, missing, judged)
@@ -75,6 +81,7 @@ def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredF
     elif missing:
         counts.deleted = store.scans.delete_gone(conn, source, unreadable)
     store.scans.apply_scan(conn, source, counts)
+    counts.new += counts.adopted
     return counts
 
 
@@ -124,12 +131,14 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
                      confirmed: bool, origin: str) -> None:
     scan_started = datetime.now(UTC)
     report = ScanReport()
-    if not source.root.is_dir():
+    missing = kinds.root_problem(source)
+    if missing:
         # A missing (unmounted, mistyped) root must never read as "every document was deleted".
         stats.problems.append({"source": source.name, "path": str(source.root),
-                               "problem": "root folder missing; nothing changed"})
-        progress(f"source {source.name}: root folder {source.root} is missing; skipped, nothing deleted")
+                               "problem": f"{missing}; nothing changed"})
+        progress(f"source {source.name}: {missing}; skipped, nothing deleted")
         return
+    counters = StoreCounters()
     with connect(db_url) as conn, conn.transaction():
         store.sources.lock_source_scan(conn, source.name)  # two scans of one source at once would race
         # Writers take turns with the scan (see store.groups): a scan that narrows labels or deletes is never
@@ -138,7 +147,10 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         store.sources.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = DeletionGuard(source.max_deletion_share, confirmed)
-        counts = reconcile(conn, source.name, scan_source(source, report), report, guard)
+        # Read on a connection of its own: the scan's is busy streaming the listing into the staging table.
+        with connect(db_url) as lookup:
+            known = functools.partial(store.scans.stored_labels, lookup, source.name)
+            counts = reconcile(conn, source.name, kinds.scan(source, report, known, counters), report, guard)
         store.sources.record_scan(conn, source.name, scan_started, counts)
         listed = report.problems[:MAX_PROBLEMS_SHOWN]
         refs = store.documents.refs_of(conn, [(source.name, p.rel_path) for p in listed])
@@ -163,6 +175,9 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     stats.per_source[source.name] = {
         "seen": counts.seen, "new": counts.new, "changed": counts.changed, "deleted": counts.deleted,
         "relabelled": counts.relabelled, "held": counts.held, "deletions_held": counts.deletions_held,
+        "adopted": counts.adopted,  # object-store requests below: 0 for a folder
+        "list_requests": counters.list_requests, "sidecar_reads": counters.sidecar_reads,
+        "metadata_reads": counters.metadata_reads,
     }
     progress(
         f"source {source.name}: {counts.seen} files, {counts.new} new, {counts.changed} changed, "

@@ -22,12 +22,9 @@ from rag_pipeline.config import SourceConfig
 from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.parsing.cascade import Cascade, parse_document
 from rag_pipeline.parsing.pages import DeadLetter
-from rag_pipeline.sources.folders import (
-    ChangedSinceScanError,
-    UnsafePathError,
-    document_password,
-    open_judged,
-)
+from rag_pipeline.sources import kinds
+from rag_pipeline.sources.folders import ChangedSinceScanError, UnsafePathError, open_judged
+from rag_pipeline.sources.object_stores import SourceReadError, download_judged
 from rag_pipeline.stages.common import StageStats, count
 from rag_pipeline.store.queue import PendingDocument
 from rag_pipeline.text.cleaning import clean_parsed_pages, content_hash
@@ -43,6 +40,9 @@ class ParseStats(StageStats):
     dead_lettered: int = 0
     vanished: int = 0
     changed_since_scan: int = 0  # left for the next scan: the file is not the one it judged
+    unreadable: int = 0  # left for the next run: its object store could not be read (down, access denied)
+    objects_downloaded: int = 0
+    bytes_downloaded: int = 0
     pages: int = 0
     tiers: dict[str, int] = field(default_factory=dict)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
@@ -51,7 +51,8 @@ class ParseStats(StageStats):
     escalation_reasons: dict[str, int] = field(default_factory=dict)
     unresolved_pages: int = 0  # failed the check and no tier could do better
     tiers_unavailable: dict[str, str] = field(default_factory=dict)
-    SUMMARY = ("parsed", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages")
+    SUMMARY = ("parsed", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages",
+               "objects_downloaded", "bytes_downloaded")
 
 
 def parse_one(
@@ -59,17 +60,20 @@ def parse_one(
     stats: ParseStats,
 ) -> None:
     read_path = doc.read_path or doc.rel_path
-    size, mtime_ns = (int(part) for part in doc.fingerprint.split(":"))
+    size, mtime_ns = (int(part) for part in doc.fingerprint.split(":")[:2])  # an object's ETag follows
     try:
         if size > cascade.config.max_file_bytes:
             raise DeadLetter("too_large", f"{size:,} bytes; parsing.max_file_bytes is {cascade.config.max_file_bytes:,}")
-        password = document_password(source, read_path)
-        # Exactly the file the scan judged, reached without following a link: a name swapped since for a link
-        # (to a file with other labels) or for another file is left for the next scan to judge again.
-        fd = open_judged(source.root.resolve(), read_path, size, mtime_ns, doc.file_id, doc.file_links)
-        with private_copy(fd, size, PurePosixPath(read_path).suffix) as path:
+        password = kinds.password(source, read_path)
+        # Exactly what the scan judged: a folder's file reached without following a link (a name swapped since
+        # for a link, to a file with other labels, or for another file is left for the next scan to judge
+        # again), an object at exactly its listed ETag.
+        with judged_copy(source, read_path, size, mtime_ns, doc.file_id, doc.file_links) as path:
             # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because
             # furniture is found by comparing pages.
+            if source.store_scheme is not None:
+                stats.objects_downloaded += 1
+                stats.bytes_downloaded += size
             parsed = parse_document(path, password, cascade)
         removed = clean_parsed_pages(parsed)
         new_hash = content_hash([page.markdown for page in parsed])
@@ -88,6 +92,10 @@ def parse_one(
     except ChangedSinceScanError as exc:
         log.info("%s/%s: %s; left for the next scan", doc.source, doc.rel_path, exc)
         stats.changed_since_scan += 1
+        return
+    except SourceReadError as exc:
+        log.warning("%s/%s: %s; left for the next run", doc.source, doc.rel_path, exc)
+        stats.unreadable += 1
         return
     except FileNotFoundError:
         stats.vanished += 1  # deleted after discovery; the next scan logs the deletion
@@ -120,16 +128,28 @@ PRIVATE_COPY_PREFIX = "rag-parse-"
 
 
 @contextlib.contextmanager
-def private_copy(fd: int, size: int, suffix: str) -> Iterator[Path]:
-    """The open file's bytes in a private folder (mode 0700), named by the suffix the parsers dispatch on, for
-    parsers that take a path: nothing at the source can change what they read. `fd` is closed. A file whose
-    length or modification time changed while it was copied is changed since the scan. The folder is named after
-    this process, so that a worker killed mid-parse leaves nothing for long (remove_orphaned_copies)."""
+def judged_copy(source: SourceConfig, read_path: str, size: int, mtime_ns: int, file_id: str | None,
+                file_links: int | None) -> Iterator[Path]:
+    """The bytes the scan judged, in a private folder (mode 0700) named after this process (so that a worker
+    killed mid-parse leaves nothing for long: remove_orphaned_copies), under the suffix the parsers dispatch on:
+    nothing at the source can change what the parsers read."""
+    suffix = PurePosixPath(read_path).suffix
     suffix = suffix if re.fullmatch(r"\.[A-Za-z0-9]{1,16}", suffix) else ""
-    with os.fdopen(fd, "rb") as source, tempfile.TemporaryDirectory(
-            prefix=f"{PRIVATE_COPY_PREFIX}{os.getpid()}-") as folder:
-        before = os.fstat(source.fileno())
+    with tempfile.TemporaryDirectory(prefix=f"{PRIVATE_COPY_PREFIX}{os.getpid()}-") as folder:
         path = Path(folder) / f"document{suffix}"
+        if source.store_scheme is None:
+            fd = open_judged(source.folder.resolve(), read_path, size, mtime_ns, file_id, file_links)
+            copy_descriptor(fd, size, path)
+        else:
+            download_judged(source, read_path, file_id, size, path)
+        yield path
+
+
+def copy_descriptor(fd: int, size: int, path: Path) -> None:
+    """Copy the open file's bytes to `path`; `fd` is closed. A file whose length or modification time changed
+    while it was copied is changed since the scan."""
+    with os.fdopen(fd, "rb") as source:
+        before = os.fstat(source.fileno())
         copied = 0
         with open(path, "wb") as target:
             while chunk := source.read(min(COPY_CHUNK_BYTES, size + 1 - copied)):
@@ -140,7 +160,6 @@ def private_copy(fd: int, size: int, suffix: str) -> Iterator[Path]:
         after = os.fstat(source.fileno())
         if copied != size or after.st_size != size or after.st_mtime_ns != before.st_mtime_ns:
             raise ChangedSinceScanError("the file changed while it was read")
-        yield path
 
 
 def remove_orphaned_copies(folder: Path | None = None) -> int:

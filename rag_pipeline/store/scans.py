@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 
 from rag_pipeline.domain import ids
 from rag_pipeline.domain.status import DOCUMENT_HELD, DocumentStatus
-from rag_pipeline.sources.folders import DiscoveredFile
+from rag_pipeline.sources.folders import ETAG_ID, DiscoveredFile
 from rag_pipeline.store import groups, versions
 
 D = DocumentStatus
@@ -35,6 +35,7 @@ class ReconcileCounts:
     deleted: int = 0
     deletions_held: int = 0  # what a guarded scan would have deleted, and did not
     deletions_held_reason: str | None = None
+    adopted: int = 0  # new objects that took the parsed pages of an object with the same ETag (moved, copied)
 
     @property
     def unchanged(self) -> int:
@@ -86,6 +87,55 @@ def stage_scan(conn: psycopg.Connection, files: Iterable[DiscoveredFile]) -> int
             )
     conn.execute("ANALYZE scan_files")
     return seen
+
+
+def stored_labels(conn: psycopg.Connection, source: str, rel_paths: Sequence[str]
+                  ) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """(fingerprint, labels) of the source's documents at these paths that are not held: an object whose
+    fingerprint is unchanged keeps the labels its metadata gave, without reading the metadata again."""
+    rows = conn.execute(
+        "SELECT rel_path, fingerprint, acl_labels FROM documents WHERE source = %s AND rel_path = ANY(%s)"
+        " AND NOT status = ANY(%s)", (source, list(rel_paths), list(DOCUMENT_HELD)),
+    ).fetchall()
+    return {rel_path: (fingerprint, tuple(labels)) for rel_path, fingerprint, labels in rows}
+
+
+def adopt_moved(conn: psycopg.Connection, source: str) -> int:
+    """Insert the staged scan's new objects that have a twin: a parsed document of the same source with the same
+    ETag and size (a move, or a copy). Each takes its twin's pages and goes to chunking; its chunks' vectors come
+    from the embedding cache. Nothing is downloaded or parsed again. Labels, title and metadata are the new
+    object's own. Runs before deletions, so a move finds the document it left. Returns how many."""
+    params = {"source": source, "etag": f"{ETAG_ID}%", "parsed": [D.INDEXED.value, D.PENDING_CHUNK.value,
+                                                                     D.PENDING_INDEX.value], **_STATUS}
+    conn.execute(
+        """CREATE TEMP TABLE scan_twins ON COMMIT DROP AS
+           SELECT DISTINCT ON (s.doc_id) s.doc_id AS new_id, d.doc_id AS old_id
+           FROM scan_files s JOIN documents d ON d.source = %(source)s AND d.file_id = s.file_id
+                                            AND d.size_bytes = s.size_bytes
+           WHERE s.file_id LIKE %(etag)s AND s.hold_status IS NULL AND cardinality(s.acl_labels) > 0
+             AND d.status = ANY(%(parsed)s) AND d.content_hash IS NOT NULL
+             AND NOT EXISTS (SELECT 1 FROM documents x WHERE x.doc_id = s.doc_id)
+           ORDER BY s.doc_id, d.doc_id""",
+        params,
+    )
+    adopted = conn.execute(
+        """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels, title,
+                                  metadata, status, file_id, content_hash, page_count, parser_version, cleaning,
+                                  parsed_at)
+           SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
+                  s.title, s.metadata, %(pending_chunk)s, s.file_id, d.content_hash, d.page_count,
+                  d.parser_version, d.cleaning, now()
+           FROM scan_twins t JOIN scan_files s ON s.doc_id = t.new_id JOIN documents d ON d.doc_id = t.old_id
+           RETURNING doc_id""",
+        params,
+    ).rowcount
+    conn.execute(
+        """INSERT INTO document_pages (doc_id, page, tier, signals, parser_version, seconds, markdown)
+           SELECT t.new_id, p.page, p.tier, p.signals, p.parser_version, p.seconds, p.markdown
+           FROM scan_twins t JOIN document_pages p ON p.doc_id = t.old_id"""
+    )
+    conn.execute("DROP TABLE scan_twins")
+    return adopted
 
 
 def count_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> tuple[int, int]:

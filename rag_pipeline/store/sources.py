@@ -62,7 +62,7 @@ def registered_sources(conn: psycopg.Connection, origin: str | None = None) -> l
            WHERE %(origin)s::text IS NULL OR origin = %(origin)s ORDER BY name""", {"origin": origin}
     ).fetchall()
     return [
-        SourceConfig(name=name, root=Path(root), include=tuple(inc), acl_labels=tuple(acl), freshness_sla=sla)
+        SourceConfig(name=name, root=root if "://" in root else Path(root), include=tuple(inc), acl_labels=tuple(acl), freshness_sla=sla)
         for name, root, inc, acl, sla in rows
     ]
 

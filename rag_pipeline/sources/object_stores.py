@@ -1,0 +1,436 @@
+"""Object-store sources: a prefix of an S3 (or S3-compatible), GCS or Azure Blob bucket, read through obstore.
+
+obstore is one client for the three store families (the Rust object_store crate Apache Arrow keeps), with streamed
+paginated listings, conditional reads (If-Match) and bounded retries; the fsspec family (s3fs, gcsfs, adlfs) is
+three libraries with three async stacks. See docs/sources.md for the measurement.
+
+A scan lists the prefix once, streamed, page by page: objects go to a spool file on disk and only sidecars are kept
+in memory, so memory stays flat however long the listing. Each object is judged as a folder's file is
+(rag_pipeline.sources.folders): sidecars (`<key>.meta.json`, `_meta.json` under a prefix) give labels, titles and
+passwords under the same fail-closed rules, or the object's own user metadata gives its labels
+(`labels_from: metadata`). Nothing of a document's bytes is read by a scan.
+
+An object's identity is its ETag (`file_id = etag:<ETag>`); the fingerprint adds size and last-modified. A refresh
+downloads only objects whose fingerprint changed, and a download asks for exactly the ETag the listing saw
+(If-Match): a newer write fails the precondition and waits for the next scan, so the version judged is the version
+read. Keys are untrusted: a key with '..', '.', empty or control-character segments is refused, never joined. The
+client itself refuses to list a key with an empty, '.' or '..' segment (`a//b`): such a key fails the whole listing,
+so the scan changes nothing and names the key until it is renamed (fail closed, never a partial listing).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rag_pipeline.config import SourceConfig, parse_labels
+from rag_pipeline.domain import ids
+from rag_pipeline.domain.status import D, DocumentStatus
+from rag_pipeline.sources.folders import (
+    ETAG_ID,
+    FILE_SIDECAR_SUFFIX,
+    FOLDER_SIDECAR,
+    MAX_SIDECAR_BYTES,
+    SECRET_KEYS,
+    ChangedSinceScanError,
+    DiscoveredFile,
+    ScanReport,
+    SidecarError,
+    UnsafePathError,
+    is_sidecar,
+    parse_sidecar,
+)
+
+LIST_PAGE = 1000  # keys per listing request (S3's and GCS's maximum, Azure's default is 5000)
+MAX_KEY_CHARS = 1024
+DOWNLOAD_CHUNK_BYTES = 1 << 20
+BATCH = 256  # objects judged together: their sidecar and metadata reads run concurrently
+
+
+class SourceReadError(OSError):
+    """An object could not be read after the retries (the store is down, access denied): the document waits for
+    the next run, as it was; nothing is dead-lettered for the store's trouble."""
+
+
+@dataclass
+class StoreCounters:
+    """What one scan or download cost in requests and bytes, for the run's metadata."""
+
+    listed: int = 0
+    list_requests: int = 0
+    sidecar_reads: int = 0
+    metadata_reads: int = 0
+    bytes_read: int = 0
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ImportError:  # obstore is a core dependency; this is a broken install
+        raise ImportError("object-store sources need the obstore package: pip install obstore") from None
+    return obstore
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """'s3://bucket/a/b/' -> ('s3', 'bucket', 'a/b'): scheme, bucket (or container) and prefix without slashes
+    at either end."""
+    scheme, _, rest = url.partition("://")
+    bucket, _, prefix = rest.partition("/")
+    return scheme, bucket, prefix.strip("/")
+
+
+def build_store(source: SourceConfig, *, for_download: bool = False) -> Any:
+    """The obstore store of a source, credentials from the environment (the variables `credentials_env` names,
+    then the cloud's standard chain). A listing's or a metadata read's request is bounded as a whole; a download's
+    by its connection and by each read (a large file may take long, a stalled one may not)."""
+    from obstore.store import AzureStore, GCSStore, S3Store
+
+    scheme, bucket, prefix = split_url(str(source.root))
+    timeout = timedelta(seconds=source.request_timeout_seconds)
+    client: dict[str, Any] = {"connect_timeout": timedelta(seconds=min(30.0, source.request_timeout_seconds)),
+                              "allow_http": source.allow_http}
+    client.update({"read_timeout": timeout} if for_download else {"timeout": timeout})
+    retry = {"max_retries": source.max_retries, "retry_timeout": timedelta(minutes=3),
+             "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=15), "base": 2}}
+    config: dict[str, Any] = {}
+    for key, variable in source.credentials_env.items():
+        value = os.environ.get(variable)
+        if not value:
+            raise SourceReadError(f"source {source.name!r}: credentials_env.{key} names ${variable}, which is not "
+                                  "set")
+        config[key] = value
+    if scheme == "s3":
+        if source.endpoint_url:
+            config["endpoint"] = source.endpoint_url
+        if source.region:
+            config["region"] = source.region
+        return S3Store(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
+    if scheme == "gs":
+        if source.endpoint_url:
+            config["base_url"] = source.endpoint_url
+        return GCSStore(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
+    if source.endpoint_url:
+        config["endpoint"] = source.endpoint_url
+    return AzureStore(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
+
+
+def key_problem(key: str) -> str | None:
+    """Why a key may not become a document (it would escape or alias the prefix, or cannot be stored), or None."""
+    if not key or len(key) > MAX_KEY_CHARS:
+        return f"key is empty or longer than {MAX_KEY_CHARS} characters"
+    if key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
+        return "key has an empty, '.' or '..' segment (it would escape or alias the prefix)"
+    if any(ord(char) < 0x20 or ord(char) == 0x7F or char == "\ufffd" for char in key):
+        return "key holds control characters (the client lists them as U+FFFD)"
+    return None
+
+
+def _matches(key: str, patterns: Sequence[str]) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatch(key, p) or fnmatch.fnmatch(name, p) for p in patterns)
+
+
+def _mtime_ns(meta: dict[str, Any]) -> int:
+    return int(meta["last_modified"].timestamp() * 1_000_000) * 1000
+
+
+def list_objects(store: Any, counters: StoreCounters) -> Iterator[dict[str, Any]]:
+    """Every object under the store's prefix, one listing page at a time (never the whole listing in memory)."""
+    obstore = _obstore()
+    for page in obstore.list(store, chunk_size=LIST_PAGE):
+        counters.list_requests += 1
+        for meta in page:
+            counters.listed += 1
+            yield meta
+
+
+def _read_sidecar(store: Any, key: str, counters: StoreCounters) -> dict[str, Any]:
+    obstore = _obstore()
+    try:
+        result = obstore.get(store, key, options={"range": (0, MAX_SIDECAR_BYTES + 1)})
+        raw = bytes(result.bytes())
+    except FileNotFoundError:
+        raise SidecarError(f"sidecar {key} was listed but is gone") from None
+    except Exception as exc:  # noqa: BLE001 - any failure to read a sidecar holds what it speaks for
+        raise SidecarError(f"sidecar {key} cannot be read: {type(exc).__name__}: {str(exc)[:200]}") from None
+    counters.sidecar_reads += 1
+    return parse_sidecar(raw, key)
+
+
+def metadata_labels(attributes: dict[str, str], key_name: str, key: str) -> tuple[str, ...] | None:
+    """The labels an object's user metadata gives (None: the key is absent). The value must be a JSON list of
+    non-empty strings: anything else is ambiguous ("hr, staff": one label or two?) and holds the object."""
+    found = [value for name, value in attributes.items() if name.lower() == key_name]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise SidecarError(f"object {key}: metadata key {key_name!r} appears {len(found)} times")
+    try:
+        value = json.loads(found[0])
+    except json.JSONDecodeError:
+        raise SidecarError(f"object {key}: metadata {key_name} is not a JSON list of labels, e.g. "
+                           '["hr", "staff"]') from None
+    if (not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value)):
+        raise SidecarError(f"object {key}: metadata {key_name} must be a JSON list of non-empty strings")
+    return parse_labels(value)
+
+
+def _read_metadata(store: Any, key: str, etag: str | None, counters: StoreCounters) -> dict[str, str]:
+    obstore = _obstore()
+    options: dict[str, Any] = {"head": True}
+    if etag:
+        options["if_match"] = etag
+    try:
+        result = obstore.get(store, key, options=options)
+    except Exception as exc:  # noqa: BLE001 - unreadable metadata holds the object
+        raise SidecarError(f"object {key}: its metadata cannot be read: {type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0][:200]}") from None
+    counters.metadata_reads += 1
+    return dict(result.attributes)
+
+
+@dataclass
+class _Listed:
+    key: str
+    size: int
+    mtime_ns: int
+    etag: str | None
+
+
+# The labels a scan stored for objects, by key: (fingerprint, labels), for objects whose fingerprint did not change
+# (their metadata cannot have: a metadata change rewrites the object). Given by the discover stage.
+KnownLabels = Callable[[Sequence[str]], dict[str, tuple[str, tuple[str, ...]]]]
+
+
+def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: KnownLabels | None = None,
+                 counters: StoreCounters | None = None, store: Any = None) -> Iterator[DiscoveredFile]:
+    """Yield every matching object under the source's prefix, judged by its sidecars (or its metadata), in listing
+    order. A listing that fails raises (the scan then changes nothing); a bad key or an unreadable sidecar is
+    reported or holds what it speaks for, and never stops the scan."""
+    report = report if report is not None else ScanReport()
+    counters = counters if counters is not None else StoreCounters()
+    store = store if store is not None else build_store(source)
+    sidecars: dict[str, str | None] = {}  # sidecar key -> its ETag
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:
+        for meta in list_objects(store, counters):
+            key = meta["path"]
+            problem = key_problem(key)
+            if problem:
+                report.problem(key.encode("utf-8", "backslashreplace").decode("utf-8")[:300], f"{problem}; skipped")
+                continue
+            name = key.rsplit("/", 1)[-1]
+            if is_sidecar(name):
+                sidecars[key] = meta.get("e_tag")
+            elif _matches(key, source.include):
+                spool.write(json.dumps([key, meta["size"], _mtime_ns(meta), meta.get("e_tag")]) + "\n")
+        spool.seek(0)
+        judge = _Judge(source, store, sidecars, counters, known)
+        with ThreadPoolExecutor(source.max_concurrency, thread_name_prefix=f"scan-{source.name}") as pool:
+            batch: list[_Listed] = []
+            for line in spool:
+                batch.append(_Listed(*json.loads(line)))
+                if len(batch) == BATCH:
+                    yield from judge.batch(batch, pool)
+                    batch = []
+            yield from judge.batch(batch, pool)
+
+
+class _Judge:
+    """Labels, titles and holds of listed objects, from the sidecars (read once each) or their metadata."""
+
+    def __init__(self, source: SourceConfig, store: Any, sidecars: dict[str, str | None], counters: StoreCounters,
+                 known: KnownLabels | None):
+        self.source, self.store, self.sidecars, self.counters, self.known = source, store, sidecars, counters, known
+        self.prefixes: dict[str, tuple[dict[str, Any], str | None]] = {}  # prefix -> (inherited meta, held reason)
+        self.read: dict[str, dict[str, Any] | SidecarError] = {}
+
+    def _sidecar(self, key: str) -> dict[str, Any] | SidecarError:
+        if key not in self.read:
+            try:
+                self.read[key] = _read_sidecar(self.store, key, self.counters)
+            except SidecarError as exc:
+                self.read[key] = exc
+        return self.read[key]
+
+    def _prefix(self, prefix: str) -> tuple[dict[str, Any], str | None]:
+        """What the `_meta.json` sidecars from the root down to `prefix` ('' is the root) say below it."""
+        chain = []
+        while prefix not in self.prefixes:
+            chain.append(prefix)
+            if not prefix:
+                break
+            prefix = prefix.rpartition("/")[0]
+        for current in reversed(chain):
+            parent = current.rpartition("/")[0]
+            meta, held = ({}, None) if not current else self.prefixes[parent]
+            meta = dict(meta)
+            sidecar = f"{current}/{FOLDER_SIDECAR}" if current else FOLDER_SIDECAR
+            if held is None and sidecar in self.sidecars:
+                read = self._sidecar(sidecar)
+                if isinstance(read, SidecarError):
+                    held = f"{sidecar}: {read}"
+                else:
+                    meta.update(read)
+            self.prefixes[current] = (meta, held)
+        return self.prefixes[chain[0] if chain else prefix]
+
+    def batch(self, batch: list[_Listed], pool: ThreadPoolExecutor) -> Iterator[DiscoveredFile]:
+        if not batch:
+            return
+        # Sidecars and metadata of the batch are fetched concurrently, then judged in order.
+        wanted = [f"{item.key}{FILE_SIDECAR_SUFFIX}" for item in batch
+                  if f"{item.key}{FILE_SIDECAR_SUFFIX}" in self.sidecars]
+        wanted += [sidecar for item in batch for sidecar in self._prefix_sidecars(item.key)]
+        wanted = [key for key in dict.fromkeys(wanted) if key not in self.read]
+        for key, read in zip(wanted, pool.map(self._try_sidecar, wanted), strict=True):
+            self.read[key] = read
+        attributes: dict[str, dict[str, str] | SidecarError] = {}
+        if self.source.labels_from == "metadata":
+            known = self.known([item.key for item in batch]) if self.known else {}
+            stale = [item for item in batch if known.get(item.key, ("", ()))[0] != _fingerprint(item)]
+            for item, read in zip(stale, pool.map(self._try_metadata, stale), strict=True):
+                attributes[item.key] = read
+            for item in batch:
+                if item.key not in attributes:
+                    attributes[item.key] = {self.source.labels_metadata_key: json.dumps(list(known[item.key][1]))}
+        for item in batch:
+            yield self._judge(item, attributes.get(item.key))
+
+    def _prefix_sidecars(self, key: str) -> list[str]:
+        parts = key.split("/")[:-1]
+        prefixes = [""] + ["/".join(parts[:i + 1]) for i in range(len(parts))]
+        return [sidecar for prefix in prefixes
+                if (sidecar := f"{prefix}/{FOLDER_SIDECAR}" if prefix else FOLDER_SIDECAR) in self.sidecars]
+
+    def _try_sidecar(self, key: str) -> dict[str, Any] | SidecarError:
+        try:
+            return _read_sidecar(self.store, key, self.counters)
+        except SidecarError as exc:
+            return exc
+
+    def _try_metadata(self, item: _Listed) -> dict[str, str] | SidecarError:
+        try:
+            return _read_metadata(self.store, item.key, item.etag, self.counters)
+        except SidecarError as exc:
+            return exc
+
+    def _judge(self, item: _Listed, attributes: dict[str, str] | SidecarError | None) -> DiscoveredFile:
+        meta, held_reason = self._prefix(item.key.rpartition("/")[0])
+        meta = dict(meta)
+        held: tuple[DocumentStatus, str] | None = (D.HELD_BAD_SIDECAR, held_reason) if held_reason else None
+        sidecar = f"{item.key}{FILE_SIDECAR_SUFFIX}"
+        if held is None and sidecar in self.sidecars:
+            read = self._sidecar(sidecar)
+            if isinstance(read, SidecarError):
+                held = (D.HELD_BAD_SIDECAR, str(read))
+            else:
+                meta.update(read)
+        labels = tuple(meta.pop("acl_labels")) if "acl_labels" in meta else None
+        if held is None and self.source.labels_from == "metadata":
+            # One place says who may read: labels in a sidecar beside metadata labels are ambiguous.
+            if labels is not None:
+                held = (D.HELD_BAD_SIDECAR, "a sidecar sets acl_labels, but this source takes labels from object "
+                        "metadata (labels_from: metadata)")
+            elif isinstance(attributes, SidecarError):
+                held = (D.HELD_BAD_SIDECAR, str(attributes))
+            else:
+                try:
+                    labels = metadata_labels(attributes or {}, self.source.labels_metadata_key, item.key)
+                except SidecarError as exc:
+                    held = (D.HELD_BAD_SIDECAR, str(exc))
+        if labels is None:
+            labels = self.source.acl_labels
+        title = meta.pop("title", None)
+        return DiscoveredFile(
+            source=self.source.name, rel_path=item.key, doc_id=ids.doc_id(self.source.name, item.key),
+            size_bytes=item.size, mtime_ns=item.mtime_ns,
+            acl_labels=() if held else labels,
+            title=str(title) if title is not None and not held else None,
+            metadata={} if held else {k: v for k, v in meta.items() if k not in SECRET_KEYS},
+            held=held, file_id=f"{ETAG_ID}{item.etag}" if item.etag else None,
+        )
+
+
+def _fingerprint(item: _Listed) -> str:
+    base = f"{item.size}:{item.mtime_ns}"
+    return f"{base}:{item.etag}" if item.etag else base
+
+
+def objects_digest(source: SourceConfig) -> str:
+    """A digest of the listing (keys, ETags, sizes, times; sidecars' too): it changes exactly when a refresh
+    would have work to do, at the cost of the listing alone. Raises when the listing fails."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for meta in list_objects(build_store(source), StoreCounters()):
+        digest.update(json.dumps([meta["path"], meta["size"], _mtime_ns(meta), meta.get("e_tag")]).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def object_password(source: SourceConfig, key: str) -> str | None:
+    """The password an object's sidecar gives for an encrypted PDF, read only when parsing needs it."""
+    store = build_store(source)
+    try:
+        password = _read_sidecar(store, f"{key}{FILE_SIDECAR_SUFFIX}", StoreCounters()).get("password")
+    except SidecarError:
+        return None
+    return str(password) if password is not None else None
+
+
+def download_judged(source: SourceConfig, key: str, file_id: str | None, size: int, target: Path,
+                    counters: StoreCounters | None = None, store: Any = None) -> None:
+    """Write the object the scan judged to `target` (a private file), streamed: exactly its listed ETag
+    (If-Match), exactly its listed size. A cut connection or a server error is retried with backoff; a newer
+    version raises ChangedSinceScanError (it waits for the next scan), a deleted object FileNotFoundError."""
+    obstore = _obstore()
+    from obstore.exceptions import NotFoundError, PermissionDeniedError, PreconditionError
+
+    if key_problem(key):
+        raise UnsafePathError(f"refusing key {key!r}")
+    counters = counters if counters is not None else StoreCounters()
+    store = store if store is not None else build_store(source, for_download=True)
+    options = {"if_match": file_id.removeprefix(ETAG_ID)} if file_id and file_id.startswith(ETAG_ID) else {}
+    attempts = source.max_retries + 1
+    for attempt in range(attempts):
+        written = 0
+        try:
+            result = obstore.get(store, key, options=options)
+            with open(target, "wb") as out:
+                for chunk in result.stream(min_chunk_size=DOWNLOAD_CHUNK_BYTES):
+                    written += len(chunk)
+                    if written > size:
+                        raise ChangedSinceScanError("the object is larger than the listing said")
+                    out.write(chunk)
+            counters.bytes_read += written
+            if written != size:
+                raise _ShortRead(f"{written} of {size} bytes arrived")
+            return
+        except PreconditionError:
+            raise ChangedSinceScanError("a newer version was written since the scan") from None
+        except NotFoundError:
+            raise FileNotFoundError(key) from None
+        except PermissionDeniedError as exc:
+            raise SourceReadError(f"access denied: {str(exc).splitlines()[0][:200]}") from None
+        except ChangedSinceScanError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a cut stream, a timeout, 5xx after obstore's own retries
+            counters.bytes_read += written
+            if attempt + 1 == attempts:
+                raise SourceReadError(f"download failed after {attempts} attempts: {type(exc).__name__}: "
+                                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
+            time.sleep(min(15.0, 0.5 * 2 ** attempt) * (0.5 + random.random() / 2))
+
+
+class _ShortRead(OSError):
+    """The stream ended before the listed size: retried, never indexed half."""
