@@ -19,7 +19,6 @@ from rag_pipeline import store
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.domain import ids
-from rag_pipeline.sources import kinds
 from rag_pipeline.sources.folders import ScanReport
 from rag_pipeline.sources.object_stores import (
     SourceReadError,
@@ -433,17 +432,35 @@ def test_a_server_killed_mid_listing_changes_nothing(bucket, s3, make_settings, 
         s3.start()
 
 
-def test_the_sensor_digest_follows_the_listing(bucket):
+def test_the_sensor_launches_on_a_listing_change_only(bucket, s3, make_settings, instance):
+    import dagster as dg
+
+    from rag_pipeline.defs.code_location import build_definitions
+    from rag_pipeline.defs.resources import RagResource
+
     box = bucket("s3")
     box.put("a.md", TRAVEL)
-    config = box.config()
-    first = kinds.digest(config)
-    assert kinds.digest(config) == first
-    box.put("a.md.meta.json", json.dumps({"acl_labels": ["hr"]}).encode())
-    second = kinds.digest(config)
-    assert second != first
+    settings = make_settings([box.source(max_retries=1)])
+    sensor = build_definitions(settings).resolve_sensor_def("source_changes")
+
+    def tick(cursor):
+        context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"rag": RagResource(settings)})
+        return sensor.evaluate_tick(context)
+
+    first = tick(None)
+    assert len(first.run_requests) == 1
+    assert tick(first.cursor).run_requests == []  # one listing, nothing changed: no run
+    box.put("a.md.meta.json", json.dumps({"acl_labels": ["hr"]}).encode())  # a sidecar is a change
+    relabelled = tick(first.cursor)
+    assert len(relabelled.run_requests) == 1
     box.put("a.md", EXPENSES)
-    assert kinds.digest(config) != second
+    assert len(tick(relabelled.cursor).run_requests) == 1
+    # A store that cannot be listed is not a change: no run into a scan that would fail.
+    s3.kill()
+    try:
+        assert tick(relabelled.cursor).run_requests == []
+    finally:
+        s3.start()
 
 
 def test_object_store_configuration_is_refused_with_the_key(tmp_path):
@@ -462,3 +479,11 @@ def test_object_store_configuration_is_refused_with_the_key(tmp_path):
             SourceConfig(name="s", **entry)
         assert key in str(refused.value), (entry, str(refused.value))
     assert SourceConfig.from_cli("s=s3://docs/x/").store_scheme == "s3"
+
+
+def test_a_command_line_object_store_source_is_registered_with_its_url(db):
+    given = SourceConfig.from_cli("cli=gs://docs/team/", ("staff",))
+    store.sources.upsert_source(db, given, "command_line")
+    (registered,) = store.sources.registered_sources(db, "command_line")
+    assert registered.root == "gs://docs/team/" and registered.store_scheme == "gs"
+    assert registered.acl_labels == ("staff",)

@@ -83,6 +83,10 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
         "tier_mix": typed_table(("tier", "pages"), sorted(stats.tiers.items())),
         "pages_escalated": stats.escalated,
         "pages_unresolved": stats.unresolved_pages,
+        # Object stores: what the parse workers downloaded; objects skipped are the scan's `unchanged`.
+        "objects_downloaded": stats.objects_downloaded,
+        "bytes_downloaded": dg.MetadataValue.int(stats.bytes_downloaded),
+        "left_for_next_run": stats.changed_since_scan + stats.unreadable,
         "escalations": typed_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
         "tiers_unavailable": typed_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
         "chars_removed_by_cleaning": typed_table(("rule", "characters"), sorted(stats.chars_removed.items())),

@@ -97,8 +97,9 @@ def build_store(source: SourceConfig, *, for_download: bool = False) -> Any:
 
     scheme, bucket, prefix = split_url(str(source.root))
     timeout = timedelta(seconds=source.request_timeout_seconds)
-    client: dict[str, Any] = {"connect_timeout": timedelta(seconds=min(30.0, source.request_timeout_seconds)),
-                              "allow_http": source.allow_http}
+    client: dict[str, Any] = {"connect_timeout": timedelta(seconds=min(30.0, source.request_timeout_seconds))}
+    if source.allow_http:  # else the client's default, or the environment's (AWS_ALLOW_HTTP, as for an endpoint)
+        client["allow_http"] = True
     client.update({"read_timeout": timeout} if for_download else {"timeout": timeout})
     retry = {"max_retries": source.max_retries, "retry_timeout": timedelta(minutes=3),
              "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=15), "base": 2}}
