@@ -176,6 +176,7 @@ def test_new_changed_moved_relabelled_deleted_objects(kind, bucket, make_setting
     text = _indexed_text(db_url, "hr/travel.md")
     assert "Business class" in text and "Economy class" not in text
     assert "Sixteen weeks" in _indexed_text(db_url, "archive/leave.md")
+    assert second["vectors_embedded"] == 1  # the changed one; the moved one's vector comes from the cache
     assert _indexed_text(db_url, "finance/leave.md") == ""
     documents = _documents(db_url)
     assert documents["hr/expenses.md"] == ("indexed", ["finance"])
