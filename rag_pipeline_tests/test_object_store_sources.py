@@ -259,6 +259,12 @@ def test_labels_from_object_metadata(kind, bucket, db_url, make_settings, instan
     assert _documents(db_url)["a.md"] == ("indexed", ["exec"])
     assert third["vectors_embedded"] == 0  # same bytes: labels changed on the rows, nothing re-embedded
 
+    # New default labels: the labels stored with unchanged objects may be old defaults, so all are read again.
+    fourth = _ingest(make_settings, instance, {**source, "acl_labels": ["everyone"]})
+    assert fourth["per_source"]["bucket"]["metadata_reads"] == 4
+    assert _documents(db_url)["b.md"] == ("indexed", ["everyone"])
+    assert _documents(db_url)["a.md"] == ("indexed", ["exec"])
+
 
 @pytest.mark.parametrize("versioned", [False, True], ids=["unversioned", "versioned"])
 def test_the_version_listed_is_the_version_read(versioned, bucket, s3, make_settings, instance, db_url):

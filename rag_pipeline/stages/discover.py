@@ -144,12 +144,13 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         # Writers take turns with the scan (see store.groups): a scan that narrows labels or deletes is never
         # half-seen by an index write. Parse and embedding work goes on meanwhile; only their writes wait.
         store.groups.lock_assignment(conn)
-        store.sources.upsert_source(conn, source, origin)
+        same_labelling = store.sources.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = DeletionGuard(source.max_deletion_share, confirmed)
         # Read on a connection of its own: the scan's is busy streaming the listing into the staging table.
         with connect(db_url) as lookup:
-            known = functools.partial(store.scans.stored_labels, lookup, source.name)
+            # Labels stored with unchanged objects stand only while what decides labels is as the last scan left it.
+            known = functools.partial(store.scans.stored_labels, lookup, source.name) if same_labelling else None
             counts = reconcile(conn, source.name, kinds.scan(source, report, known, counters), report, guard)
         store.sources.record_scan(conn, source.name, scan_started, counts)
         listed = report.problems[:MAX_PROBLEMS_SHOWN]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,18 +22,29 @@ def lock_source_scan(conn: psycopg.Connection, source: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"rag_pipeline.scan:{source}",))
 
 
-def upsert_source(conn: psycopg.Connection, source: SourceConfig, origin: str = "config") -> None:
+def labelling(source: SourceConfig) -> str:
+    """What decides the source's labels besides its sidecars, as stored in `sources.labelling`."""
+    return json.dumps({"defaults": list(source.acl_labels), "root": str(source.root),
+                       "from": source.labels_from, "key": source.labels_metadata_key}, sort_keys=True)
+
+
+def upsert_source(conn: psycopg.Connection, source: SourceConfig, origin: str = "config") -> bool:
+    """Register the source as scanned now; returns whether its labelling is what the last scan stored (False for a
+    new source, or when defaults, labels_from or the metadata key changed: every object's labels are read again)."""
+    before = conn.execute("SELECT labelling FROM sources WHERE name = %s", (source.name,)).fetchone()
     conn.execute(
-        """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds, origin)
-           VALUES (%s, %s, %s, %s, %s, %s)
+        """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds, origin,
+                                labelling)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (name) DO UPDATE SET root = EXCLUDED.root,
                include_patterns = EXCLUDED.include_patterns,
                default_acl_labels = EXCLUDED.default_acl_labels,
                freshness_sla_seconds = EXCLUDED.freshness_sla_seconds,
-               origin = EXCLUDED.origin""",
+               origin = EXCLUDED.origin, labelling = EXCLUDED.labelling""",
         (source.name, str(source.root), list(source.include), list(source.acl_labels), source.freshness_sla_seconds,
-         origin),
+         origin, labelling(source)),
     )
+    return before is not None and before[0] == labelling(source)
 
 
 def configured_sources_removed(conn: psycopg.Connection, configured: Sequence[str]) -> list[str]:
