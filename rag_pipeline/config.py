@@ -167,9 +167,10 @@ def _source_root(value: Any, info: ValidationInfo) -> Any:
         if not re.match(OBJECT_STORE_URL, value):
             raise ValueError(f"{value!r} is not a folder nor an object store URL this version reads "
                              "(s3://bucket/prefix/, gs://bucket/prefix/ or az://container/prefix/)")
-        prefix = value.split("://", 1)[1].partition("/")[2]
-        if any(part in (".", "..") for part in prefix.split("/")):
-            raise ValueError(f"{value!r}: a prefix may not hold '.' or '..' segments")
+        prefix = value.split("://", 1)[1].partition("/")[2].removesuffix("/")
+        if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+            raise ValueError(f"{value!r}: a prefix may not hold empty, '.' or '..' segments (the client would "
+                             "list another prefix than the one written)")
         return value
     return _relative_to_file(value, info)
 

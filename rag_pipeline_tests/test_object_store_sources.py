@@ -291,6 +291,34 @@ def test_the_version_listed_is_the_version_read(versioned, bucket, s3, make_sett
     assert type(raised.value).__name__ == "ChangedSinceScanError"
 
 
+def test_a_file_changed_while_held_is_parsed_again_on_release(bucket, make_settings, instance, db_url):
+    box = bucket("s3")
+    box.put("a.md", TRAVEL)
+    _ingest(make_settings, instance, box.source())
+    # New bytes and a sidecar that cannot be read, in one scan: held, and the old pages must not be its release.
+    box.put("a.md", doc("Travel policy", "Rewritten while held."))
+    box.put("a.md.meta.json", b"{broken")
+    _ingest(make_settings, instance, box.source())
+    assert _documents(db_url)["a.md"][0] == "held_bad_sidecar"
+    box.delete("a.md.meta.json")
+    released = _ingest(make_settings, instance, box.source())
+    assert released["objects_downloaded"] == 1 and released["parsed"] == 1
+    text = _indexed_text(db_url, "a.md")
+    assert "Rewritten while held" in text and "Economy class" not in text
+
+
+def test_moving_every_object_is_held_by_the_deletion_guard(bucket, db_url):
+    box = bucket("s3")
+    box.put("a.md", TRAVEL)
+    box.put("b.md", EXPENSES)
+    assert discover(db_url, [box.config()]).new == 2
+    for name, body in (("a.md", TRAVEL), ("b.md", EXPENSES)):
+        box.put(f"moved/{name}", body)
+        box.delete(name)
+    stats = discover(db_url, [box.config()])
+    assert stats.deleted == 0 and stats.deletions_held == 2
+
+
 def test_unsafe_keys_are_refused_and_nothing_escapes_the_prefix(bucket, db_url):
     assert key_problem("a/../b.md") and key_problem("./b.md") and key_problem("a//b.md")
     assert key_problem("/b.md") and key_problem("a/b\x01.md") and key_problem("x" * 1025)
@@ -324,6 +352,9 @@ def test_metadata_labels_are_a_json_list_or_nothing():
             metadata_labels({"acl_labels": bad}, "acl_labels", "k")
     with pytest.raises(ValueError):  # two spellings of one key: which one?
         metadata_labels({"acl_labels": '["a"]', "ACL_LABELS": '["b"]'}, "acl_labels", "k")
+    for near_miss in ("acl-labels", "labels", "x-acl"):  # would leave the source's wider default labels
+        with pytest.raises(ValueError):
+            metadata_labels({near_miss: '["a"]'}, "acl_labels", "k")
 
 
 class CuttingProxy:

@@ -54,6 +54,8 @@ def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
             try:
                 digests[source.name] = kinds.digest(source)
             except Exception as exc:  # noqa: BLE001 - a store that cannot be listed now is not a change
+                if source.store_scheme is None:
+                    raise  # a folder's digest does not fail on what it cannot read: this is a bug, shown as one
                 context.log.warning(f"source {source.name}: cannot be listed ({type(exc).__name__}: "
                                     f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); no change assumed")
                 if source.name in cursor["digests"]:

@@ -24,6 +24,7 @@ import fnmatch
 import json
 import os
 import random
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -89,10 +90,14 @@ def split_url(url: str) -> tuple[str, str, str]:
     return scheme, bucket, prefix.strip("/")
 
 
-def build_store(source: SourceConfig, *, for_download: bool = False) -> Any:
+MIN_DOWNLOAD_BYTES_PER_SECOND = 100_000  # a download slower than this on average is given up
+
+
+def build_store(source: SourceConfig, *, download_bytes: int | None = None) -> Any:
     """The obstore store of a source, credentials from the environment (the variables `credentials_env` names,
-    then the cloud's standard chain). A listing's or a metadata read's request is bounded as a whole; a download's
-    by its connection and by each read (a large file may take long, a stalled one may not)."""
+    then the cloud's standard chain). A listing's or a metadata read's request is bounded by the source's
+    `request_timeout_seconds`; a download of `download_bytes` by that much per read (a stalled stream fails) and by
+    that plus the time to move its bytes at MIN_DOWNLOAD_BYTES_PER_SECOND in all (a large file may take long)."""
     from obstore.store import AzureStore, GCSStore, S3Store
 
     scheme, bucket, prefix = split_url(str(source.root))
@@ -100,7 +105,11 @@ def build_store(source: SourceConfig, *, for_download: bool = False) -> Any:
     client: dict[str, Any] = {"connect_timeout": timedelta(seconds=min(30.0, source.request_timeout_seconds))}
     if source.allow_http:  # else the client's default, or the environment's (AWS_ALLOW_HTTP, as for an endpoint)
         client["allow_http"] = True
-    client.update({"read_timeout": timeout} if for_download else {"timeout": timeout})
+    if download_bytes is None:
+        client["timeout"] = timeout
+    else:
+        client["read_timeout"] = timeout
+        client["timeout"] = timeout + timedelta(seconds=download_bytes / MIN_DOWNLOAD_BYTES_PER_SECOND)
     retry = {"max_retries": source.max_retries, "retry_timeout": timedelta(minutes=3),
              "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=15), "base": 2}}
     config: dict[str, Any] = {}
@@ -155,22 +164,36 @@ def list_objects(store: Any, counters: StoreCounters) -> Iterator[dict[str, Any]
             yield meta
 
 
-def _read_sidecar(store: Any, key: str, counters: StoreCounters) -> dict[str, Any]:
+def _read_sidecar(store: Any, key: str, size: int, counters: StoreCounters) -> dict[str, Any]:
+    """A sidecar's validated object. One larger than MAX_SIDECAR_BYTES by its listing is refused unread; the read
+    stops after MAX_SIDECAR_BYTES + 1 bytes whatever the server sends."""
+    if size > MAX_SIDECAR_BYTES:
+        raise SidecarError(f"sidecar {key} is larger than {MAX_SIDECAR_BYTES} bytes")
     obstore = _obstore()
     try:
-        result = obstore.get(store, key, options={"range": (0, MAX_SIDECAR_BYTES + 1)})
-        raw = bytes(result.bytes())
+        result = obstore.get(store, key, options={"range": (0, MAX_SIDECAR_BYTES + 1)} if size else {})
+        raw = bytearray()
+        for chunk in result.stream(min_chunk_size=MAX_SIDECAR_BYTES + 1):
+            raw += chunk
+            if len(raw) > MAX_SIDECAR_BYTES:
+                break
     except FileNotFoundError:
         raise SidecarError(f"sidecar {key} was listed but is gone") from None
     except Exception as exc:  # noqa: BLE001 - any failure to read a sidecar holds what it speaks for
         raise SidecarError(f"sidecar {key} cannot be read: {type(exc).__name__}: {str(exc)[:200]}") from None
     counters.sidecar_reads += 1
-    return parse_sidecar(raw, key)
+    return parse_sidecar(bytes(raw), key)
 
 
 def metadata_labels(attributes: dict[str, str], key_name: str, key: str) -> tuple[str, ...] | None:
     """The labels an object's user metadata gives (None: the key is absent). The value must be a JSON list of
     non-empty strings: anything else is ambiguous ("hr, staff": one label or two?) and holds the object."""
+    for name in attributes:
+        folded = re.sub(r"[^a-z]", "", name.lower())
+        if name.lower() != key_name and ("acl" in folded or "label" in folded):
+            # As sidecars refuse `acl-labels` beside `acl_labels`: a near miss must not leave the default labels.
+            raise SidecarError(f"object {key}: metadata key {name!r} is not {key_name!r} (the key this source reads "
+                               "labels from)")
     found = [value for name, value in attributes.items() if name.lower() == key_name]
     if not found:
         return None
@@ -186,13 +209,21 @@ def metadata_labels(attributes: dict[str, str], key_name: str, key: str) -> tupl
     return parse_labels(value)
 
 
+class _ChangedSinceListing(Exception):
+    """The object was rewritten between the listing and its metadata read: judged at the next scan."""
+
+
 def _read_metadata(store: Any, key: str, etag: str | None, counters: StoreCounters) -> dict[str, str]:
     obstore = _obstore()
+    from obstore.exceptions import PreconditionError
+
     options: dict[str, Any] = {"head": True}
     if etag:
         options["if_match"] = etag
     try:
         result = obstore.get(store, key, options=options)
+    except PreconditionError:
+        raise _ChangedSinceListing(key) from None
     except Exception as exc:  # noqa: BLE001 - unreadable metadata holds the object
         raise SidecarError(f"object {key}: its metadata cannot be read: {type(exc).__name__}: "
                            f"{str(exc).splitlines()[0][:200]}") from None
@@ -221,7 +252,7 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
     report = report if report is not None else ScanReport()
     counters = counters if counters is not None else StoreCounters()
     store = store if store is not None else build_store(source)
-    sidecars: dict[str, str | None] = {}  # sidecar key -> its ETag
+    sidecars: dict[str, int] = {}  # sidecar key -> its listed size
     with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:
         for meta in list_objects(store, counters):
             key = meta["path"]
@@ -231,11 +262,11 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
                 continue
             name = key.rsplit("/", 1)[-1]
             if is_sidecar(name):
-                sidecars[key] = meta.get("e_tag")
+                sidecars[key] = meta["size"]
             elif _matches(key, source.include):
                 spool.write(json.dumps([key, meta["size"], _mtime_ns(meta), meta.get("e_tag")]) + "\n")
         spool.seek(0)
-        judge = _Judge(source, store, sidecars, counters, known)
+        judge = _Judge(source, store, sidecars, counters, known, report)
         with ThreadPoolExecutor(source.max_concurrency, thread_name_prefix=f"scan-{source.name}") as pool:
             batch: list[_Listed] = []
             for line in spool:
@@ -249,16 +280,17 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
 class _Judge:
     """Labels, titles and holds of listed objects, from the sidecars (read once each) or their metadata."""
 
-    def __init__(self, source: SourceConfig, store: Any, sidecars: dict[str, str | None], counters: StoreCounters,
-                 known: KnownLabels | None):
+    def __init__(self, source: SourceConfig, store: Any, sidecars: dict[str, int], counters: StoreCounters,
+                 known: KnownLabels | None, report: ScanReport):
         self.source, self.store, self.sidecars, self.counters, self.known = source, store, sidecars, counters, known
+        self.report = report
         self.prefixes: dict[str, tuple[dict[str, Any], str | None]] = {}  # prefix -> (inherited meta, held reason)
         self.read: dict[str, dict[str, Any] | SidecarError] = {}
 
     def _sidecar(self, key: str) -> dict[str, Any] | SidecarError:
         if key not in self.read:
             try:
-                self.read[key] = _read_sidecar(self.store, key, self.counters)
+                self.read[key] = _read_sidecar(self.store, key, self.sidecars[key], self.counters)
             except SidecarError as exc:
                 self.read[key] = exc
         return self.read[key]
@@ -295,7 +327,7 @@ class _Judge:
         wanted = [key for key in dict.fromkeys(wanted) if key not in self.read]
         for key, read in zip(wanted, pool.map(self._try_sidecar, wanted), strict=True):
             self.read[key] = read
-        attributes: dict[str, dict[str, str] | SidecarError] = {}
+        attributes: dict[str, dict[str, str] | SidecarError | _ChangedSinceListing] = {}
         if self.source.labels_from == "metadata":
             known = self.known([item.key for item in batch]) if self.known else {}
             stale = [item for item in batch if known.get(item.key, ("", ()))[0] != _fingerprint(item)]
@@ -305,7 +337,12 @@ class _Judge:
                 if item.key not in attributes:
                     attributes[item.key] = {self.source.labels_metadata_key: json.dumps(list(known[item.key][1]))}
         for item in batch:
-            yield self._judge(item, attributes.get(item.key))
+            read = attributes.get(item.key)
+            if isinstance(read, _ChangedSinceListing):
+                self.report.problem(item.key, "rewritten since the listing; kept as it was until the next scan",
+                                    unreadable=True)
+                continue
+            yield self._judge(item, read)
 
     def _prefix_sidecars(self, key: str) -> list[str]:
         parts = key.split("/")[:-1]
@@ -315,23 +352,28 @@ class _Judge:
 
     def _try_sidecar(self, key: str) -> dict[str, Any] | SidecarError:
         try:
-            return _read_sidecar(self.store, key, self.counters)
+            return _read_sidecar(self.store, key, self.sidecars[key], self.counters)
         except SidecarError as exc:
             return exc
 
-    def _try_metadata(self, item: _Listed) -> dict[str, str] | SidecarError:
+    def _try_metadata(self, item: _Listed) -> dict[str, str] | SidecarError | _ChangedSinceListing:
         try:
             return _read_metadata(self.store, item.key, item.etag, self.counters)
-        except SidecarError as exc:
+        except (SidecarError, _ChangedSinceListing) as exc:
             return exc
 
     def _judge(self, item: _Listed, attributes: dict[str, str] | SidecarError | None) -> DiscoveredFile:
         meta, held_reason = self._prefix(item.key.rpartition("/")[0])
         meta = dict(meta)
         held: tuple[DocumentStatus, str] | None = (D.HELD_BAD_SIDECAR, held_reason) if held_reason else None
+        if held is None and not item.etag:
+            # Without an ETag a download cannot be pinned to the version judged here (If-Match).
+            held = (D.HELD_BAD_SIDECAR, "the store lists no ETag for it: the version read could not be the one "
+                    "judged")
         sidecar = f"{item.key}{FILE_SIDECAR_SUFFIX}"
         if held is None and sidecar in self.sidecars:
             read = self._sidecar(sidecar)
+            self.read.pop(sidecar, None)  # one object's own: not needed again (memory stays flat)
             if isinstance(read, SidecarError):
                 held = (D.HELD_BAD_SIDECAR, str(read))
             else:
@@ -374,6 +416,8 @@ def objects_digest(source: SourceConfig) -> str:
 
     digest = hashlib.sha256()
     for meta in list_objects(build_store(source), StoreCounters()):
+        if not (is_sidecar(meta["path"].rsplit("/", 1)[-1]) or _matches(meta["path"], source.include)):
+            continue
         digest.update(json.dumps([meta["path"], meta["size"], _mtime_ns(meta), meta.get("e_tag")]).encode())
         digest.update(b"\n")
     return digest.hexdigest()
@@ -381,11 +425,21 @@ def objects_digest(source: SourceConfig) -> str:
 
 def object_password(source: SourceConfig, key: str) -> str | None:
     """The password an object's sidecar gives for an encrypted PDF, read only when parsing needs it."""
+    obstore = _obstore()
     store = build_store(source)
+    sidecar = f"{key}{FILE_SIDECAR_SUFFIX}"
     try:
-        password = _read_sidecar(store, f"{key}{FILE_SIDECAR_SUFFIX}", StoreCounters()).get("password")
-    except SidecarError:
+        size = obstore.head(store, sidecar)["size"]
+    except FileNotFoundError:
         return None
+    except Exception as exc:  # noqa: BLE001 - the store's trouble: the document waits, it is not dead-lettered
+        raise SourceReadError(f"sidecar {sidecar} cannot be read: {str(exc).splitlines()[0][:200]}") from None
+    try:
+        password = _read_sidecar(store, sidecar, size, StoreCounters()).get("password")
+    except SidecarError as exc:
+        if "cannot be read" in str(exc):
+            raise SourceReadError(str(exc)) from None
+        return None  # malformed: the scan held the document already
     return str(password) if password is not None else None
 
 
@@ -400,13 +454,16 @@ def download_judged(source: SourceConfig, key: str, file_id: str | None, size: i
     if key_problem(key):
         raise UnsafePathError(f"refusing key {key!r}")
     counters = counters if counters is not None else StoreCounters()
-    store = store if store is not None else build_store(source, for_download=True)
+    store = store if store is not None else build_store(source, download_bytes=size)
     options = {"if_match": file_id.removeprefix(ETAG_ID)} if file_id and file_id.startswith(ETAG_ID) else {}
     attempts = source.max_retries + 1
     for attempt in range(attempts):
         written = 0
         try:
             result = obstore.get(store, key, options=options)
+            if options and _bare_etag(result.meta.get("e_tag")) != _bare_etag(options["if_match"]):
+                # A server or gateway that ignores If-Match must not hand over another version unnoticed.
+                raise ChangedSinceScanError("the store answered with another version than the one listed")
             with open(target, "wb") as out:
                 for chunk in result.stream(min_chunk_size=DOWNLOAD_CHUNK_BYTES):
                     written += len(chunk)
@@ -431,6 +488,12 @@ def download_judged(source: SourceConfig, key: str, file_id: str | None, size: i
                 raise SourceReadError(f"download failed after {attempts} attempts: {type(exc).__name__}: "
                                       f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
             time.sleep(min(15.0, 0.5 * 2 ** attempt) * (0.5 + random.random() / 2))
+
+
+def _bare_etag(etag: str | None) -> str | None:
+    """An ETag as the stores disagree on writing it: without a weak marker and quotes (Azure lists it bare, answers a
+    GET with it quoted)."""
+    return etag.removeprefix("W/").strip('"') if etag else None
 
 
 class _ShortRead(OSError):

@@ -64,17 +64,25 @@ def deletion_hold_reason(guard: DeletionGuard, seen: int, missing: int, judged: 
 
 
 def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredFile], report: ScanReport,
-              guard: DeletionGuard) -> ReconcileCounts:
+              guard: DeletionGuard, adopt: bool = False) -> ReconcileCounts:
     """Compare one scan of a source with the documents table, in this transaction: the store stages the scan and
     counts what is gone, the guard decides whether it may be deleted, then new, changed, relabelled and held
     documents are applied. Documents under paths the scan could not read (`report.unreadable`, complete once
     `files` is consumed) are kept as they were."""
-    counts = ReconcileCounts(seen=store.scans.stage_scan(conn, files))
-    # Before anything is deleted: an object at a new key with the ETag and size of one already parsed (a move,
-    # a copy) takes that one's pages instead of being downloaded and parsed again.
-    counts.adopted = store.scans.adopt_moved(conn, source)
+    seen, duplicates = store.scans.stage_scan(conn, files)
+    counts = ReconcileCounts(seen=seen)
+    for name in duplicates:
+        report.problem(name, "listed twice under this name (keys the store's client lists alike, such as 'a.md' "
+                       "and 'a.md/'); kept as it was", unreadable=True)
+    # Writers take turns with the scan (see store.groups): a scan that narrows labels or deletes is never half-seen
+    # by an index write. Taken once the scan is staged, so a long listing never stalls the index writers.
+    store.groups.lock_assignment(conn)
     unreadable = list(report.unreadable)  # read after the scan has run, not before
     missing, judged = store.scans.count_gone(conn, source, unreadable)
+    # An object at a new key with the ETag and size of one already parsed (a move, a copy) takes that one's pages
+    # instead of being downloaded and parsed again: after the guard's count (a move of everything is still held
+    # for confirmation), before anything is deleted.
+    counts.adopted = store.scans.adopt_moved(conn, source) if adopt else 0
     reason = deletion_hold_reason(guard, counts.seen, missing, judged)
     if reason:
         counts.deletions_held, counts.deletions_held_reason = missing, reason
@@ -141,17 +149,16 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     counters = StoreCounters()
     with connect(db_url) as conn, conn.transaction():
         store.sources.lock_source_scan(conn, source.name)  # two scans of one source at once would race
-        # Writers take turns with the scan (see store.groups): a scan that narrows labels or deletes is never
-        # half-seen by an index write. Parse and embedding work goes on meanwhile; only their writes wait.
-        store.groups.lock_assignment(conn)
         same_labelling = store.sources.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = DeletionGuard(source.max_deletion_share, confirmed)
         # Read on a connection of its own: the scan's is busy streaming the listing into the staging table.
-        with connect(db_url) as lookup:
+        # Autocommit: reads between network requests must not sit idle in a transaction for the whole listing.
+        with connect(db_url, autocommit=True) as lookup:
             # Labels stored with unchanged objects stand only while what decides labels is as the last scan left it.
             known = functools.partial(store.scans.stored_labels, lookup, source.name) if same_labelling else None
-            counts = reconcile(conn, source.name, kinds.scan(source, report, known, counters), report, guard)
+            counts = reconcile(conn, source.name, kinds.scan(source, report, known, counters), report, guard,
+                               adopt=source.store_scheme in ("s3", "gs"))
         store.sources.record_scan(conn, source.name, scan_started, counts)
         listed = report.problems[:MAX_PROBLEMS_SHOWN]
         refs = store.documents.refs_of(conn, [(source.name, p.rel_path) for p in listed])

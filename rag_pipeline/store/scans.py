@@ -60,12 +60,13 @@ def _hold_of(f: DiscoveredFile) -> tuple[str | None, str | None]:
     return None, None
 
 
-def stage_scan(conn: psycopg.Connection, files: Iterable[DiscoveredFile]) -> int:
+def stage_scan(conn: psycopg.Connection, files: Iterable[DiscoveredFile]) -> tuple[int, list[str]]:
     """Stream one scan of a source into a temporary table (COPY) for the set operations of this transaction;
-    returns the number of files seen. Reconciliation is in SQL so it scales with the corpus."""
+    returns the number of files seen and the names listed more than once (staged neither time). Reconciliation is
+    in SQL so it scales with the corpus."""
     conn.execute(
         """CREATE TEMP TABLE scan_files (
-               doc_id text PRIMARY KEY, rel_path text NOT NULL, fingerprint text NOT NULL,
+               doc_id text NOT NULL, rel_path text NOT NULL, fingerprint text NOT NULL,
                size_bytes bigint NOT NULL, modified_at timestamptz NOT NULL, acl_labels text[] NOT NULL,
                title text, metadata jsonb NOT NULL, hold_status text, hold_reason text,
                file_id text, file_links integer, read_path text) ON COMMIT DROP"""
@@ -85,8 +86,14 @@ def stage_scan(conn: psycopg.Connection, files: Iterable[DiscoveredFile]) -> int
                     f.file_id, f.file_links, f.read_path,
                 )
             )
+    # A name listed twice (an object store's client lists 'a.md/' as 'a.md') is ambiguous: neither entry counts,
+    # and the document of that name is kept as it was (the caller adds the names to the scan's unreadable paths).
+    duplicates = [r[0] for r in conn.execute(
+        "DELETE FROM scan_files WHERE doc_id IN (SELECT doc_id FROM scan_files GROUP BY doc_id HAVING count(*) > 1)"
+        " RETURNING rel_path").fetchall()]
+    conn.execute("ALTER TABLE scan_files ADD PRIMARY KEY (doc_id)")
     conn.execute("ANALYZE scan_files")
-    return seen
+    return seen, sorted(set(duplicates))
 
 
 def stored_labels(conn: psycopg.Connection, source: str, rel_paths: Sequence[str]
@@ -105,14 +112,18 @@ def adopt_moved(conn: psycopg.Connection, source: str) -> int:
     ETag and size (a move, or a copy). Each takes its twin's pages and goes to chunking; its chunks' vectors come
     from the embedding cache. Nothing is downloaded or parsed again. Labels, title and metadata are the new
     object's own. Runs before deletions, so a move finds the document it left. Returns how many."""
-    params = {"source": source, "etag": f"{ETAG_ID}%", "parsed": [D.INDEXED.value, D.PENDING_CHUNK.value,
-                                                                     D.PENDING_INDEX.value], **_STATUS}
+    # Only an ETag shaped as an MD5 digest, in hex or base64 (S3's single-part upload, a GCS object; an S3
+    # multipart upload's digest of part digests with its part count) names the bytes: Azure's, or an opaque one,
+    # may not, and equal ETags then say nothing about equal content.
+    params = {"source": source,
+              "digest": rf'^{ETAG_ID}"?([0-9a-fA-F]{{32}}(-[0-9]+)?|[A-Za-z0-9+/]{{22}}==)"?$',
+              "parsed": [D.INDEXED.value, D.PENDING_CHUNK.value, D.PENDING_INDEX.value], **_STATUS}
     conn.execute(
         """CREATE TEMP TABLE scan_twins ON COMMIT DROP AS
            SELECT DISTINCT ON (s.doc_id) s.doc_id AS new_id, d.doc_id AS old_id
            FROM scan_files s JOIN documents d ON d.source = %(source)s AND d.file_id = s.file_id
                                             AND d.size_bytes = s.size_bytes
-           WHERE s.file_id LIKE %(etag)s AND s.hold_status IS NULL AND cardinality(s.acl_labels) > 0
+           WHERE s.file_id ~ %(digest)s AND s.hold_status IS NULL AND cardinality(s.acl_labels) > 0
              AND d.status = ANY(%(parsed)s) AND d.content_hash IS NOT NULL
              AND NOT EXISTS (SELECT 1 FROM documents x WHERE x.doc_id = s.doc_id)
            ORDER BY s.doc_id, d.doc_id""",
@@ -199,6 +210,7 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts) -
     conn.execute(
         """CREATE TEMP TABLE scan_changes ON COMMIT DROP AS
            SELECT s.*, d.status AS old_status, d.acl_labels AS old_labels,
+                  (d.fingerprint <> s.fingerprint OR d.file_id IS DISTINCT FROM s.file_id) AS file_changed,
                   CASE WHEN s.hold_status IS NOT NULL THEN 'hold'
                        WHEN d.fingerprint <> s.fingerprint OR d.file_id <> s.file_id
                             OR (d.file_id IS NOT NULL AND d.read_path IS DISTINCT FROM s.read_path) THEN 'changed'
@@ -223,6 +235,12 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts) -
     counts.held += len(holds)
     if holds:
         delete_derived_rows(conn, holds, keep_pages=True)
+    # Pages kept for a cheap release are those of the file judged before: a file that changed while (or as) it is
+    # held loses them, so that its release parses the new bytes instead of serving the old ones under new labels.
+    stale = [r[0] for r in conn.execute(
+        "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND file_changed").fetchall()]
+    if stale:
+        delete_derived_rows(conn, stale)
     conn.execute(
         """UPDATE documents d SET
                fingerprint = c.fingerprint, size_bytes = c.size_bytes, modified_at = c.modified_at,
