@@ -215,9 +215,9 @@ class SourceConfig(_Section):
                                      description="labels_from metadata: the user-metadata key holding the labels")
     max_concurrency: int = Field(8, ge=1, le=64, description="object stores: requests in flight at once "
                                  "(sidecar and metadata reads, downloads of one worker)")
-    request_timeout_seconds: float = Field(60.0, gt=0, le=3600, description="object stores: one request, from "
-                                           "connect to the last byte of a listing page or a metadata read; "
-                                           "downloads get this long per megabyte on top")
+    request_timeout_seconds: float = Field(60.0, gt=0, le=3600, description="object stores: one listing page "
+                                           "or metadata read, from connect to the last byte; for a download, each "
+                                           "read, and in all this plus its size at 100 kB/s")
     max_retries: int = Field(5, ge=0, le=20, description="object stores: retries of throttling (429, 503), 5xx, "
                              "timeouts and cut connections, with exponential backoff and jitter")
 
