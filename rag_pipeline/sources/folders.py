@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -287,9 +288,17 @@ def sidecar_present(path: Path) -> bool:
     return True
 
 
-def _matches(rel_path: str, patterns: tuple[str, ...]) -> bool:
-    name = rel_path.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatch(rel_path, p) or fnmatch.fnmatch(name, p) for p in patterns)
+@functools.lru_cache(maxsize=64)
+def _include_pattern(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    # One regular expression for all of a source's globs: a scan of 100,000 names calls it twice per name instead
+    # of fnmatch twice per name and pattern.
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
+
+
+def matches_include(rel_path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether the path or its file name matches one of the source's `include` globs (fnmatch's rules)."""
+    pattern = _include_pattern(tuple(patterns))
+    return bool(pattern.match(rel_path) or pattern.match(rel_path.rsplit("/", 1)[-1]))
 
 
 def is_sidecar(name: str) -> bool:
@@ -372,7 +381,7 @@ def scan_source(source: SourceConfig, report: ScanReport | None = None) -> Itera
             if not _is_valid_name(name):
                 report.problem(rel_path, "file name is not valid UTF-8; skipped")
                 continue
-            if not _matches(rel_path, source.include):
+            if not matches_include(rel_path, source.include):
                 continue
             found = _discover_file(source, root, folders, folder, path, rel_path, report)
             if found is not None:

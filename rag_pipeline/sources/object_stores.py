@@ -20,7 +20,6 @@ so the scan changes nothing and names the key until it is renamed (fail closed, 
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import random
@@ -49,6 +48,7 @@ from rag_pipeline.sources.folders import (
     SidecarError,
     UnsafePathError,
     is_sidecar,
+    matches_include,
     parse_sidecar,
 )
 
@@ -134,20 +134,18 @@ def build_store(source: SourceConfig, *, download_bytes: int | None = None) -> A
     return AzureStore(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f\ufffd]")
+
+
 def key_problem(key: str) -> str | None:
     """Why a key may not become a document (it would escape or alias the prefix, or cannot be stored), or None."""
     if not key or len(key) > MAX_KEY_CHARS:
         return f"key is empty or longer than {MAX_KEY_CHARS} characters"
     if key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
         return "key has an empty, '.' or '..' segment (it would escape or alias the prefix)"
-    if any(ord(char) < 0x20 or ord(char) == 0x7F or char == "\ufffd" for char in key):
+    if _CONTROL.search(key):
         return "key holds control characters (the client lists them as U+FFFD)"
     return None
-
-
-def _matches(key: str, patterns: Sequence[str]) -> bool:
-    name = key.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatch(key, p) or fnmatch.fnmatch(name, p) for p in patterns)
 
 
 def _mtime_ns(meta: dict[str, Any]) -> int:
@@ -263,7 +261,7 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
             name = key.rsplit("/", 1)[-1]
             if is_sidecar(name):
                 sidecars[key] = meta["size"]
-            elif _matches(key, source.include):
+            elif matches_include(key, source.include):
                 spool.write(json.dumps([key, meta["size"], _mtime_ns(meta), meta.get("e_tag")]) + "\n")
         spool.seek(0)
         judge = _Judge(source, store, sidecars, counters, known, report)
@@ -416,7 +414,7 @@ def objects_digest(source: SourceConfig) -> str:
 
     digest = hashlib.sha256()
     for meta in list_objects(build_store(source), StoreCounters()):
-        if not (is_sidecar(meta["path"].rsplit("/", 1)[-1]) or _matches(meta["path"], source.include)):
+        if not (is_sidecar(meta["path"].rsplit("/", 1)[-1]) or matches_include(meta["path"], source.include)):
             continue
         digest.update(json.dumps([meta["path"], meta["size"], _mtime_ns(meta), meta.get("e_tag")]).encode())
         digest.update(b"\n")
