@@ -64,7 +64,8 @@ def parse_one(
     try:
         if size > cascade.config.max_file_bytes:
             raise DeadLetter("too_large", f"{size:,} bytes; parsing.max_file_bytes is {cascade.config.max_file_bytes:,}")
-        password = kinds.password(source, read_path)
+        # Only a PDF opens with a sidecar's password: no sidecar read (for an object, a request) for anything else.
+        password = kinds.password(source, read_path) if read_path.lower().endswith(".pdf") else None
         # Exactly what the scan judged: a folder's file reached without following a link (a name swapped since
         # for a link, to a file with other labels, or for another file is left for the next scan to judge
         # again), an object at exactly its listed ETag.

@@ -64,6 +64,10 @@ def lease_next(
             ).format(free=_FREE, columns=sql.SQL(", ").join(
                 sql.Identifier("documents", name) for name in PENDING_COLUMN_NAMES)),
             (lease.owner, [str(s) for s in statuses]),
+            # Never a prepared statement: its generic plan, blind to which statuses are asked for, walks the whole
+            # primary key filtering on status (70 ms at 100,000 documents for an empty queue, polled twice a second)
+            # where the status index answers in 0.04 ms.
+            prepare=False,
         ).fetchone()
     return (DocumentStatus(row[0]), pending_from_rows([row[1:]])[0]) if row else None
 
@@ -94,7 +98,8 @@ def release_all(conn: psycopg.Connection, lease: Lease) -> int:
 def queued(conn: psycopg.Connection, statuses: Sequence[DocumentStatus] = DOCUMENT_QUEUED) -> dict[str, int]:
     """Documents waiting in each of `statuses`, leased or not (the progress reports' "left")."""
     rows = conn.execute(
-        "SELECT status, count(*) FROM documents WHERE status = ANY(%s) GROUP BY status", ([str(s) for s in statuses],)
+        "SELECT status, count(*) FROM documents WHERE status = ANY(%s) GROUP BY status", ([str(s) for s in statuses],),
+        prepare=False,  # as lease_next: a plan for the statuses asked, through the status index
     ).fetchall()
     conn.commit()
     return {str(s): 0 for s in statuses} | dict(rows)
