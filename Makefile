@@ -65,6 +65,7 @@ bench: bench-deps
 	$(BIN)/python -m bench.service_load --docs 300 --requests 300
 	$(BIN)/python -m bench.golden_filings
 	$(BIN)/python -m bench.cli_latency
+	$(BIN)/python -m bench.object_store --objects 100000
 	if [ -d ../shared/financebench-dev ]; then $(BIN)/python -m bench.parse_speed; else echo "../shared/financebench-dev absent: skipped 14"; fi
 	if [ -d $(PG_MANUAL_HTML) ]; then $(BIN)/python -m bench.golden_pg_manual && \
 		$(BIN)/python -m bench.embedding_backends; else echo "postgresql-doc-15 not installed: skipped 7 and 9"; fi
