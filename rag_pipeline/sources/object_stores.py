@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -152,14 +154,44 @@ def _mtime_ns(meta: dict[str, Any]) -> int:
     return int(meta["last_modified"].timestamp() * 1_000_000) * 1000
 
 
+PAGES_AHEAD = 4  # listing pages fetched while the pages before are judged: memory for 4,000 keys at most
+
+
 def list_objects(store: Any, counters: StoreCounters) -> Iterator[dict[str, Any]]:
-    """Every object under the store's prefix, one listing page at a time (never the whole listing in memory)."""
+    """Every object under the store's prefix, one listing page at a time (never the whole listing in memory). A
+    thread fetches the next pages (at most PAGES_AHEAD) while this one's objects are handled, so the network's wait
+    and the per-object work overlap. An error of the listing is raised here, where the pages stop."""
     obstore = _obstore()
-    for page in obstore.list(store, chunk_size=LIST_PAGE):
-        counters.list_requests += 1
-        for meta in page:
-            counters.listed += 1
-            yield meta
+    pages: queue.Queue[list[dict[str, Any]] | BaseException | None] = queue.Queue(PAGES_AHEAD)
+    stop = threading.Event()
+
+    def fetch() -> None:
+        try:
+            for page in obstore.list(store, chunk_size=LIST_PAGE):
+                while not stop.is_set():
+                    try:
+                        pages.put(page, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            pages.put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            pages.put(exc)
+
+    fetcher = threading.Thread(target=fetch, name="list-objects", daemon=True)
+    fetcher.start()
+    try:
+        while (page := pages.get()) is not None:
+            if isinstance(page, BaseException):
+                raise page
+            counters.list_requests += 1
+            for meta in page:
+                counters.listed += 1
+                yield meta
+    finally:
+        stop.set()  # a consumer that stops early (an error, a closed generator) ends the fetching too
 
 
 def _read_sidecar(store: Any, key: str, size: int, counters: StoreCounters) -> dict[str, Any]:
