@@ -445,8 +445,9 @@ def test_a_download_cut_off_is_retried_and_never_indexed_half(bucket, s3, tmp_pa
 
 def test_a_server_killed_mid_listing_changes_nothing(bucket, s3, make_settings, instance, db_url):
     box = bucket("s3")
-    for number in range(1, 1203):  # two listing pages
-        box.put(f"many/{number:04d}.txt", f"note {number}".encode())
+    admin = s3.admin()  # one client for the 1,202 objects of two listing pages (a client each is most of the time)
+    for number in range(1, 1203):
+        admin.put_object(Bucket=box.name, Key=f"{box.prefix}/many/{number:04d}.txt", Body=f"note {number}".encode())
     settings = make_settings([box.source(include=["*.txt"])])
     first = discover(db_url, settings.sources)
     assert first.new == 1202
