@@ -19,6 +19,7 @@ package, found through $AZURITE_BIN, `azurite-blob` on PATH, or `.cache/azurite`
 
 from __future__ import annotations
 
+import abc
 import base64
 import contextlib
 import ctypes
@@ -95,7 +96,7 @@ def _check(status: int, body: bytes, what: str, ok: Sequence[int] = (200, 201, 2
         raise RuntimeError(f"{what}: HTTP {status}: {body[:500]!r}")
 
 
-class ServerProcess:
+class ServerProcess(abc.ABC):
     """A server process in its own process group, logging to `<workdir>/server.log` (appended across restarts)."""
 
     name = "server"
@@ -110,17 +111,18 @@ class ServerProcess:
         self.startup_seconds: float | None = None  # of the last start, for reports
 
     # What a server defines.
+    @abc.abstractmethod
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The server's command line."""
 
+    @abc.abstractmethod
     def is_ready(self) -> bool:
         """One bounded probe; True once the server serves requests."""
-        raise NotImplementedError
 
     def environment(self) -> dict[str, str]:
         return dict(os.environ)
 
-    def _cleanup(self) -> None:
+    def _cleanup(self) -> None:  # noqa: B027 - a hook: most servers leave nothing outside their workdir
         """Whatever the process leaves outside the workdir when killed."""
 
     # Lifecycle.
