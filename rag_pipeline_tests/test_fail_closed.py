@@ -143,6 +143,16 @@ def test_one_bad_entry_never_stops_discovery(db_url, tmp_path, db):
                     "first:odd/a.md": "held_bad_sidecar"}
 
 
+def test_labels_in_array_syntax_are_stored_as_written(db_url, tmp_path, db):
+    # The scan stages labels in PostgreSQL's array text form: quoting must keep each label whole and literal.
+    labels = ["a,b", 'say "hi"', "back\\slash", "{braced}", "NULL", "two words", "ünï"]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A\n")
+    (tmp_path / "docs" / "a.md.meta.json").write_text(json.dumps({"acl_labels": labels}))
+    discover(db_url, [SourceConfig(name="docs", root=tmp_path / "docs", acl_labels=("staff",))])
+    assert db.execute("SELECT acl_labels FROM documents WHERE rel_path = 'a.md'").fetchone()[0] == labels
+
+
 def test_links_inside_the_root_speak_with_their_targets_labels(make_settings, tmp_path, db):
     root = _corpus(tmp_path / "docs")
     (root / "public" / "x.md").symlink_to(Path("..") / "hr" / "salaries.md")

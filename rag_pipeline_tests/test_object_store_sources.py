@@ -235,6 +235,34 @@ def test_unreadable_or_ambiguous_sidecars_hold_what_they_speak_for(bucket, make_
         assert _indexed_text(db_url, held) == ""
 
 
+def test_sidecars_listed_after_their_objects_still_decide(bucket, db_url, monkeypatch):
+    # Objects are judged while the listing goes on; a store lists keys in byte order, so a folder's `_meta.json`
+    # comes after `2024/...` and `Annual.md` in it, and `late.md.meta.json` after `late.md-2.md`. With batches of
+    # two, those objects are judged before their sidecars are listed, and must be judged again.
+    monkeypatch.setattr("rag_pipeline.sources.object_stores.BATCH", 2)
+    box = bucket("s3")
+    for key in ("docs/2024/q1.md", "docs/2024/q2.md", "docs/2024/q3.md", "docs/Annual.md", "docs/zeta.md",
+                "late.md", "late.md-2.md", "late.md-3.md", "shut/A.md", "shut/B.md", "shut/C.md"):
+        box.put(key, TRAVEL)
+    box.put("docs/_meta.json", json.dumps({"acl_labels": ["finance"]}).encode())
+    box.put("late.md.meta.json", json.dumps({"acl_labels": ["hr"]}).encode())
+    box.put("shut/_meta.json", b"{broken")
+    expected = {"docs/2024/q1.md": ("finance",), "docs/2024/q2.md": ("finance",), "docs/2024/q3.md": ("finance",),
+                "docs/Annual.md": ("finance",), "docs/zeta.md": ("finance",), "late.md": ("hr",),
+                "late.md-2.md": ("staff",), "late.md-3.md": ("staff",)}
+    judged = list(scan_objects(box.config(), ScanReport()))
+    assert {f.rel_path for f in judged if f.rejudged} >= {"docs/2024/q1.md", "late.md", "shut/A.md"}
+    final = {f.rel_path: f for f in judged}  # a second judgment comes after the first
+    assert {path: f.acl_labels for path, f in final.items() if not f.held} == expected
+    assert {path for path, f in final.items() if f.held} == {"shut/A.md", "shut/B.md", "shut/C.md"}
+
+    stats = discover(db_url, [box.config()])
+    assert (stats.documents_seen, stats.new, stats.problems) == (11, 11, [])
+    documents = _documents(db_url)
+    assert {path: tuple(labels) for path, (status, labels) in documents.items() if status == "pending_parse"} == expected
+    assert {documents[f"shut/{name}.md"][0] for name in "ABC"} == {"held_bad_sidecar"}
+
+
 @pytest.mark.parametrize("kind", ["s3", "gs", "az"])
 def test_labels_from_object_metadata(kind, bucket, db_url, make_settings, instance):
     box = bucket(kind)

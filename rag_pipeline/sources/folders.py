@@ -164,6 +164,8 @@ class DiscoveredFile:
     file_id: str | None = None
     file_links: int | None = None
     read_path: str | None = None
+    # A second judgment of an object the same scan yielded before (a sidecar listed after it): it replaces the first.
+    rejudged: bool = False
 
     @property
     def fingerprint(self) -> str:

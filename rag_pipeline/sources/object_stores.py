@@ -4,8 +4,10 @@ obstore is one client for the three store families (the Rust object_store crate 
 paginated listings, conditional reads (If-Match) and bounded retries; the fsspec family (s3fs, gcsfs, adlfs) is
 three libraries with three async stacks. See docs/sources.md for the measurement.
 
-A scan lists the prefix once, streamed, page by page: objects go to a spool file on disk and only sidecars are kept
-in memory, so memory stays flat however long the listing. Each object is judged as a folder's file is
+A scan lists the prefix once, streamed, page by page, and judges objects as they come (see scan_objects): what is
+kept in memory is the sidecars and the prefixes seen, so memory stays flat however many objects the listing holds;
+objects go to a spool file on disk in case a late sidecar needs them judged again. Each object is judged as a
+folder's file is
 (rag_pipeline.sources.folders): sidecars (`<key>.meta.json`, `_meta.json` under a prefix) give labels, titles and
 passwords under the same fail-closed rules, or the object's own user metadata gives its labels
 (`labels_from: metadata`). Nothing of a document's bytes is read by a scan.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import queue
 import random
 import re
@@ -143,7 +146,8 @@ def key_problem(key: str) -> str | None:
     """Why a key may not become a document (it would escape or alias the prefix, or cannot be stored), or None."""
     if not key or len(key) > MAX_KEY_CHARS:
         return f"key is empty or longer than {MAX_KEY_CHARS} characters"
-    if key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
+    wrapped = f"/{key}/"
+    if "//" in wrapped or "/./" in wrapped or "/../" in wrapped:
         return "key has an empty, '.' or '..' segment (it would escape or alias the prefix)"
     if _CONTROL.search(key):
         return "key holds control characters (the client lists them as U+FFFD)"
@@ -278,33 +282,77 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
                  counters: StoreCounters | None = None, store: Any = None) -> Iterator[DiscoveredFile]:
     """Yield every matching object under the source's prefix, judged by its sidecars (or its metadata), in listing
     order. A listing that fails raises (the scan then changes nothing); a bad key or an unreadable sidecar is
-    reported or holds what it speaks for, and never stops the scan."""
+    reported or holds what it speaks for, and never stops the scan.
+
+    Objects are judged while the listing goes on, with the sidecars listed so far, so that the listing's network
+    wait and the judging overlap. A sidecar can come after an object it speaks for (`_meta.json` sorts after
+    `A.md` and `2024/` in its prefix; `a.md.meta.json` after `a.md-2.md`): those objects are judged again once the
+    listing is complete, from a spool on disk, and yielded with `rejudged` set; that judgment replaces the first
+    (rag_pipeline.store.scans.stage_scan)."""
     report = report if report is not None else ScanReport()
     counters = counters if counters is not None else StoreCounters()
     store = store if store is not None else build_store(source)
     sidecars: dict[str, int] = {}  # sidecar key -> its listed size
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:
+    judge = _Judge(source, store, sidecars, counters, known, report)
+    late_objects: set[str] = set()  # objects judged before their own sidecar was listed
+    late_prefixes: set[str] = set()  # prefixes whose `_meta.json` was listed after an object below them was judged
+    judged_under: set[str] = set()  # every prefix ('' is the root) with a judged object below it
+    pending: list[_Listed] = []  # listed, not judged yet (at most BATCH)
+    pending_keys: set[str] = set()
+    with tempfile.TemporaryFile() as spool, \
+            ThreadPoolExecutor(source.max_concurrency, thread_name_prefix=f"scan-{source.name}") as pool:
+
+        def judge_pending() -> Iterator[DiscoveredFile]:
+            batch = pending.copy()
+            pending.clear()
+            pending_keys.clear()
+            pickle.dump([(item.key, item.size, item.mtime_ns, item.etag) for item in batch], spool)
+            for directory in dict.fromkeys(item.key.rpartition("/")[0] for item in batch):
+                judged_under.update(_prefixes_of(f"{directory}/x" if directory else "x"))
+            yield from judge.batch(batch, pool)
+
         for meta in list_objects(store, counters):
             key = meta["path"]
             problem = key_problem(key)
             if problem:
                 report.problem(key.encode("utf-8", "backslashreplace").decode("utf-8")[:300], f"{problem}; skipped")
                 continue
-            name = key.rsplit("/", 1)[-1]
-            if is_sidecar(name):
+            name = key.rpartition("/")[2]
+            if name == FOLDER_SIDECAR:
                 sidecars[key] = meta["size"]
+                prefix = key[:-len(FOLDER_SIDECAR)].rstrip("/")
+                judge.forget_prefixes()  # what the prefixes below this one inherit has changed
+                if prefix in judged_under:
+                    late_prefixes.add(prefix)
+            elif name.endswith(FILE_SIDECAR_SUFFIX):
+                sidecars[key] = meta["size"]
+                own = key[:-len(FILE_SIDECAR_SUFFIX)]
+                if own not in pending_keys and matches_include(own, source.include):
+                    late_objects.add(own)  # judged already (or never listed: then nothing to judge again)
             elif matches_include(key, source.include):
-                spool.write(json.dumps([key, meta["size"], _mtime_ns(meta), meta.get("e_tag")]) + "\n")
+                if len(pending) == BATCH:  # judged when the next object comes: its own sidecar is usually listed
+                    yield from judge_pending()
+                pending.append(_Listed(key, meta["size"], _mtime_ns(meta), meta.get("e_tag")))
+                pending_keys.add(key)
+        yield from judge_pending()
+        if not late_objects and not late_prefixes:
+            return
+        judge.forget_prefixes()
         spool.seek(0)
-        judge = _Judge(source, store, sidecars, counters, known, report)
-        with ThreadPoolExecutor(source.max_concurrency, thread_name_prefix=f"scan-{source.name}") as pool:
-            batch: list[_Listed] = []
-            for line in spool:
-                batch.append(_Listed(*json.loads(line)))
-                if len(batch) == BATCH:
-                    yield from judge.batch(batch, pool)
-                    batch = []
-            yield from judge.batch(batch, pool)
+        while True:
+            try:
+                page = pickle.load(spool)  # noqa: S301 - this scan's own spool, written above
+            except EOFError:
+                break
+            again = [_Listed(*row) for row in page
+                     if row[0] in late_objects or any(p in late_prefixes for p in _prefixes_of(row[0]))]
+            yield from judge.batch(again, pool, rejudged=True)
+
+
+def _prefixes_of(key: str) -> list[str]:
+    """The prefixes an object is below, from the root (''): 'a/b/c.md' -> ['', 'a', 'a/b']."""
+    parts = key.split("/")[:-1]
+    return [""] + ["/".join(parts[:i + 1]) for i in range(len(parts))]
 
 
 class _Judge:
@@ -316,6 +364,7 @@ class _Judge:
         self.report = report
         self.prefixes: dict[str, tuple[dict[str, Any], str | None]] = {}  # prefix -> (inherited meta, held reason)
         self.read: dict[str, dict[str, Any] | SidecarError] = {}
+        self.prefix_sidecars: dict[str, list[str]] = {}  # directory -> the folder sidecars above its objects
 
     def _sidecar(self, key: str) -> dict[str, Any] | SidecarError:
         if key not in self.read:
@@ -347,16 +396,22 @@ class _Judge:
             self.prefixes[current] = (meta, held)
         return self.prefixes[chain[0] if chain else prefix]
 
-    def batch(self, batch: list[_Listed], pool: ThreadPoolExecutor) -> Iterator[DiscoveredFile]:
+    def forget_prefixes(self) -> None:
+        """Drop what the prefixes inherit: a folder sidecar was listed (sidecars already read stay read)."""
+        self.prefixes.clear()
+        self.prefix_sidecars.clear()
+
+    def batch(self, batch: list[_Listed], pool: ThreadPoolExecutor, rejudged: bool = False
+              ) -> Iterator[DiscoveredFile]:
         if not batch:
             return
-        # Sidecars and metadata of the batch are fetched concurrently, then judged in order.
-        wanted = [f"{item.key}{FILE_SIDECAR_SUFFIX}" for item in batch
-                  if f"{item.key}{FILE_SIDECAR_SUFFIX}" in self.sidecars]
-        wanted += [sidecar for item in batch for sidecar in self._prefix_sidecars(item.key)]
-        wanted = [key for key in dict.fromkeys(wanted) if key not in self.read]
-        for key, read in zip(wanted, pool.map(self._try_sidecar, wanted), strict=True):
-            self.read[key] = read
+        if self.sidecars:  # the sidecars of the batch are fetched concurrently, then judged in order
+            wanted = [sidecar for item in batch if (sidecar := f"{item.key}{FILE_SIDECAR_SUFFIX}") in self.sidecars]
+            for directory in dict.fromkeys(item.key.rpartition("/")[0] for item in batch):
+                wanted += self._prefix_sidecars(directory)
+            wanted = [key for key in dict.fromkeys(wanted) if key not in self.read]
+            for key, read in zip(wanted, pool.map(self._try_sidecar, wanted), strict=True):
+                self.read[key] = read
         attributes: dict[str, dict[str, str] | SidecarError | _ChangedSinceListing] = {}
         if self.source.labels_from == "metadata":
             known = self.known([item.key for item in batch]) if self.known else {}
@@ -372,13 +427,15 @@ class _Judge:
                 self.report.problem(item.key, "rewritten since the listing; kept as it was until the next scan",
                                     unreadable=True)
                 continue
-            yield self._judge(item, read)
+            yield self._judge(item, read, rejudged)
 
-    def _prefix_sidecars(self, key: str) -> list[str]:
-        parts = key.split("/")[:-1]
-        prefixes = [""] + ["/".join(parts[:i + 1]) for i in range(len(parts))]
-        return [sidecar for prefix in prefixes
+    def _prefix_sidecars(self, directory: str) -> list[str]:
+        """The `_meta.json` sidecars listed so far from the root down to `directory` ('' is the root)."""
+        if directory not in self.prefix_sidecars:
+            self.prefix_sidecars[directory] = [
+                sidecar for prefix in _prefixes_of(f"{directory}/x" if directory else "x")
                 if (sidecar := f"{prefix}/{FOLDER_SIDECAR}" if prefix else FOLDER_SIDECAR) in self.sidecars]
+        return self.prefix_sidecars[directory]
 
     def _try_sidecar(self, key: str) -> dict[str, Any] | SidecarError:
         try:
@@ -392,7 +449,8 @@ class _Judge:
         except (SidecarError, _ChangedSinceListing) as exc:
             return exc
 
-    def _judge(self, item: _Listed, attributes: dict[str, str] | SidecarError | None) -> DiscoveredFile:
+    def _judge(self, item: _Listed, attributes: dict[str, str] | SidecarError | None, rejudged: bool
+               ) -> DiscoveredFile:
         meta, held_reason = self._prefix(item.key.rpartition("/")[0])
         meta = dict(meta)
         held: tuple[DocumentStatus, str] | None = (D.HELD_BAD_SIDECAR, held_reason) if held_reason else None
@@ -430,7 +488,7 @@ class _Judge:
             acl_labels=() if held else labels,
             title=str(title) if title is not None and not held else None,
             metadata={} if held else {k: v for k, v in meta.items() if k not in SECRET_KEYS},
-            held=held, file_id=f"{ETAG_ID}{item.etag}" if item.etag else None,
+            held=held, file_id=f"{ETAG_ID}{item.etag}" if item.etag else None, rejudged=rejudged,
         )
 
 
