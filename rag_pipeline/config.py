@@ -157,7 +157,7 @@ CREDENTIAL_KEYS = {
 }
 FOLDER_ONLY_KEYS = ("symlinks", "allow_hard_links")
 OBJECT_STORE_ONLY_KEYS = ("endpoint_url", "region", "credentials_env", "labels_from", "labels_metadata_key",
-                          "max_concurrency", "request_timeout_seconds", "max_retries", "allow_http")
+                          "max_concurrency", "request_timeout_seconds", "max_retries", "allow_http", "aws_profile")
 
 
 def _source_root(value: Any, info: ValidationInfo) -> Any:
@@ -207,6 +207,9 @@ class SourceConfig(_Section):
         "e.g. {access_key_id: CONTRACTS_KEY_ID, secret_access_key: CONTRACTS_SECRET}. Absent: the cloud's "
         "standard chain (AWS_* variables and web identity or instance roles; GOOGLE_APPLICATION_CREDENTIALS or "
         "workload identity; AZURE_STORAGE_* variables or managed identity). Secrets are never written here")
+    aws_profile: str | None = Field(None, pattern=r"^[A-Za-z0-9_.+=,@-]{1,128}$", description="s3: a profile of "
+                                    "~/.aws/config and ~/.aws/credentials (static keys, assume-role, SSO), read "
+                                    "through boto3 (the aws extra); absent: AWS_PROFILE when it is set")
     labels_from: Literal["sidecar", "metadata"] = Field(
         "sidecar", description="object stores: where an object's labels come from: sidecar objects (as in "
         "folders), or the object's own user metadata (labels_metadata_key, a JSON list of strings; sidecars "
@@ -245,6 +248,10 @@ class SourceConfig(_Section):
             if unknown:
                 raise ValueError(f"credentials_env.{unknown[0]} is not a {scheme}:// client option (known: "
                                  f"{', '.join(CREDENTIAL_KEYS[scheme])})")
+            if self.aws_profile and scheme != "s3":
+                raise ValueError(f"aws_profile applies to s3:// sources only, not {scheme}://")
+            if self.aws_profile and {"access_key_id", "secret_access_key"} & set(self.credentials_env):
+                raise ValueError("aws_profile and credentials_env's keys both say who reads: keep one")
             if self.endpoint_url and self.endpoint_url.startswith("http://") and not self.allow_http:
                 raise ValueError("endpoint_url is plain http: set allow_http: true for a local server")
         return self

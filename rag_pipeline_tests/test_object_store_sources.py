@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -530,6 +531,43 @@ def test_the_sensor_launches_on_a_listing_change_only(bucket, s3, make_settings,
         s3.start()
 
 
+def test_credentials_from_an_aws_profile(bucket, db_url, tmp_path, monkeypatch):
+    # The profiles file as `aws configure` writes it; boto3 reads it, obstore signs with what it gives.
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"[reader]\naws_access_key_id = {READER.access_key}\naws_secret_access_key = "
+                           f"{READER.secret_key}\n[outsider]\naws_access_key_id = {OUTSIDER.access_key}\n"
+                           f"aws_secret_access_key = {OUTSIDER.secret_key}\n")
+    (tmp_path / "config").write_text("")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    box = bucket("s3")
+    box.put("a.md", TRAVEL)
+    box.put("b.md", LEAVE)
+    entry = {key: value for key, value in box.source().items() if key != "credentials_env"}
+
+    assert discover(db_url, [SourceConfig(**entry, aws_profile="reader")]).new == 2
+    listed = next(f for f in scan_objects(SourceConfig(**entry, aws_profile="reader"), ScanReport())
+                  if f.rel_path == "a.md")
+    download_judged(SourceConfig(**entry, aws_profile="reader"), "a.md", listed.file_id, listed.size_bytes,
+                    tmp_path / "a.md")
+    assert (tmp_path / "a.md").read_bytes() == TRAVEL
+
+    box.delete("a.md")  # a profile that may not list this bucket: the scan fails and deletes nothing
+    denied = discover(db_url, [SourceConfig(**entry, aws_profile="outsider")])
+    assert denied.deleted == 0 and any("scan failed" in p["problem"] for p in denied.problems)
+    missing = discover(db_url, [SourceConfig(**entry, aws_profile="nobody")])
+    assert any("'nobody'" in p["problem"] for p in missing.problems) and missing.deleted == 0
+
+    monkeypatch.setenv("AWS_PROFILE", "reader")  # the variable names the profile when the source does not
+    with monkeypatch.context() as without_boto3:  # never another identity in its place: the scan fails
+        without_boto3.setitem(sys.modules, "boto3", None)
+        refused = discover(db_url, [SourceConfig(**entry)])
+        assert refused.deleted == 0 and any("[aws]" in p["problem"] for p in refused.problems)
+    assert discover(db_url, [SourceConfig(**entry)]).deleted == 1
+
+
 def test_object_store_configuration_is_refused_with_the_key(tmp_path):
     from pydantic import ValidationError
 
@@ -541,6 +579,8 @@ def test_object_store_configuration_is_refused_with_the_key(tmp_path):
         ({"root": "gs://docs/x/", "credentials_env": {"access_key_id": "X"}}, "credentials_env.access_key_id"),
         ({"root": "s3://docs/../x/"}, "root"),
         ({"root": "ftp://docs/x/"}, "root"),
+        ({"root": "gs://docs/x/", "aws_profile": "reader"}, "aws_profile"),
+        ({"root": "s3://docs/x/", "aws_profile": "reader", "credentials_env": {"access_key_id": "K"}}, "aws_profile"),
     ]:
         with pytest.raises(ValidationError) as refused:
             SourceConfig(name="s", **entry)

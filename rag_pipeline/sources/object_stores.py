@@ -129,7 +129,8 @@ def build_store(source: SourceConfig, *, download_bytes: int | None = None) -> A
             config["endpoint"] = source.endpoint_url
         if source.region:
             config["region"] = source.region
-        return S3Store(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
+        return S3Store(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry,
+                       credential_provider=_aws_profile_provider(source, config))
     if scheme == "gs":
         if source.endpoint_url:
             config["base_url"] = source.endpoint_url
@@ -137,6 +138,26 @@ def build_store(source: SourceConfig, *, download_bytes: int | None = None) -> A
     if source.endpoint_url:
         config["endpoint"] = source.endpoint_url
     return AzureStore(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
+
+
+def _aws_profile_provider(source: SourceConfig, config: dict[str, Any]) -> Any:
+    """Credentials of an AWS profile (the source's `aws_profile`, else AWS_PROFILE), through boto3's own chain,
+    which reads ~/.aws/config and ~/.aws/credentials (assume-role, SSO, static keys) and refreshes them; None
+    without a profile (obstore's chain: AWS_* variables, web identity, container and instance roles)."""
+    profile = source.aws_profile or (None if "access_key_id" in config else os.environ.get("AWS_PROFILE"))
+    if not profile:
+        return None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        # A profile silently ignored would read with whatever other identity the machine has.
+        raise SourceReadError(f"source {source.name!r}: the AWS profile {profile!r} is read through boto3, which "
+                              "is not installed: pip install 'dagster-rag-pipeline[aws]'") from None
+    try:
+        return Boto3CredentialProvider(boto3.Session(profile_name=profile))
+    except Exception as exc:  # noqa: BLE001 - botocore's ProfileNotFound and the like
+        raise SourceReadError(f"source {source.name!r}: AWS profile {profile!r}: {exc}") from None
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f\ufffd]")
