@@ -17,7 +17,8 @@ from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.domain import ids
 from rag_pipeline.lifecycle import checks
 from rag_pipeline.retrieval.search import search
-from rag_pipeline.stages.discover import discover
+from rag_pipeline.sources.folders import DiscoveredFile, ScanReport
+from rag_pipeline.stages.discover import DeletionGuard, discover, reconcile
 
 SALARY = "# Executive salaries\n\nThe executive salary of the chief financial officer is 410,000 euros a year.\n"
 PUBLIC = "# Canteen\n\nThe canteen serves lunch from noon; the executive floor has its own coffee machine.\n"
@@ -53,6 +54,7 @@ BROKEN_SIDECARS = {
     "labels a number": lambda hr: (hr / "_meta.json").write_text('{"acl_labels": 5}'),
     "labels a string": lambda hr: (hr / "_meta.json").write_text('{"acl_labels": "hr, staff"}'),
     "NUL in a string": lambda hr: (hr / "_meta.json").write_text('{"acl_labels": ["hr"], "owner": "a\\u0000b"}'),
+    "NaN, which JSON lacks": lambda hr: (hr / "_meta.json").write_text('{"acl_labels": ["hr"], "score": NaN}'),
     "dangling link": lambda hr: ((hr / "_meta.json").unlink(), (hr / "_meta.json").symlink_to(hr / "nowhere.json")),
     "a FIFO": lambda hr: ((hr / "_meta.json").unlink(), os.mkfifo(hr / "_meta.json")),
     "linked to /dev/zero": lambda hr: ((hr / "_meta.json").unlink(), (hr / "_meta.json").symlink_to("/dev/zero")),
@@ -151,6 +153,37 @@ def test_labels_in_array_syntax_are_stored_as_written(db_url, tmp_path, db):
     (tmp_path / "docs" / "a.md.meta.json").write_text(json.dumps({"acl_labels": labels}))
     discover(db_url, [SourceConfig(name="docs", root=tmp_path / "docs", acl_labels=("staff",))])
     assert db.execute("SELECT acl_labels FROM documents WHERE rel_path = 'a.md'").fetchone()[0] == labels
+
+
+def test_a_judgment_the_scan_could_not_finish_changes_nothing(db, tmp_path):
+    # An object-store scan judges while listing and may judge an object again; if that second judgment cannot be
+    # made (the object was rewritten meanwhile), the first one must not be applied: the document stays as it was.
+    def found(rel_path: str, labels: tuple[str, ...], rejudged: bool = False) -> DiscoveredFile:
+        return DiscoveredFile(source="s", rel_path=rel_path, doc_id=ids.doc_id("s", rel_path), size_bytes=1,
+                              mtime_ns=1, acl_labels=labels, title=None, file_id="etag:1", rejudged=rejudged)
+
+    def scan(*files: DiscoveredFile, unreadable: tuple[str, ...] = ()) -> tuple[ScanReport, object]:
+        report = ScanReport()
+
+        def listing():
+            yield from files
+            for path in unreadable:  # reported while the scan runs, as the scanner does
+                report.problem(path, "rewritten since the listing", unreadable=True)
+
+        with db.transaction():
+            return report, reconcile(db, "s", listing(), report, DeletionGuard())
+
+    store.sources.upsert_source(db, SourceConfig(name="s", root=tmp_path, acl_labels=("hr",)), "config")
+    scan(found("a.md", ("hr",)), found("b.md", ("hr",)), found("c.md", ("hr",)))
+    _, counts = scan(found("a.md", ("everyone",)), found("b.md", ("hr",)), found("c.md", ("hr",)),
+                     unreadable=("a.md",))
+    labels = dict(db.execute("SELECT rel_path, acl_labels FROM documents WHERE source = 's'").fetchall())
+    assert labels["a.md"] == ["hr"] and counts.relabelled == 0
+    # A name the listing gave twice is ambiguous even when one listing of it was judged again.
+    report, _ = scan(found("a.md", ("hr",)), found("b.md", ("everyone",)), found("b.md", ("everyone",)),
+                     found("c.md", ("hr",)), found("b.md", ("everyone",), rejudged=True))
+    assert [p.rel_path for p in report.problems] == ["b.md"]
+    assert db.execute("SELECT acl_labels FROM documents WHERE rel_path = 'b.md'").fetchone()[0] == ["hr"]
 
 
 def test_links_inside_the_root_speak_with_their_targets_labels(make_settings, tmp_path, db):

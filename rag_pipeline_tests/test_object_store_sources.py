@@ -560,9 +560,17 @@ def test_credentials_from_an_aws_profile(bucket, db_url, tmp_path, monkeypatch):
     missing = discover(db_url, [SourceConfig(**entry, aws_profile="nobody")])
     assert any("'nobody'" in p["problem"] for p in missing.problems) and missing.deleted == 0
 
-    monkeypatch.setenv("AWS_PROFILE", "reader")  # the variable names the profile when the source does not
+    # As in the AWS SDKs, keys in the environment come before AWS_PROFILE (here the outsider's: denied)...
+    monkeypatch.setenv("AWS_PROFILE", "reader")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", OUTSIDER.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", OUTSIDER.secret_key)
+    assert any("scan failed" in p["problem"] for p in discover(db_url, [SourceConfig(**entry)]).problems)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    # ...and without them the variable names the profile when the source does not.
     with monkeypatch.context() as without_boto3:  # never another identity in its place: the scan fails
         without_boto3.setitem(sys.modules, "boto3", None)
+        without_boto3.setattr("rag_pipeline.sources.object_stores._PROFILE_PROVIDERS", {})  # none built yet
         refused = discover(db_url, [SourceConfig(**entry)])
         assert refused.deleted == 0 and any("[aws]" in p["problem"] for p in refused.problems)
     assert discover(db_url, [SourceConfig(**entry)]).deleted == 1

@@ -220,13 +220,18 @@ def read_sidecar(path: Path, root: Path) -> dict[str, Any]:
     return parse_sidecar(raw, name)
 
 
+def _not_json(constant: str) -> Any:
+    # Python reads NaN and Infinity, which JSON (and PostgreSQL's jsonb) does not have.
+    raise json.JSONDecodeError(f"{constant} is not a JSON value", constant, 0)
+
+
 def parse_sidecar(raw: bytes, name: str) -> dict[str, Any]:
     """A sidecar's bytes (at most MAX_SIDECAR_BYTES + 1 of them read) as its validated object; the rules of
     `read_sidecar`, for every kind of source."""
     if len(raw) > MAX_SIDECAR_BYTES:
         raise SidecarError(f"sidecar {name} is larger than {MAX_SIDECAR_BYTES} bytes")
     try:
-        data = json.loads(raw.decode("utf-8-sig"))
+        data = json.loads(raw.decode("utf-8-sig"), parse_constant=_not_json)
     except UnicodeDecodeError as exc:
         raise SidecarError(f"sidecar {name} is not UTF-8: {exc}") from None
     except (json.JSONDecodeError, RecursionError) as exc:

@@ -140,13 +140,21 @@ def build_store(source: SourceConfig, *, download_bytes: int | None = None) -> A
     return AzureStore(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
 
 
+_PROFILE_PROVIDERS: dict[str, Any] = {}  # profile -> its provider: one session's cache for all of a process's stores
+PROFILE_CREDENTIALS_TTL = timedelta(minutes=5)  # kept for this long, well inside any session's own expiry
+
+
 def _aws_profile_provider(source: SourceConfig, config: dict[str, Any]) -> Any:
     """Credentials of an AWS profile (the source's `aws_profile`, else AWS_PROFILE), through boto3's own chain,
     which reads ~/.aws/config and ~/.aws/credentials (assume-role, SSO, static keys) and refreshes them; None
-    without a profile (obstore's chain: AWS_* variables, web identity, container and instance roles)."""
-    profile = source.aws_profile or (None if "access_key_id" in config else os.environ.get("AWS_PROFILE"))
+    without a profile (obstore's chain: AWS_* variables, web identity, container and instance roles). As the AWS
+    SDKs do, keys in the environment (or named by credentials_env) come before AWS_PROFILE."""
+    keys_given = "access_key_id" in config or os.environ.get("AWS_ACCESS_KEY_ID")
+    profile = source.aws_profile or (None if keys_given else os.environ.get("AWS_PROFILE"))
     if not profile:
         return None
+    if profile in _PROFILE_PROVIDERS:
+        return _PROFILE_PROVIDERS[profile]
     try:
         import boto3
         from obstore.auth.boto3 import Boto3CredentialProvider
@@ -155,9 +163,11 @@ def _aws_profile_provider(source: SourceConfig, config: dict[str, Any]) -> Any:
         raise SourceReadError(f"source {source.name!r}: the AWS profile {profile!r} is read through boto3, which "
                               "is not installed: pip install 'dagster-rag-pipeline[aws]'") from None
     try:
-        return Boto3CredentialProvider(boto3.Session(profile_name=profile))
+        provider = Boto3CredentialProvider(boto3.Session(profile_name=profile), ttl=PROFILE_CREDENTIALS_TTL)
     except Exception as exc:  # noqa: BLE001 - botocore's ProfileNotFound and the like
         raise SourceReadError(f"source {source.name!r}: AWS profile {profile!r}: {exc}") from None
+    _PROFILE_PROVIDERS[profile] = provider
+    return provider
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f\ufffd]")
@@ -316,7 +326,9 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
     sidecars: dict[str, int] = {}  # sidecar key -> its listed size
     judge = _Judge(source, store, sidecars, counters, known, report)
     late_objects: set[str] = set()  # objects judged before their own sidecar was listed
-    late_prefixes: set[str] = set()  # prefixes whose `_meta.json` was listed after an object below them was judged
+    # Prefixes whose `_meta.json` was listed after an object below them was judged -> spool pages written by then
+    late_prefixes: dict[str, int] = {}
+    pages_spooled = 0
     judged_under: set[str] = set()  # every prefix ('' is the root) with a judged object below it
     pending: list[_Listed] = []  # listed, not judged yet (at most BATCH)
     pending_keys: set[str] = set()
@@ -324,10 +336,12 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
             ThreadPoolExecutor(source.max_concurrency, thread_name_prefix=f"scan-{source.name}") as pool:
 
         def judge_pending() -> Iterator[DiscoveredFile]:
+            nonlocal pages_spooled
             batch = pending.copy()
             pending.clear()
             pending_keys.clear()
             pickle.dump([(item.key, item.size, item.mtime_ns, item.etag) for item in batch], spool)
+            pages_spooled += 1
             for directory in dict.fromkeys(item.key.rpartition("/")[0] for item in batch):
                 judged_under.update(_prefixes_of(f"{directory}/x" if directory else "x"))
             yield from judge.batch(batch, pool)
@@ -344,7 +358,7 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
                 prefix = key[:-len(FOLDER_SIDECAR)].rstrip("/")
                 judge.forget_prefixes()  # what the prefixes below this one inherit has changed
                 if prefix in judged_under:
-                    late_prefixes.add(prefix)
+                    late_prefixes[prefix] = pages_spooled  # objects judged later saw this sidecar
             elif name.endswith(FILE_SIDECAR_SUFFIX):
                 sidecars[key] = meta["size"]
                 own = key[:-len(FILE_SIDECAR_SUFFIX)]
@@ -360,13 +374,11 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
             return
         judge.forget_prefixes()
         spool.seek(0)
-        while True:
-            try:
-                page = pickle.load(spool)  # noqa: S301 - this scan's own spool, written above
-            except EOFError:
-                break
+        for page_number in range(pages_spooled):
+            page = pickle.load(spool)  # noqa: S301 - this scan's own spool, written above
             again = [_Listed(*row) for row in page
-                     if row[0] in late_objects or any(p in late_prefixes for p in _prefixes_of(row[0]))]
+                     if row[0] in late_objects
+                     or any(late_prefixes.get(prefix, 0) > page_number for prefix in _prefixes_of(row[0]))]
             yield from judge.batch(again, pool, rejudged=True)
 
 

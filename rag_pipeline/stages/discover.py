@@ -78,6 +78,7 @@ def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredF
     # by an index write. Taken once the scan is staged, so a long listing never stalls the index writers.
     store.groups.lock_assignment(conn)
     unreadable = list(report.unreadable)  # read after the scan has run, not before
+    store.scans.drop_unreadable(conn, unreadable)
     missing, judged = store.scans.count_gone(conn, source, unreadable)
     # An object at a new key with the ETag and size of one already parsed (a move, a copy) takes that one's pages
     # instead of being downloaded and parsed again: after the guard's count (a move of everything is still held

@@ -47,8 +47,14 @@ def _judged(unreadable: Sequence[str]) -> sql.Composable:
     has none, and then the condition is the source alone: a per-row test of an empty list misleads the planner)."""
     if not unreadable:
         return sql.SQL("d.source = %(source)s")
-    return sql.SQL("""d.source = %(source)s AND NOT EXISTS (SELECT 1 FROM unnest(%(unreadable)s::text[]) u
-                      WHERE u = '.' OR d.rel_path = u OR starts_with(d.rel_path, u || '/'))""")
+    return sql.SQL("d.source = %(source)s AND NOT {under}").format(under=_under_unreadable("d"))
+
+
+def _under_unreadable(alias: str) -> sql.Composable:
+    """A row of `alias` at or under one of the paths %(unreadable)s ('.' is the whole source)."""
+    return sql.SQL("""EXISTS (SELECT 1 FROM unnest(%(unreadable)s::text[]) u
+                              WHERE u = '.' OR {path} = u OR starts_with({path}, u || '/'))""").format(
+        path=sql.Identifier(alias, "rel_path"))
 
 
 def _gone(unreadable: Sequence[str]) -> sql.Composable:
@@ -100,26 +106,44 @@ def stage_scan(conn: psycopg.Connection, files: Iterable[DiscoveredFile]) -> tup
                     f.file_id, f.file_links, f.read_path, f.rejudged,
                 )
             )
-    if rejudged:
-        conn.execute("DELETE FROM scan_files s WHERE NOT s.rejudged"
-                     " AND EXISTS (SELECT 1 FROM scan_files r WHERE r.rejudged AND r.doc_id = s.doc_id)")
     # A name listed twice (an object store's client lists 'a.md/' as 'a.md') is ambiguous: neither entry counts,
     # and the document of that name is kept as it was (the caller adds the names to the scan's unreadable paths).
-    # The primary key finds them (in a savepoint: the usual scan has none, and pays for no search).
+    # Names are counted among first judgments: a second judgment of one listing of the name is not a second name.
     duplicates: list[str] = []
-    try:
-        with conn.transaction():
-            conn.execute("ALTER TABLE scan_files ADD PRIMARY KEY (doc_id)")
-    except psycopg.errors.UniqueViolation:
-        duplicates = [r[0] for r in conn.execute(
-            "DELETE FROM scan_files WHERE doc_id IN (SELECT doc_id FROM scan_files GROUP BY doc_id"
-            " HAVING count(*) > 1) RETURNING rel_path").fetchall()]
+    if rejudged:
+        duplicates = _unstage_duplicates(conn)
+        conn.execute("DELETE FROM scan_files s WHERE NOT s.rejudged"
+                     " AND EXISTS (SELECT 1 FROM scan_files r WHERE r.rejudged AND r.doc_id = s.doc_id)")
         conn.execute("ALTER TABLE scan_files ADD PRIMARY KEY (doc_id)")
+    else:
+        try:  # the primary key finds them, in a savepoint: the usual scan has none and pays for no search
+            with conn.transaction():
+                conn.execute("ALTER TABLE scan_files ADD PRIMARY KEY (doc_id)")
+        except psycopg.errors.UniqueViolation:
+            duplicates = _unstage_duplicates(conn)
+            conn.execute("ALTER TABLE scan_files ADD PRIMARY KEY (doc_id)")
     # A sample of 3,000 rows plans these joins as well as the default 30,000, at a sixth of the time.
-    conn.execute("SET LOCAL default_statistics_target = 10")
+    (before,) = conn.execute("SELECT current_setting('default_statistics_target')").fetchone()
+    conn.execute("SELECT set_config('default_statistics_target', '10', true)")
     conn.execute("ANALYZE scan_files")
-    conn.execute("SET LOCAL default_statistics_target TO DEFAULT")
+    conn.execute("SELECT set_config('default_statistics_target', %s, true)", (before,))
     return seen, sorted(set(duplicates))
+
+
+def _unstage_duplicates(conn: psycopg.Connection) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "DELETE FROM scan_files WHERE doc_id IN (SELECT doc_id FROM scan_files WHERE NOT rejudged GROUP BY doc_id"
+        " HAVING count(*) > 1) RETURNING rel_path").fetchall()]
+
+
+def drop_unreadable(conn: psycopg.Connection, unreadable: Sequence[str]) -> None:
+    """Unstage what the scan staged under paths it then could not read (an object rewritten before its second
+    judgment): those documents are kept as they were, not changed to a judgment the scan did not finish."""
+    if unreadable:
+        conn.execute(
+            sql.SQL("DELETE FROM scan_files s WHERE {under}").format(under=_under_unreadable("s")),
+            {"unreadable": list(unreadable)},
+        )
 
 
 def array_literal(items: Sequence[str]) -> str:
