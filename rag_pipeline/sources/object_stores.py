@@ -337,7 +337,7 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
 
         def judge_pending() -> Iterator[DiscoveredFile]:
             nonlocal pages_spooled
-            batch = pending.copy()
+            batch = list(pending)
             pending.clear()
             pending_keys.clear()
             pickle.dump([(item.key, item.size, item.mtime_ns, item.etag) for item in batch], spool)
