@@ -343,7 +343,7 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
             pickle.dump([(item.key, item.size, item.mtime_ns, item.etag) for item in batch], spool)
             pages_spooled += 1
             for directory in dict.fromkeys(item.key.rpartition("/")[0] for item in batch):
-                judged_under.update(_prefixes_of(f"{directory}/x" if directory else "x"))
+                judged_under.update(_prefixes_down_to(directory))
             yield from judge.batch(batch, pool)
 
         for meta in list_objects(store, counters):
@@ -378,13 +378,14 @@ def scan_objects(source: SourceConfig, report: ScanReport | None = None, known: 
             page = pickle.load(spool)  # noqa: S301 - this scan's own spool, written above
             again = [_Listed(*row) for row in page
                      if row[0] in late_objects
-                     or any(late_prefixes.get(prefix, 0) > page_number for prefix in _prefixes_of(row[0]))]
+                     or any(late_prefixes.get(prefix, 0) > page_number
+                            for prefix in _prefixes_down_to(row[0].rpartition("/")[0]))]
             yield from judge.batch(again, pool, rejudged=True)
 
 
-def _prefixes_of(key: str) -> list[str]:
-    """The prefixes an object is below, from the root (''): 'a/b/c.md' -> ['', 'a', 'a/b']."""
-    parts = key.split("/")[:-1]
+def _prefixes_down_to(directory: str) -> list[str]:
+    """The prefixes from the root ('') down to `directory` itself: 'a/b' -> ['', 'a', 'a/b']."""
+    parts = directory.split("/") if directory else []
     return [""] + ["/".join(parts[:i + 1]) for i in range(len(parts))]
 
 
@@ -466,7 +467,7 @@ class _Judge:
         """The `_meta.json` sidecars listed so far from the root down to `directory` ('' is the root)."""
         if directory not in self.prefix_sidecars:
             self.prefix_sidecars[directory] = [
-                sidecar for prefix in _prefixes_of(f"{directory}/x" if directory else "x")
+                sidecar for prefix in _prefixes_down_to(directory)
                 if (sidecar := f"{prefix}/{FOLDER_SIDECAR}" if prefix else FOLDER_SIDECAR) in self.sidecars]
         return self.prefix_sidecars[directory]
 
