@@ -21,6 +21,7 @@ from rag_pipeline.embedding.identity import (
     model_for_version,
 )
 from rag_pipeline.embedding.locations import resolve_model, weights_digest
+from rag_pipeline.lifecycle.blue_green import start_version_build
 from rag_pipeline.stages.chunk import ModelMismatchError
 from rag_pipeline.stages.discover import discover
 from rag_pipeline.stages.process import process_pending
@@ -44,12 +45,12 @@ def copies(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_the_same_weights_in_other_folders_are_one_model_and_other_weights_or_backends_are_not(copies):
-    packaged = configured_identity(EmbeddingConfig())
-    a = configured_identity(EmbeddingConfig(model=str(copies["a"])))
-    b = configured_identity(EmbeddingConfig(model=str(copies["b"])))
+    packaged = configured_identity(EmbeddingConfig(backend="torch"))
+    a = configured_identity(EmbeddingConfig(model=str(copies["a"]), backend="torch"))
+    b = configured_identity(EmbeddingConfig(model=str(copies["b"]), backend="torch"))
     assert a.key == b.key == packaged.key and packaged.key.startswith("torch:sha256:")
     assert str(copies["a"]) not in a.key and "minilm" not in a.key  # never a path or a folder name
-    assert configured_identity(EmbeddingConfig(model=str(copies["changed"]))).key != packaged.key
+    assert configured_identity(EmbeddingConfig(model=str(copies["changed"]), backend="torch")).key != packaged.key
     int8 = configured_identity(EmbeddingConfig(backend="onnx-int8"))
     assert int8.weights == packaged.weights and int8.key != packaged.key
     remote = configured_identity(EmbeddingConfig(backend="remote", endpoint="http://127.0.0.1:1/v1",
@@ -71,14 +72,15 @@ def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_set
 
     def refresh(model: Path, **embedding):
         settings = make_settings(sources=sources, execution={"isolation": False},
-                                 embedding={"model": str(model), "models_dir": str(tmp_path / "models"), **embedding})
+                                 embedding={"model": str(model), "models_dir": str(tmp_path / "models"),
+                                            "backend": "torch", **embedding})
         discover(db_url, settings.sources)
         return settings, process_pending(db_url, settings)
 
     _, first = refresh(copies["a"])
     assert first.index.vectors_embedded > 0
     (active,) = store.versions.index_versions(db)
-    key = configured_identity(EmbeddingConfig()).key
+    key = configured_identity(EmbeddingConfig(backend="torch")).key
     assert active.model_identity == key and active.model_revision == key.removeprefix("torch:")
     # Another machine: the same weights in another folder. Same version, and the unchanged sections' vectors of an
     # edited note come from the cache the first machine filled.
@@ -99,6 +101,46 @@ def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_set
         refresh(copies["changed"])
     with pytest.raises(VersionModelError, match="no model here has those weights"):
         model_for_version(active, EmbeddingConfig(model=str(copies["changed"]), models_dir=tmp_path / "none"))
+
+
+def test_auto_keeps_an_existing_indexs_backend_and_starts_a_new_index_on_int8(make_settings, db, db_url, tmp_path):
+    auto = EmbeddingConfig()
+    assert auto.backend == "auto"
+    assert auto.for_index(None).backend == "onnx-int8"
+    assert auto.for_index("all-MiniLM-L6-v2").backend == "torch"
+    assert auto.for_index("onnx-int8:all-MiniLM-L6-v2").backend == "onnx-int8"
+    assert auto.for_index("remote:all-MiniLM-L6-v2").backend == "onnx-int8"  # an endpoint must be named
+    assert EmbeddingConfig(device="cuda").for_index(None).backend == "torch"  # int8 ONNX is the CPU's default
+    assert EmbeddingConfig(backend="torch").for_index("onnx-int8:all-MiniLM-L6-v2").backend == "torch"
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(2):
+        (corpus / f"note-{index}.md").write_text(port_note(index))
+    sources = [{"name": "port", "root": str(corpus), "acl_labels": ["staff"]}]
+
+    def refresh(**embedding):
+        settings = make_settings(sources=sources, execution={"isolation": False}, embedding=embedding)
+        discover(db_url, settings.sources)
+        return settings, process_pending(db_url, settings)
+
+    # A data folder from before `auto`: its index was embedded by torch. The upgrade (auto) refreshes the same
+    # version with the same vectors: no silent swap to int8.
+    refresh(backend="torch")
+    (active,) = store.versions.index_versions(db)
+    torch_key = configured_identity(EmbeddingConfig(backend="torch")).key
+    assert active.model_identity == torch_key
+    (corpus / "note-2.md").write_text(port_note(2))
+    settings, upgraded = refresh()
+    assert settings.embedding.backend == "auto" and upgraded.index.documents_indexed == 1
+    assert [v.version_id for v in store.versions.index_versions(db)] == [active.version_id]
+    assert db.execute("SELECT DISTINCT model FROM embedding_cache").fetchall() == [(torch_key,)]
+    assert model_for_version(active, settings.embedding) == "all-MiniLM-L6-v2"
+    # A new version of it follows it too; asking for int8 by name is a model change, refused for a refresh.
+    assert start_version_build(db_url, settings, settings.embedding.model).model_identity == torch_key
+    (corpus / "note-3.md").write_text(port_note(3))
+    with pytest.raises(ModelMismatchError, match="onnx-int8"):
+        refresh(backend="onnx-int8")
 
 
 def test_versions_and_cache_rows_from_before_model_identities_are_adopted(pg_admin_url, tmp_path):
@@ -122,7 +164,7 @@ def test_versions_and_cache_rows_from_before_model_identities_are_adopted(pg_adm
             assert len(adopted) == 1 and adopted[0].startswith("v1: all-MiniLM-L6-v2 -> torch:sha256:")
             assert adopt_model_identities(conn, EmbeddingConfig()) == []  # once only; v2 stays as it was
             first, second = sorted(store.versions.index_versions(conn), key=lambda v: v.version_id)
-            key = configured_identity(EmbeddingConfig()).key
+            key = configured_identity(EmbeddingConfig().for_index(first.embedding_model)).key  # auto follows it
             assert (first.embedding_model, first.model_identity) == ("all-MiniLM-L6-v2", key)
             assert first.model_revision == key.removeprefix("torch:")  # the weights, no longer a path
             assert cache_key(first) == key and second.model_identity is None

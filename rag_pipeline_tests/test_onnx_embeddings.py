@@ -3,6 +3,8 @@ torch's vectors, its own model identity, and an index built with it is searchabl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
@@ -14,8 +16,14 @@ from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.embedding.embedders import get_embedder
 from rag_pipeline.embedding.identity import configured_identity
 from rag_pipeline.embedding.locations import resolve_model
-from rag_pipeline.embedding.onnx import OnnxEmbedder, quantized_model_path
+from rag_pipeline.embedding.onnx import (
+    OnnxEmbedder,
+    _fast_tokenizer,
+    _transformers_tokenizer,
+    quantized_model_path,
+)
 from rag_pipeline.retrieval.search import SearchOptions, search
+from rag_pipeline.workers.threads import UNBOUNDED, torch_threads
 
 TEXTS = [
     "The warehouse robot charges at dock seven after every shift.",
@@ -51,15 +59,17 @@ def test_an_index_built_with_int8_weights_is_its_own_version(models_dir, db, db_
     config.write_text(yaml.safe_dump({
         "database_url": db_url, "data_dir": str(tmp_path / "data"),
         "sources": [{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}],
-        "embedding": {"backend": "onnx-int8", "models_dir": str(models_dir)},
+        "embedding": {"models_dir": str(models_dir)},
     }))
     settings = load_settings(config)
-    assert settings.embedding.backend_model == "onnx-int8:all-MiniLM-L6-v2"
+    # The default: a new index embeds with int8 (an existing one keeps its backend: test_model_identity).
+    assert settings.embedding.backend == "auto" and settings.embedding.for_index(None).backend == "onnx-int8"
     with DagsterInstance.ephemeral() as instance:
         summary = run_ingest(settings, instance=instance)
     assert summary["success"], summary.get("errors")
     active = store.versions.active_version(db)
-    int8, torch = configured_identity(settings.embedding), configured_identity(EmbeddingConfig())
+    int8 = configured_identity(settings.embedding.for_index(None))
+    torch = configured_identity(EmbeddingConfig(backend="torch"))
     # The same weights on another backend: the same digest, another key; the cache holds only the int8 vectors.
     assert int8.weights == torch.weights and int8.key == f"onnx-int8:{torch.weights}" != torch.key
     assert (active.embedding_model, active.model_revision, active.model_identity) == (
@@ -68,4 +78,29 @@ def test_an_index_built_with_int8_weights_is_its_own_version(models_dir, db, db_
     hits = search(db, "how long does the robot battery last", ["staff"], k=3,
                   options=SearchOptions.from_settings(settings))
     assert hits and "battery" in " ".join(h.text.lower() for h in hits)
-    assert EmbeddingConfig().backend_model == "all-MiniLM-L6-v2"  # torch keeps the plain name: existing indexes stay
+    assert EmbeddingConfig(backend="torch").backend_model == "all-MiniLM-L6-v2"  # torch keeps the plain name
+
+
+def test_the_tokenizers_library_tokenizes_as_transformers_does():
+    """The int8 backend reads tokenizer.json with `tokenizers` alone (a search imports no transformers): the same
+    ids, masks and types as transformers' tokenizer, padded and truncated to the model's window."""
+    model = resolve_model("all-MiniLM-L6-v2")
+    texts = [*TEXTS, "", "Ünïcödé café — naïve 北京 🙂\ttab", "Revenue (in $ millions) 1,234.5 (12.3)%", "x " * 600]
+    fast = _fast_tokenizer(Path(model.location), 256)(texts)
+    slow = _transformers_tokenizer(model.location, 256)(texts)
+    assert set(fast) == set(slow) and fast["input_ids"].shape == (len(texts), 256)
+    for name in fast:
+        assert np.array_equal(fast[name], slow[name]), name
+
+
+def test_a_bounded_run_gets_a_session_with_its_threads_and_the_same_vectors(models_dir):
+    """While parse workers run, the run's embedder may use only the cores they leave (torch_threads): an ONNX
+    session's threads are fixed when it is made, so a bound gets a session of its own, without spinning."""
+    onnx = get_embedder("onnx-int8:all-MiniLM-L6-v2", EmbeddingConfig(models_dir=models_dir))
+    free = onnx.embed_documents(TEXTS)
+    with torch_threads(1):
+        bounded = onnx.embed_documents(TEXTS)
+    assert onnx._sessions[1].get_session_options().intra_op_num_threads == 1
+    assert onnx._sessions[UNBOUNDED].get_session_options().intra_op_num_threads == 0  # ONNX Runtime's own choice
+    assert np.allclose(free, bounded, atol=1e-5)
+    assert np.allclose(onnx.embed_documents(TEXTS), free, atol=1e-6)  # the unbounded session again, after the run

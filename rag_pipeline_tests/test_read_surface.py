@@ -17,7 +17,7 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from rag_pipeline import store
-from rag_pipeline.config import ServiceConfig, ServiceToken
+from rag_pipeline.config import EmbeddingConfig, ServiceConfig, ServiceToken, split_backend
 from rag_pipeline.domain import ids
 from rag_pipeline.embedding import embedders
 from rag_pipeline.embedding.embedders import get_embedder
@@ -52,7 +52,8 @@ def _as(conn: psycopg.Connection, role_name: str) -> psycopg.Connection:
 
 
 def _vector(text: str) -> HalfVector:
-    return HalfVector(get_embedder("all-MiniLM-L6-v2").embed_query(text))
+    """The query as the clone's index embeds it (a new index's default, int8 ONNX), as an application would."""
+    return HalfVector(get_embedder(EmbeddingConfig().backend_model).embed_query(text))
 
 
 def test_a_role_with_execute_alone_searches_with_its_own_labels_and_reads_nothing_else(clone, role):
@@ -103,7 +104,7 @@ def test_grants_and_views_on_the_stable_surface_survive_promotion_and_rollback(c
         before = dict(conn.execute("SELECT label, n FROM chunks_per_label").fetchall())
         assert before["staff"] > 0 and before["finance"] > 0  # administrators see every row with its labels
         active = store.versions.active_version(conn)
-        model = ids.ModelIdentity("torch", active.embedding_model, active.model_revision)
+        model = ids.ModelIdentity(*split_backend(active.embedding_model), active.model_revision)
         candidate = store.versions.create_version(conn, model, active.dimensions, active.chunker_version,
                                                  active.parser_version)
         blue_green.promote(conn, candidate.version_id, None, force=True, reason="grant survival drill")
@@ -150,7 +151,7 @@ def test_the_service_searches_with_the_tokens_labels_and_refuses_everything_else
     answer = _search(client, STAFF_TOKEN, query=QUERY, k=3)
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert body["version"] == "v1" and len(body["results"]) == 3 and body["model"].startswith("torch:sha256:")
+    assert body["version"] == "v1" and len(body["results"]) == 3 and body["model"].startswith("onnx-int8:sha256:")
     first = body["results"][0]
     assert first["path"] == "handbook/travel-policy.md" and first["chunk_id"] and "flags" in first
     staff_paths = {r["path"] for r in _search(client, STAFF_TOKEN, query="quarterly revenue", k=20).json()["results"]}
@@ -185,7 +186,7 @@ def test_the_service_searches_with_the_tokens_labels_and_refuses_everything_else
     assert _ready(client).json() == {"status": "ready"}  # details only for a token holder
     ready = _ready(client, {"Authorization": f"Bearer {STAFF_TOKEN}"}).json()
     assert ready["status"] == "ready" and ready["version"]["label"] == "v1"
-    assert ready["version"]["identity"].startswith("torch:sha256:")
+    assert ready["version"]["identity"].startswith("onnx-int8:sha256:")
     assert set(ready["checks"]) >= {"acl_coverage", "deletion_replay"}  # recorded by the ingest's checks
     assert "/search" in client.get("/openapi.json").json()["paths"]
 
@@ -207,8 +208,9 @@ def test_the_service_loads_its_query_model_before_it_says_ready(clone, monkeypat
         name="handbook-bot", sha256=hashlib.sha256(STAFF_TOKEN.encode()).hexdigest(), labels=["staff"]),))})
     monkeypatch.setattr(embedders, "_embedders", {})  # this process has no model loaded yet
     loads = []
-    real_embedder = embedders.Embedder
-    monkeypatch.setattr(embedders, "Embedder", lambda *args, **kwargs: loads.append(1) or real_embedder(*args, **kwargs))
+    real_embedder = embedders.OnnxEmbedder  # the clone's index is int8 (a new index's default)
+    monkeypatch.setattr(embedders, "OnnxEmbedder",
+                        lambda *args, **kwargs: loads.append(1) or real_embedder(*args, **kwargs))
     with TestClient(create_app(settings, conn.info.dsn)) as client:
         first = client.get("/readyz")
         assert first.status_code == 200 or "loading" in first.json()["error"]["message"], first.text

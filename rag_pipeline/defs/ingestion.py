@@ -232,11 +232,12 @@ def code_versions(settings: Settings) -> dict[str, str]:
 
     versions = {"parsed_documents": parser_version()}
     try:
-        location = resolve_model(settings.embedding.backend_model, settings.embedding.models_dir).location
+        location = resolve_model(settings.embedding.model, settings.embedding.models_dir).location
         versions["document_chunks"] = current_chunker_version(settings, location)
     except (ModelUnavailableError, OSError, ValueError, ConfigError):
         pass  # the model cannot be read here: no code version, the run itself will say why
-    versions["search_index"] = f"{versions.get('document_chunks', '?')}|{settings.embedding.backend_model}"
+    embedding = settings.embedding
+    versions["search_index"] = f"{versions.get('document_chunks', '?')}|{embedding.backend}:{embedding.model}"
     return versions
 
 

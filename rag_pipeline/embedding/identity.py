@@ -63,8 +63,17 @@ def identity_of(backend_model: str, config: EmbeddingConfig, *, download: bool =
     return ModelIdentity(backend, name, weights_digest(folder))
 
 
+def for_database(conn: psycopg.Connection, config: EmbeddingConfig) -> EmbeddingConfig:
+    """`config` with `embedding.backend: auto` made concrete for the database's index: its active version's
+    backend, or the new-index default when there is none (EmbeddingConfig.for_index)."""
+    if config.backend != "auto":
+        return config
+    active = store.versions.active_version(conn)
+    return config.for_index(active.embedding_model if active else None)
+
+
 def configured_identity(config: EmbeddingConfig) -> ModelIdentity:
-    """The identity of the configured model on its configured backend."""
+    """The identity of the configured model on its configured backend (made concrete: for_database)."""
     return identity_of(config.backend_model, config)
 
 
@@ -88,6 +97,7 @@ def model_for_version(version: IndexVersion, config: EmbeddingConfig) -> str:
     with other weights: its vectors would not be comparable with the version's."""
     key, backend_model = cache_key(version), version.embedding_model
     backend, name = split_backend(backend_model)
+    config = config.for_index(backend_model)
     # The version's name may be a folder of the machine that built it: the same folder name under this machine's
     # models folder is tried too.
     moved = ModelIdentity(backend, str(Path(config.models_dir) / Path(name).name), "").backend_model

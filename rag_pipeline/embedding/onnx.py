@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,10 @@ from rag_pipeline.embedding.locations import (
     max_sequence_length,
     weights_digest,
 )
+from rag_pipeline.workers.threads import UNBOUNDED, embedder_threads
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 _export_lock = threading.Lock()
 
@@ -79,7 +84,6 @@ class OnnxEmbedder:
     """Sentence embeddings from the int8 ONNX transformer: tokenise, run, pool as the model says, normalise."""
 
     def __init__(self, name: str, model: ResolvedModel, models_dir: Path, batch_size: int = 32):
-        import onnxruntime
 
         folder = Path(model.location)
         if not (folder / "modules.json").exists():
@@ -91,10 +95,18 @@ class OnnxEmbedder:
                 export_quantized(model, path)
         self.name = name
         self.batch_size = batch_size
-        self.tokenizer = load_tokenizer(model.location)
         self.max_seq_length = max_sequence_length(model.location)
-        self.session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        self.inputs = {i.name for i in self.session.get_inputs()}
+        self._tokenize = _fast_tokenizer(folder, self.max_seq_length) or _transformers_tokenizer(
+            model.location, self.max_seq_length)
+        # The prompts sentence-transformers' Embedder puts before queries and documents (rag_pipeline.embedding.local).
+        prompts = {k: v for k, v in (_json(folder / "config_sentence_transformers.json").get("prompts") or {}).items()
+                   if v}
+        self._query_prompt = prompts.get("query", "")
+        self._document_prompt = next((prompts[k] for k in ("document", "passage") if k in prompts), "")
+        self._path = str(path)
+        self._sessions: dict[int, onnxruntime.InferenceSession] = {}
+        self._lock = threading.Lock()
+        self.inputs = {i.name for i in self._session().get_inputs()}
         modules = json.loads((folder / "modules.json").read_text())
         pooling_path = next((folder / m["path"] / "config.json" for m in modules if m["type"].endswith("Pooling")),
                             None)
@@ -102,13 +114,28 @@ class OnnxEmbedder:
         self.cls_pooling = bool(pooling.get("pooling_mode_cls_token"))
         self.normalize = any(m["type"].endswith("Normalize") for m in modules)
         self.dimensions = int(self._run(["dimension probe"]).shape[1])
-        self._lock = threading.Lock()
+
+    def _session(self) -> onnxruntime.InferenceSession:
+        """A session with as many threads as the process's embedder may use now (a run's parse workers take the
+        other cores: rag_pipeline.workers.threads); one per bound, as a session's threads are fixed when it is
+        made."""
+        import onnxruntime
+
+        threads = embedder_threads()
+        if threads not in self._sessions:
+            options = onnxruntime.SessionOptions()
+            if threads != UNBOUNDED:
+                options.intra_op_num_threads = threads
+                # Idle threads spinning for the next batch would take the cores the bound left to the workers.
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self._sessions[threads] = onnxruntime.InferenceSession(self._path, options,
+                                                                   providers=["CPUExecutionProvider"])
+        return self._sessions[threads]
 
     def _run(self, texts: list[str]) -> np.ndarray:
-        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
-                                 return_tensors="np")
-        feeds = {name: encoded[name].astype(np.int64) for name in self.inputs if name in encoded}
-        hidden = self.session.run(["last_hidden_state"], feeds)[0]
+        encoded = self._tokenize(texts)
+        feeds = {name: encoded[name] for name in self.inputs if name in encoded}
+        hidden = self._session().run(["last_hidden_state"], feeds)[0]
         if self.cls_pooling:
             vectors = hidden[:, 0]
         else:
@@ -128,9 +155,56 @@ class OnnxEmbedder:
         with self._lock:
             for start in range(0, len(order), self.batch_size):
                 chosen = order[start:start + self.batch_size]
-                out[chosen] = self._run([texts[i] for i in chosen])
+                out[chosen] = self._run([self._document_prompt + texts[i] for i in chosen])
         return out
 
     def embed_query(self, text: str) -> np.ndarray:
         with self._lock:
-            return self._run([text])[0]
+            return self._run([self._query_prompt + text])[0]
+
+
+Tokenize = Callable[[list[str]], dict[str, np.ndarray]]
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _fast_tokenizer(folder: Path, max_length: int) -> Tokenize | None:
+    """The folder's `tokenizer.json` through `tokenizers` alone, padded and truncated as transformers' fast
+    tokenizer (which wraps the same file) does: a search or a small refresh does not import transformers (0.7 s)
+    or torch. None where the folder lacks what that needs."""
+    pad_token = _json(folder / "tokenizer_config.json").get("pad_token")
+    if isinstance(pad_token, dict):  # a serialised AddedToken
+        pad_token = pad_token.get("content")
+    if not (folder / "tokenizer.json").is_file() or not isinstance(pad_token, str) \
+            or _json(folder / "sentence_bert_config.json").get("do_lower_case"):
+        return None
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    pad_id = tokenizer.token_to_id(pad_token)
+    if pad_id is None:
+        return None
+    tokenizer.enable_truncation(max_length)  # the file's own settings are the hub export's, not the model's
+    tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
+    lock = threading.Lock()  # the settings above live in the tokenizer object
+
+    def tokenize(texts: list[str]) -> dict[str, np.ndarray]:
+        with lock:
+            encodings = tokenizer.encode_batch(texts)
+        return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+
+    return tokenize
+
+
+def _transformers_tokenizer(location: str, max_length: int) -> Tokenize:
+    tokenizer = load_tokenizer(location)
+
+    def tokenize(texts: list[str]) -> dict[str, np.ndarray]:
+        encoded = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        return {name: np.asarray(value, dtype=np.int64) for name, value in encoded.items()}
+
+    return tokenize

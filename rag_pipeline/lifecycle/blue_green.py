@@ -22,7 +22,7 @@ from rag_pipeline.config import Settings, backend_model_name
 from rag_pipeline.domain.ids import ModelIdentity
 from rag_pipeline.domain.status import DocumentStatus, VersionStatus, check_version_transition
 from rag_pipeline.embedding.embedders import get_embedder
-from rag_pipeline.embedding.identity import identity_of
+from rag_pipeline.embedding.identity import for_database, identity_of
 from rag_pipeline.parsing.pages import parser_version
 from rag_pipeline.retrieval.evaluation import evaluate, load_golden, paired_differences, regressions
 from rag_pipeline.retrieval.search import SearchOptions
@@ -72,9 +72,11 @@ def start_build(
 def start_version_build(db_url: str, settings: Settings, model: str) -> IndexVersion:
     """Register a version for `model` (run by the configured backend) beside the active one (loading the model,
     or asking the endpoint, for its dimensions)."""
-    model = backend_model_name(model, settings.embedding)
-    identity = identity_of(model, settings.embedding)
-    embedder = get_embedder(model, settings.embedding)
+    with connect(db_url) as conn:
+        embedding = for_database(conn, settings.embedding)
+    model = backend_model_name(model, embedding)
+    identity = identity_of(model, embedding)
+    embedder = get_embedder(model, embedding)
     with connect(db_url) as conn, conn.transaction():
         chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
         bm25 = settings.retrieval.bm25

@@ -16,7 +16,7 @@ import psycopg
 from rag_pipeline import store
 from rag_pipeline.config import ConfigError, Settings
 from rag_pipeline.domain.status import DocumentStatus
-from rag_pipeline.embedding.identity import cache_key, configured_identity, model_for_version
+from rag_pipeline.embedding.identity import cache_key, configured_identity, for_database, model_for_version
 from rag_pipeline.embedding.locations import max_sequence_length, resolve_model
 from rag_pipeline.stages.common import StageStats
 from rag_pipeline.store.queue import PendingDocument
@@ -61,10 +61,11 @@ def check_configured_model(conn: psycopg.Connection, settings: Settings) -> None
     if active is None:
         return
     active_key = cache_key(active)
-    configured = configured_identity(settings.embedding)
+    embedding = settings.embedding.for_index(active.embedding_model)
+    configured = configured_identity(embedding)
     if configured.key != active_key:
         raise ModelMismatchError(
-            f"embedding.model (with embedding.backend {settings.embedding.backend}) is {configured.backend_model!r} "
+            f"embedding.model (with embedding.backend {embedding.backend}) is {configured.backend_model!r} "
             f"({configured.key}) but the active index version {active.label} was embedded by "
             f"{active.embedding_model!r} ({active_key}). A model, weights or backend change is a new index version: "
             f"run `rag-pipeline index build --model {settings.embedding.model}`, then `rag-pipeline index promote`; "
@@ -75,7 +76,7 @@ def check_configured_model(conn: psycopg.Connection, settings: Settings) -> None
 def sizing_model_location(conn: psycopg.Connection, settings: Settings) -> str:
     """The model whose window sizes the chunks: the shortest among the configured model and the versions that
     receive writes (each as the model that gives its vectors here)."""
-    names = [settings.embedding.backend_model,
+    names = [for_database(conn, settings.embedding).backend_model,
              *(model_for_version(v, settings.embedding) for v in store.versions.writable_versions(conn))]
     locations = {resolve_model(name, settings.embedding.models_dir).location for name in names}
     return min(sorted(locations), key=max_sequence_length)

@@ -7,6 +7,7 @@ vectors are born.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ from rag_pipeline.store.versions import IndexRow, IndexVersion
 from rag_pipeline.text import dedup
 
 D = DocumentStatus
+log = logging.getLogger(__name__)
 # The embedding stages read this many batches at a time: one encode call over more inputs sorts them by length
 # into better-filled model batches (measured: 8% faster over 5x more inputs); memory stays bounded.
 EMBED_BATCHES = 4
@@ -65,8 +67,10 @@ def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
         current = store.versions.active_version(conn)
     if current is not None:
         return current
-    identity = configured_identity(settings.embedding)
-    embedder = get_embedder(settings.embedding.backend_model, settings.embedding)
+    embedding = settings.embedding.for_index(None)
+    identity = configured_identity(embedding)
+    embedder = get_embedder(embedding.backend_model, embedding)
+    log.info("a new index: its first version is embedded by %s", embedding.backend_model)
     with connect(db_url) as conn, conn.transaction():
         chunker = current_chunker_version(settings, sizing_model_location(conn, settings))
         bm25 = settings.retrieval.bm25

@@ -89,6 +89,12 @@ def torch_threads(threads: int) -> Iterator[None]:
             torch.set_num_threads(before or usable_cores())
 
 
+def embedder_threads() -> int:
+    """The bound on this process's embedder now: torch_threads' while parse workers run beside it, else this
+    process's compute bound (UNBOUNDED: the library's own choice). An ONNX Runtime session reads it when made."""
+    return _torch_bound if _torch_bound is not None else _compute_threads
+
+
 def apply_torch_bound() -> None:
     """Bound torch as torch_threads says, if it is loaded and a bound is in force (called by whatever loads it)."""
     torch = _loaded_torch()
