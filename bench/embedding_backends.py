@@ -65,7 +65,7 @@ def main() -> None:
                 corpus = REPO / "sample_corpus"
             url = database.create("bench_backends")
             backends = {
-                "torch": settings_for(database, url, corpus, labels, "torch"),
+                "torch": settings_for(database, url, corpus, labels, "torch", backend="torch"),
                 "onnx-int8": settings_for(database, url, corpus, labels, "onnx", backend="onnx-int8"),
                 "remote (127.0.0.1)": settings_for(database, url, corpus, labels, "remote", backend="remote",
                                                    endpoint=server.url, max_concurrency=2),

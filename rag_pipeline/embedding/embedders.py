@@ -42,7 +42,7 @@ def get_embedder(name: str, config: EmbeddingConfig | None = None) -> Any:
         key = (name, model.location, _weights_of(model), "onnx-int8")
         with _embedders_lock:
             if key not in _embedders:
-                _embedders[key] = OnnxEmbedder(name, model, config.models_dir, config.batch_size)
+                _embedders[key] = OnnxEmbedder(name, model, config.models_dir)
             return _embedders[key]
     if name.startswith(REMOTE_PREFIX):
         if not config.endpoint:
