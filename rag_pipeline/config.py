@@ -348,7 +348,8 @@ def split_backend(backend_model: str) -> tuple[str, str]:
 
 def new_index_backend(device: str) -> str:
     """The backend `auto` gives a new index: on the CPU int8 ONNX, which embedded 2.4x faster than torch on two
-    cores with no recall difference a paired test could see on either golden set (docs/benchmarks.md); torch on
+    cores in batches (faster still one text per core) with no recall difference a paired test could see on
+    either golden set (docs/benchmarks.md); torch on
     an accelerator, or where the exporter is not installed. Looked up, not imported: a no-op refresh loads
     neither."""
     from importlib.util import find_spec

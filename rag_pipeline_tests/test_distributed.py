@@ -12,7 +12,7 @@ from psycopg import sql
 from rag_pipeline.config import ConfigError, load_settings
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.store.database import connect, resolve_urls
-from rag_pipeline_tests.conftest import assert_same_index, snapshot
+from rag_pipeline_tests.conftest import DOCUMENTS, MODELS_DIR, assert_same_index, snapshot
 
 
 @pytest.fixture
@@ -40,6 +40,9 @@ def test_a_dask_cluster_builds_the_index_one_process_builds(notes, clean_build, 
             n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster:
         config.write_text(yaml.safe_dump({
             "database_url": index_db, "data_dir": str(tmp_path / "data"),
+            # The models installed once per machine, as the clean build's: a worker that had to export the int8
+            # model first would start its document work after the other worker had taken all of it.
+            "embedding": {"models_dir": str(MODELS_DIR)},
             "sources": [{"name": "notes", "root": str(notes), "acl_labels": ["staff"]}],
             "execution": {"executor": "dask", "dask_address": cluster.scheduler_address, "steps": 2, "workers": 1},
         }))
@@ -53,9 +56,10 @@ def test_a_dask_cluster_builds_the_index_one_process_builds(notes, clean_build, 
         steps = conn.execute("SELECT step_key, value FROM run_outputs WHERE run_id = %s AND step_key LIKE %s",
                              (summary["run_id"], "%work_documents%")).fetchall()
     assert len(steps) == 2
-    worked = {value["host"] for _, value in steps
-              if value["parse"]["parsed"] + value["chunk"]["documents_chunked"] + value["index"]["documents_indexed"]}
-    assert len(worked) == 2, steps  # both Dask workers did document work
+    # The two steps shared one queue: every document parsed once, by one of them. Which worker takes how much is
+    # the scheduler's: the small notes (about 3 s of work with int8 embeddings) can all go to the step that
+    # starts first.
+    assert sum(value["parse"]["parsed"] for _, value in steps) == DOCUMENTS, steps
 
 
 def test_a_worker_without_a_database_url_refuses_to_start_a_private_index(tmp_path):

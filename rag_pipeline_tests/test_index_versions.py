@@ -62,7 +62,9 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
 
         gates = blue_green.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
         assert gates.passed, gates.failures
-        assert gates.quality["candidate"]["recall@k"] >= gates.quality["active"]["recall@k"] - 0.02
+        # The same weights: within one question of the active version (42 here). Not equal: a near-duplicate
+        # group's row can hold another occurrence's vector in each version (rows are written per version).
+        assert gates.quality["candidate"]["recall@k"] >= gates.quality["active"]["recall@k"] - 1 / 42 - 1e-3
         with db.transaction():
             blue_green.promote(db, v2.version_id, gates)
         assert store.versions.active_version(db).version_id == v2.version_id
