@@ -38,8 +38,6 @@ def main() -> None:
 
     from rag_pipeline.config import ParsingConfig
     from rag_pipeline.parsing.cascade import Cascade, parse_document
-    from rag_pipeline.parsing.formats import parse_file
-    from rag_pipeline.parsing.limits import ParseLimits
 
     cascade = Cascade(ParsingConfig())
     parse_document(args.files[0], None, cascade)  # the tiers' models load once, as in a worker
@@ -52,7 +50,7 @@ def main() -> None:
     for path in args.files:
         plain = pdfplumber_seconds(path)
         started = time.perf_counter()
-        list(parse_file(path, None, ParseLimits()))
+        parse_document(path, None, None)  # tier 1 alone, as a run without the cascade parses
         tier1 = time.perf_counter() - started
         started = time.perf_counter()
         pages = parse_document(path, None, cascade)

@@ -201,6 +201,32 @@ def test_the_layout_tier_reads_the_pages_of_one_open_filing_as_it_reads_each_alo
     assert all("|" in markdown for markdown in together)  # each page's statement tables were read
 
 
+@pytest.mark.torture
+def test_the_layout_tier_reads_tier_ones_text_layer_as_it_reads_the_file(tmp_path):
+    """Tier 1 hands the layout tier the words it read (reading a filing page twice was half that tier's time): the
+    same Markdown as reading the page again; and no page leaves parse_document holding them."""
+    from rag_pipeline.parsing.cascade import layout_page
+
+    path = TORTURE / "docs" / "camelot_12s0324_borderless_2tables.pdf"
+    [page] = parse_file(path)
+    assert page.text_layer is not None and len(page.text_layer.words) > 100
+    assert layout_page(path, 1, ParsingConfig(), None, text_layer=page.text_layer) == layout_page(
+        path, 1, ParsingConfig(), None)
+
+    staggered = tmp_path / "staggered.pdf"
+    _staggered_figures(staggered)
+    from fpdf import FPDF
+
+    plain, pdf = tmp_path / "plain.pdf", FPDF()
+    pdf.add_page()
+    pdf.set_font("Helvetica", size=11)
+    pdf.multi_cell(0, 6, "Quarterly letter to shareholders. Nothing on this page is a table.")
+    pdf.output(str(plain))
+    for file, tier in ((staggered, "layout"), (plain, "pdfplumber")):
+        [parsed] = parse_document(file, None, Cascade(ParsingConfig()))
+        assert parsed.tier == tier and parsed.text_layer is None
+
+
 def _staggered_figures(path):
     """Rows of a label and figures whose columns do not line up (a table tier 1 cannot assemble)."""
     from fpdf import FPDF

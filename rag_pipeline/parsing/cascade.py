@@ -31,7 +31,7 @@ from typing import Any
 
 from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
-from rag_pipeline.parsing.pages import ParsedPage
+from rag_pipeline.parsing.pages import ParsedPage, TextLayer
 from rag_pipeline.workers import budget
 from rag_pipeline.workers.threads import compute_threads
 
@@ -196,35 +196,46 @@ class OpenPdf:
 
 
 def layout_page(path: Path, page_number: int, config: ParsingConfig, password: str | None,
-                opened: OpenPdf | None = None) -> str:
+                opened: OpenPdf | None = None, text_layer: TextLayer | None = None) -> str:
     """The layout-and-table tier (rag_pipeline.parsing.layout) on one page; its words are the PDF's own characters (what
-    is drawn: hidden text is never read), or RapidOCR's where the page has no text layer. `opened`: the file, open
-    already (Cascade.run keeps it open for all the pages it escalates)."""
+    is drawn: hidden text is never read), or RapidOCR's where the page has no text layer. `text_layer`: what tier 1
+    read of the page, else the page is read here; `opened`: the file, open already (Cascade.run keeps it open for
+    all the pages it escalates)."""
     from rag_pipeline.parsing import layout, rtl
-    from rag_pipeline.parsing.pdf import INVISIBLE_RENDER_MODE, render_aware
 
     if config.layout_engine == "none":
         raise TierUnavailable("the layout tier is switched off (parsing.layout_engine: none)")
     reason = layout.unavailable_reason()
     if reason:
         raise TierUnavailable(reason)
+    if text_layer is None:
+        text_layer = read_text_layer(opened or OpenPdf(path, password), page_number, close=opened is None)
+    if text_layer.rotation:
+        raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
     image = render_page(path, page_number, config.layout_dpi, password, config.max_render_pixels)
-    document = opened or OpenPdf(path, password)
+    scale = image.width / max(1.0, text_layer.width)  # pixels per point, as rendered
+    words = text_layer.words or _ocr_words(image, scale)
+    return rtl.logical_text(layout.page_markdown(image, scale, words))
+
+
+def read_text_layer(document: OpenPdf, page_number: int, close: bool) -> TextLayer:
+    """A page's text layer as tier 1 reads it (rag_pipeline.parsing.pdf), for a page that comes without one."""
+    from rag_pipeline.parsing import rtl
+    from rag_pipeline.parsing.pdf import INVISIBLE_RENDER_MODE, render_aware
+
     try:
         with document.lock:
             original = document.page(page_number)
             try:
                 page = render_aware(original)
-                if page.rotation:
-                    raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
-                scale = image.width / max(1.0, float(page.width))  # pixels per point, as rendered
-                page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
-                words = page.extract_words()
+                for char in page.chars:
+                    char["text"] = rtl.visual_glyph(char["text"])
+                visible = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
+                return TextLayer(float(page.width), int(page.rotation or 0), visible.extract_words())
             finally:
                 original.close()  # its parsed objects: a long filing would otherwise keep every page's
-        return rtl.logical_text(layout.page_markdown(page, image, scale, words or _ocr_words(image, scale)))
     finally:
-        if opened is None:
+        if close:
             document.close()
 
 
@@ -313,18 +324,19 @@ class Cascade:
         if self._vlm is not None:
             self._vlm.close()
 
-    def _tier(self, tier: str, path: Path, page: int, password: str | None, opened: OpenPdf | None = None) -> str:
+    def _tier(self, tier: str, path: Path, page: ParsedPage, password: str | None,
+              opened: OpenPdf | None = None) -> str:
         if tier == "docling":
-            return docling_page(path, page, self.config)
+            return docling_page(path, page.page, self.config)
         if tier == "ocr":
-            return ocr_page(path, page, self.config, password)
+            return ocr_page(path, page.page, self.config, password)
         if tier == "layout":
-            return layout_page(path, page, self.config, password, opened)
+            return layout_page(path, page.page, self.config, password, opened, page.text_layer)
         if self._vlm is None:
             raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
         if not self.budget.take():
             raise TierUnavailable(f"VLM page budget of {self.config.vlm.page_budget} spent for this run")
-        return self._vlm.page(path, page, password)
+        return self._vlm.page(path, page.page, password)
 
     def _escalate(self, path: Path, page: ParsedPage, reason: str, password: str | None,
                   opened: OpenPdf | None = None) -> ParsedPage:
@@ -332,7 +344,7 @@ class Cascade:
         for tier in REMEDIES[reason]:
             started = time.perf_counter()
             try:
-                markdown = self._tier(tier, path, page.page, password, opened)
+                markdown = self._tier(tier, path, page, password, opened)
             except TierUnavailable as exc:
                 self.unavailable.setdefault(tier, str(exc))
                 attempts.append({"tier": tier, "outcome": "unavailable", "detail": str(exc)})
@@ -392,6 +404,8 @@ def parse_document(path: Path, password: str | None, cascade: Cascade | None) ->
     limits = ParseLimits(config.max_pages, config.max_page_content_bytes, config.max_unpacked_bytes)
     pages = []
     for page in parse_file(path, password, limits):
+        if cascade is None or escalation_reason(page.signals, config) is None:
+            page.text_layer = None  # memory: only a page the cascade reads again keeps its words
         pages.append(page)
         budget.pages_parsed()  # each page adds to the document's time budget in a worker process
     if cascade is not None and path.suffix.lower() in PDF_SUFFIXES:

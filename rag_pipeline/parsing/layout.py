@@ -111,12 +111,10 @@ def _table_engine() -> Any:
         return engine
 
 
-def detect_regions(image: Any, scale: float) -> list[Region]:
-    """Layout regions of a rendered page (PIL image at `scale` pixels per point), in PDF points."""
-    import numpy as np
-
+def detect_regions(pixels: Any, scale: float) -> list[Region]:
+    """Layout regions of a rendered page (RGB array at `scale` pixels per point), in PDF points."""
     with _lock:
-        result = _layout_engine()(np.array(image.convert("RGB")))
+        result = _layout_engine()(pixels)
     regions = []
     for box, kind, score in zip(result.boxes or [], result.class_names or [], result.scores or [], strict=False):
         x0, top, x1, bottom = (float(v) / scale for v in box)
@@ -223,13 +221,12 @@ def html_table_rows(markup: str) -> list[list[str]]:
     return [merged, *rows[header_rows:]]
 
 
-def read_table(image: Any, scale: float, bbox: tuple[float, float, float, float],
+def read_table(pixels: Any, scale: float, bbox: tuple[float, float, float, float],
                words: Sequence[dict[str, Any]]) -> list[list[str]]:
-    """One table region's rows, its cells filled with `words` (PDF points) that lie in it."""
-    import numpy as np
-
+    """One table region's rows (`pixels`: the page as an RGB array), its cells filled with `words` (PDF points) that
+    lie in it."""
     x0, top, x1, bottom = (int(v * scale) for v in bbox)
-    crop = np.array(image.convert("RGB"))[max(0, top):bottom, max(0, x0):x1]
+    crop = pixels[max(0, top):bottom, max(0, x0):x1]
     boxes = []
     height, width = crop.shape[:2]
     for word in words:
@@ -247,12 +244,14 @@ def read_table(image: Any, scale: float, bbox: tuple[float, float, float, float]
     return html_table_rows(markup)
 
 
-def page_markdown(page: Any, image: Any, scale: float, words: Sequence[dict[str, Any]] | None = None) -> str:
+def page_markdown(image: Any, scale: float, words: Sequence[dict[str, Any]]) -> str:
     """A page from its layout: regions top to bottom, titles as headings, tables read by SLANet with their
-    captions. Words no region holds are kept where they stand: the tier never drops text. `page` is the pdfplumber
-    page; `words` default to its own."""
-    words = list(words if words is not None else page.extract_words())
-    regions = detect_regions(image, scale)
+    captions. Words (PDF points) no region holds are kept where they stand: the tier never drops text."""
+    import numpy as np
+
+    words = list(words)
+    pixels = np.asarray(image.convert("RGB"))  # once a page: the layout model and every table crop read it
+    regions = detect_regions(pixels, scale)
     tables = [r for r in regions if r.kind == "table"][:MAX_TABLES_PER_PAGE]
     used: set[int] = set()
     in_a_region = [any(in_box(w, r.bbox) for r in regions) for w in words]
@@ -269,7 +268,7 @@ def page_markdown(page: Any, image: Any, scale: float, words: Sequence[dict[str,
 
     blocks: list[tuple[tuple[float, float], str]] = []
     for table in tables:
-        rows = read_table(image, scale, table.bbox, words)
+        rows = read_table(pixels, scale, table.bbox, words)
         held = take(table.bbox)
         # A region the table model cannot make two rows of is read as the text it holds; words the model left
         # out of its cells (above its first row, say) follow the table.

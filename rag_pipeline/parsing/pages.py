@@ -28,6 +28,15 @@ class DeadLetter(Exception):
         self.detail = detail
 
 
+@dataclass(frozen=True)
+class TextLayer:
+    """What tier 1 read of a PDF page that the layout tier needs again: reading the page's content stream twice was
+    half that tier's time. `words` are pdfplumber's, of what is drawn (hidden text is never read)."""
+    width: float  # points
+    rotation: int
+    words: list[dict[str, Any]]
+
+
 @dataclass
 class ParsedPage:
     page: int  # 1-based
@@ -36,6 +45,8 @@ class ParsedPage:
     seconds: float
     tables: int = 0
     signals: dict[str, Any] = field(default_factory=dict)
+    # Held only while the page may be escalated (rag_pipeline.parsing.cascade.parse_document drops it): never stored.
+    text_layer: TextLayer | None = field(default=None, repr=False, compare=False)
 
 
 @lru_cache(maxsize=1)

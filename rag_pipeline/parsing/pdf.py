@@ -16,7 +16,7 @@ from rag_pipeline.parsing import forms, rtl
 from rag_pipeline.parsing.columns import find_gutters, group_words_into_lines, spans_gutter
 from rag_pipeline.parsing.fonts import unmapped_font_share, unmapped_scripts
 from rag_pipeline.parsing.limits import ParseLimits, check_page_content_size
-from rag_pipeline.parsing.pages import DeadLetter, ParsedPage
+from rag_pipeline.parsing.pages import DeadLetter, ParsedPage, TextLayer
 from rag_pipeline.parsing.ruled_tables import find_page_tables, table_block
 
 CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
@@ -189,7 +189,7 @@ def _band_text(page: Any, top: float, bottom: float) -> str:
     return page.filter(within).extract_text() or ""
 
 
-def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
+def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
     all_chars = len(page.chars)
     for char in page.chars:
         char["text"] = rtl.visual_glyph(char["text"])
@@ -197,7 +197,8 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     if invisible:
         # Only what is drawn is the page's text; the hidden layer is counted, never extracted.
         page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
-    tables, table_stats = find_page_tables(page)
+    words = page.extract_words()
+    tables, table_stats = find_page_tables(page, words)
     # A table's caption is read with the table (it travels with every chunk of it), not as text.
     boxes = [t.bbox for t in tables] + [t.caption_bbox for t in tables if t.caption_bbox]
 
@@ -260,7 +261,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any]]:
     }
     signals.update(table_stats)
     signals.update(annotation_stats)
-    return markdown, len(table_blocks), signals
+    return markdown, len(table_blocks), signals, TextLayer(float(page.width), int(page.rotation or 0), words)
 
 
 def parse_pdf(path: Path, password: str | None, limits: ParseLimits = ParseLimits()) -> Iterator[ParsedPage]:
@@ -285,11 +286,12 @@ def parse_pdf(path: Path, password: str | None, limits: ParseLimits = ParseLimit
             check_page_content_size(pdf.pages[number].page_obj, limits.max_page_content_bytes)
             try:
                 page = render_aware(pdf.pages[number])
-                markdown, tables, signals = _pdf_page(page)
+                markdown, tables, signals, text_layer = _pdf_page(page)
                 page.close()  # drop pdfplumber's per-page caches: bounded memory on long files
             except Exception as exc:
                 raise _pdf_failure(path, exc) from exc
-            yield ParsedPage(number + 1, "pdfplumber", markdown, time.perf_counter() - started, tables, signals)
+            yield ParsedPage(number + 1, "pdfplumber", markdown, time.perf_counter() - started, tables, signals,
+                             text_layer)
 
 
 # --- Office and HTML (Docling) ---------------------------------------------------------------------

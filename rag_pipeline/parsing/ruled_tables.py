@@ -66,19 +66,20 @@ def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float
     return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
 
 
-def find_page_tables(page: Any) -> tuple[list[PageTable], dict[str, int]]:
+def find_page_tables(page: Any, words: list[dict[str, Any]] | None = None
+                     ) -> tuple[list[PageTable], dict[str, int]]:
     """The page's tables and how they were found.
 
     Aligned tables (figures sharing columns, see rag_pipeline.parsing.tables) and ruled tables are both looked for. A
     ruled table that holds an aligned table and resolves as many columns keeps its ruled cells; any other ruled
     table that overlaps an aligned one (the rows between two subtotal rules, a grid of header rules only) gives
-    way to it; a ruled table of one row is never a table."""
+    way to it; a ruled table of one row is never a table. `words`: the page's `extract_words()`, when read already."""
     from rag_pipeline.parsing import tables as aligned_tables
 
     ruled_found = [(t.bbox, t.extract()) for t in page.find_tables()]
     ruled = [PageTable(bbox, rows) for bbox, rows in ruled_found if _is_real_table(rows)]
     # Sideways words (a rotated margin stamp, a vertical axis title) belong to no row.
-    words = [w for w in page.extract_words() if w.get("upright", True)]
+    words = [w for w in (page.extract_words() if words is None else words) if w.get("upright", True)]
     # Beside columns of prose, lines are read per column: a table in one column must not take the other's text.
     gutters = find_gutters(group_words_into_lines(words), float(page.width))
     bounds = [float("-inf"), *gutters, float("inf")]
