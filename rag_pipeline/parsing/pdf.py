@@ -38,10 +38,11 @@ def _pdf_failure(path: Path, exc: Exception) -> DeadLetter:
     return DeadLetter("corrupt", f"{type(cause).__name__}: {cause}")
 
 
-def column_text(page: Any) -> tuple[str | None, int]:
+def column_text(page: Any, words: list[dict[str, Any]] | None = None) -> tuple[str | None, int]:
     """Text of a multi-column page in reading order (column by column) and its column count;
-    (None, 1) for a single-column page."""
-    words = page.extract_words(keep_blank_chars=False, use_text_flow=False)
+    (None, 1) for a single-column page. `words`: the page's `extract_words()`, when read already."""
+    if words is None:
+        words = page.extract_words(keep_blank_chars=False, use_text_flow=False)
     lines = group_words_into_lines(words)
     gutters = find_gutters(lines, float(page.width))
     if not gutters:
@@ -209,7 +210,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
         return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
 
     text_page = page.filter(outside_tables) if boxes else page
-    column_ordered, column_count = column_text(text_page)
+    column_ordered, column_count = column_text(text_page, None if boxes else words)
     headings = heading_levels(text_page)
     table_blocks = [block for block in (table_block(t) for t in tables) if block]
     if column_ordered is not None or not tables:
