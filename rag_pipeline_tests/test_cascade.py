@@ -202,10 +202,12 @@ def test_the_layout_tier_reads_the_pages_of_one_open_filing_as_it_reads_each_alo
 
 
 @pytest.mark.torture
-def test_the_layout_tier_reads_tier_ones_text_layer_as_it_reads_the_file(tmp_path):
+def test_the_layout_tier_reads_tier_ones_text_layer_as_it_reads_the_file(tmp_path, monkeypatch):
     """Tier 1 hands the layout tier the words it read (reading a filing page twice was half that tier's time): the
-    same Markdown as reading the page again; and no page leaves parse_document holding them."""
-    from rag_pipeline.parsing.cascade import layout_page
+    same Markdown as reading the page again; the cascade reads no page twice; no page leaves parse_document holding
+    words, and only a page the layout tier may read keeps them meanwhile."""
+    from rag_pipeline.parsing import cascade
+    from rag_pipeline.parsing.cascade import layout_may_read, layout_page
 
     path = TORTURE / "docs" / "camelot_12s0324_borderless_2tables.pdf"
     [page] = parse_file(path)
@@ -222,9 +224,20 @@ def test_the_layout_tier_reads_tier_ones_text_layer_as_it_reads_the_file(tmp_pat
     pdf.set_font("Helvetica", size=11)
     pdf.multi_cell(0, 6, "Quarterly letter to shareholders. Nothing on this page is a table.")
     pdf.output(str(plain))
-    for file, tier in ((staggered, "layout"), (plain, "pdfplumber")):
-        [parsed] = parse_document(file, None, Cascade(ParsingConfig()))
-        assert parsed.tier == tier and parsed.text_layer is None
+    def read_again(*args, **kwargs):
+        raise AssertionError("the cascade read a page tier 1 had read")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cascade, "read_text_layer", read_again)
+        for file, tier in ((staggered, "layout"), (plain, "pdfplumber")):
+            [parsed] = parse_document(file, None, Cascade(ParsingConfig()))
+            assert parsed.tier == tier and parsed.text_layer is None
+
+    table_trouble, broken_glyphs = {"chars": 900, "stray_figure_rows": 5}, {"chars": 900, "bad_glyph_ratio": 0.5}
+    assert cascade.escalation_reason(broken_glyphs, ParsingConfig()) == "glyph_failure"
+    assert layout_may_read(table_trouble, ParsingConfig())
+    assert not layout_may_read(broken_glyphs, ParsingConfig())  # Docling, OCR or a VLM: they read the file
+    assert not layout_may_read(table_trouble, ParsingConfig(layout_engine="none"))
 
 
 def _staggered_figures(path):

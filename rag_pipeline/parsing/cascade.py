@@ -54,6 +54,12 @@ REMEDIES = {
 }
 
 
+def layout_may_read(signals: dict[str, Any], config: ParsingConfig) -> bool:
+    """Whether the cascade may send this tier-1 page to the layout tier, which reads tier 1's words of it."""
+    reason = escalation_reason(signals, config)
+    return reason is not None and "layout" in REMEDIES[reason] and config.layout_engine != "none"
+
+
 def escalation_reason(signals: dict[str, Any], config: ParsingConfig) -> str | None:
     """Why a tier-1 page cannot be trusted, or None if it passes the structural check."""
     chars = int(signals.get("chars", 0))
@@ -368,7 +374,8 @@ class Cascade:
         return ParsedPage(page.page, page.tier, page.markdown, page.seconds, page.tables, signals)
 
     def run(self, path: Path, pages: list[ParsedPage], password: str | None = None) -> list[ParsedPage]:
-        """Return the pages with every failing one replaced by the best tier that could parse it."""
+        """Return the pages with every failing one replaced by the best tier that could parse it. A failing page's
+        text layer is released once the page is escalated."""
         failing = []
         for index, page in enumerate(pages):
             reason = escalation_reason(page.signals, self.config) if page.tier == "pdfplumber" else None
@@ -384,7 +391,9 @@ class Cascade:
 
         def escalate(item: tuple[int, str]) -> ParsedPage:
             index, reason = item
-            return self._escalate(path, pages[index], reason, password, opened)
+            escalated = self._escalate(path, pages[index], reason, password, opened)
+            pages[index].text_layer = None  # read: its words need not wait for the file's other pages
+            return escalated
 
         try:
             with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -404,8 +413,8 @@ def parse_document(path: Path, password: str | None, cascade: Cascade | None) ->
     limits = ParseLimits(config.max_pages, config.max_page_content_bytes, config.max_unpacked_bytes)
     pages = []
     for page in parse_file(path, password, limits):
-        if cascade is None or escalation_reason(page.signals, config) is None:
-            page.text_layer = None  # memory: only a page the cascade reads again keeps its words
+        if cascade is None or not layout_may_read(page.signals, config):
+            page.text_layer = None  # memory: only a page the layout tier may read keeps its words
         pages.append(page)
         budget.pages_parsed()  # each page adds to the document's time budget in a worker process
     if cascade is not None and path.suffix.lower() in PDF_SUFFIXES:

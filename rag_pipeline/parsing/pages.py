@@ -45,7 +45,8 @@ class ParsedPage:
     seconds: float
     tables: int = 0
     signals: dict[str, Any] = field(default_factory=dict)
-    # Held only while the page may be escalated (rag_pipeline.parsing.cascade.parse_document drops it): never stored.
+    # Held only while the layout tier may read the page (rag_pipeline.parsing.cascade.parse_document drops it
+    # otherwise); never written to the database nor sent between processes.
     text_layer: TextLayer | None = field(default=None, repr=False, compare=False)
 
 
