@@ -6,7 +6,10 @@ the index once, then times whole `rag-pipeline` processes, median of --repeat ru
 - `--version`, `--help`, `config show`: no work at all;
 - a no-op `ingest`, against the stages' own seconds (the run's JSON summary);
 - `ingest` after adding one Markdown file, against the no-op plus embedding that file's chunks with a loaded model;
-- `search`, against the same search in a warm process (model loaded, SQL function warm);
+- `search`, against the same search in a warm process (model loaded, SQL function warm); `search --service`, which
+  asks a running `rag-pipeline serve` (no model, no database driver, no configuration loaded in the process), against
+  the same and against the service's own round trip, beside a Python process that does nothing (the floor of any
+  command);
 - a no-op run launched as the UI launches it (`rag-pipeline ui`: the webserver and daemon of `dg dev`, a run
   submitted over GraphQL, queued, dequeued by the daemon and started in a process of its own), for the `ingest`
   job and for "Materialize all", against the CLI no-op: submit to success.
@@ -48,8 +51,8 @@ After 20:00 the barrier opens with a staff badge. Report a broken barrier to sec
 """
 
 
-def _cli(config: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+def _cli(config: Path, *args: str, env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), *args],
                           capture_output=True, text=True, env=env, timeout=1800)
@@ -59,8 +62,9 @@ def _cli(config: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     return elapsed, done
 
 
-def _median(config: Path, repeat: int, *args: str) -> tuple[float, subprocess.CompletedProcess]:
-    runs = [_cli(config, *args) for _ in range(repeat)]
+def _median(config: Path, repeat: int, *args: str, env: dict[str, str] | None = None
+            ) -> tuple[float, subprocess.CompletedProcess]:
+    runs = [_cli(config, *args, env=env) for _ in range(repeat)]
     return statistics.median(t for t, _ in runs), runs[-1][1]
 
 
@@ -93,6 +97,55 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _process_floor_seconds(repeat: int) -> float:
+    """A Python process of this interpreter that does nothing: what any command costs before its first import."""
+    times = []
+    for _ in range(max(repeat, 5)):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _service_search_seconds(config: Path, repeat: int) -> tuple[float, float]:
+    """A running `rag-pipeline serve`: `search --service` as whole processes, and the service's own warm round trip
+    (one HTTP request from a process that is already running), medians."""
+    import httpx
+
+    port, token = _free_port(), "bench-token-" + "x" * 24
+    env = {"RAG_SEARCH_TOKEN": token}
+    service = subprocess.Popen([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), "serve", "--port",
+                                str(port)], env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # /readyz: the query model is loaded
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("rag-pipeline serve did not get ready within 300 s")
+            time.sleep(0.5)
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as client:
+            client.post("/search", json={"query": QUERY})
+            round_trips = []
+            for _ in range(max(repeat, 5)):
+                started = time.perf_counter()
+                client.post("/search", json={"query": QUERY}).raise_for_status()
+                round_trips.append(time.perf_counter() - started)
+        wall, _ = _median(config, repeat, "search", QUERY, "--service", url, "--json", env=env)
+        return wall, statistics.median(round_trips)
+    finally:
+        os.killpg(service.pid, signal.SIGINT)
+        try:
+            service.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(service.pid, signal.SIGKILL)
 
 
 def _ui_noop_seconds(config: Path, repeat: int) -> dict[str, float]:
@@ -178,6 +231,7 @@ def main() -> None:
         shipped["data_dir"] = str(workdir / "data")
         shipped["embedding"]["models_dir"] = str(REPO / ".models")
         shipped["checks"]["golden_set"] = str(REPO / shipped["checks"]["golden_set"])
+        shipped["service"] = {"tokens": [{"name": "bench", "env": "RAG_SEARCH_TOKEN", "labels": [LABELS]}]}
         (source,) = shipped["sources"]
         source["root"] = str(corpus)
         config.write_text(yaml.safe_dump(shipped, sort_keys=False))
@@ -202,6 +256,10 @@ def main() -> None:
         search_wall, _ = _median(config, args.repeat, "search", QUERY, "--labels", LABELS, "--json")
         warm = _warm_search_seconds(config, args.repeat)
         rows.append(("search", search_wall, warm, f"≤ 2 × warm search = {2 * warm:.2f} s"))
+        service_wall, round_trip = _service_search_seconds(config, args.repeat)
+        rows.append(("search --service (a running serve)", service_wall, warm, f"≤ 2 × warm search = {2 * warm:.2f} s"))
+        rows.append(("  the service's own round trip (warm client)", round_trip, warm, ""))
+        rows.append(("  a Python process that does nothing", _process_floor_seconds(args.repeat), None, ""))
 
         for label, seconds in _ui_noop_seconds(config, args.repeat).items():
             rows.append((f"UI-launched no-op: {label}", seconds, noop, f"≤ 1.5 × CLI no-op = {1.5 * noop:.1f} s"))

@@ -23,12 +23,19 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rag_pipeline.config import ConfigError, Settings, load_settings, parse_labels
 from rag_pipeline.extras import DISTRIBUTION, MissingExtraError, install_hint, require
 
+if TYPE_CHECKING:  # imported where used: a search through a running service needs no configuration (pydantic)
+    from rag_pipeline.config import Settings
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_DELETIONS_HELD, EXIT_ERROR = 0, 1, 2, 3, 4, 5
+SEARCH_URL_VARIABLE = "RAG_SEARCH_URL"  # a running `rag-pipeline serve` that `search` asks instead of the database
+
+
+class UsageError(Exception):
+    """The command line asks for something that cannot be done as asked (exit 2, nothing done)."""
 
 # Model weights must come from local folders or packages; never hang on a hub that cannot be reached.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -96,6 +103,8 @@ def _prepare_instance(settings: Settings) -> Path:
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.config import parse_labels
+
     _prepare_instance(settings)
     from rag_pipeline.defs.runs import run_ingest
 
@@ -192,7 +201,7 @@ def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
     if args.doc:
         source, sep, rel_path = args.doc.partition(":")
         if not sep or not source or not rel_path:
-            raise ConfigError(f"--doc expects SOURCE:PATH, got {args.doc!r}")
+            raise UsageError(f"--doc expects SOURCE:PATH, got {args.doc!r}")
         report = erase(_index_url(settings), source, rel_path, settings.lock_timeout_seconds)
     else:
         report = erase(_index_url(settings), args.source, None, settings.lock_timeout_seconds)
@@ -213,7 +222,7 @@ def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
 
     refs = [ref_of_name(ref if ref.startswith("#") else f"#{ref}") for ref in args.refs]
     if None in refs:
-        raise ConfigError(f"doc: a ref is a number as the UI shows it (#123), got {args.refs[refs.index(None)]!r}")
+        raise UsageError(f"doc: a ref is a number as the UI shows it (#123), got {args.refs[refs.index(None)]!r}")
     with connect(_index_url(settings)) as conn:
         found = store.documents.paths_of(conn, refs)
     rows = [{"ref": ref, "source": found[ref][0], "path": found[ref][1]} if ref in found else
@@ -299,6 +308,7 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     or --compare-modes A B on one version); or recall and abstention across score floors (--floors)."""
     from dataclasses import asdict
 
+    from rag_pipeline.config import ConfigError
     from rag_pipeline.retrieval.evaluation import (
         evaluate,
         floor_sweep,
@@ -372,33 +382,84 @@ def cmd_checks(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if all(outcome.passed for outcome in outcomes.values()) else 1
 
 
-def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.retrieval.search import SearchOptions, search
-    from rag_pipeline.store.database import connect
+def cmd_search(args: argparse.Namespace, settings: Settings | None) -> int:
+    """Search the index database with --labels, or a running `rag-pipeline serve` (--service or RAG_SEARCH_URL)
+    with the token in RAG_SEARCH_TOKEN: a process that asks the service loads no model and pays no cold start."""
+    service = _service_url(args)
+    if service:
+        hits = _search_service(args, service)
+    elif not args.labels:
+        raise UsageError(f"search needs --labels (the caller's ACL labels), or --service URL (or "
+                         f"{SEARCH_URL_VARIABLE}) to ask a running rag-pipeline serve with your token")
+    else:
+        from rag_pipeline.retrieval.search import SearchOptions, search
+        from rag_pipeline.store.database import connect
 
-    with connect(_index_url(settings)) as conn:
-        version = None
-        if args.index_version is not None:
-            version = _searchable_version(conn, args.index_version)
-        hits = search(conn, args.query, args.labels, k=args.k or settings.retrieval.k, mode=args.mode,
-                      version=version, options=SearchOptions.from_settings(settings))
+        assert settings is not None  # loaded for every search of the database (main)
+        with connect(_index_url(settings)) as conn:
+            version = None
+            if args.index_version is not None:
+                version = _searchable_version(conn, args.index_version)
+            hits = [hit.to_dict() for hit in search(conn, args.query, args.labels, k=args.k or settings.retrieval.k,
+                                                    mode=args.mode, version=version,
+                                                    options=SearchOptions.from_settings(settings))]
     if args.json:
-        _print_json([hit.to_dict() for hit in hits])
+        _print_json(hits)
         return 0
     if not hits:
         print("no results")
     for rank, hit in enumerate(hits, 1):
-        pages = f"p.{hit.page_start}" if hit.page_start == hit.page_end else f"pp.{hit.page_start}-{hit.page_end}"
-        similarity = "" if hit.similarity is None else f"similarity {hit.similarity:.3f}  "
-        print(f"{rank:>2}. {similarity}(rank score {hit.score:.4f})  {hit.source}:{hit.path} {pages}  "
-              f"[{hit.section_path}]")
-        print("    " + " ".join(hit.text.split())[:200])
+        start, end = hit["page_start"], hit["page_end"]
+        pages = f"p.{start}" if start == end else f"pp.{start}-{end}"
+        similarity = "" if hit["similarity"] is None else f"similarity {hit['similarity']:.3f}  "
+        print(f"{rank:>2}. {similarity}(rank score {hit['score']:.4f})  {hit['source']}:{hit['path']} {pages}  "
+              f"[{hit['section_path']}]")
+        print("    " + " ".join(hit["text"].split())[:200])
     return 0
+
+
+def _service_url(args: argparse.Namespace) -> str | None:
+    """The running service a `search` asks instead of the database, if one is named."""
+    if args.func is not cmd_search:
+        return None
+    return args.service or os.environ.get(SEARCH_URL_VARIABLE)
+
+
+def _search_service(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
+    """The hits of a running `rag-pipeline serve` at `url`. The service's labels come from the token; a search
+    never mixes them with labels given on the command line, and k defaults to the service's."""
+    from urllib.parse import urlsplit
+
+    from rag_pipeline.retrieval.integrations.client import SearchClient, SearchServiceError
+
+    origin = "--service" if args.service else SEARCH_URL_VARIABLE
+    if args.labels:
+        raise UsageError(f"--labels: a search through the service ({origin}) carries the labels of your token "
+                         f"(RAG_SEARCH_TOKEN); to search the database with labels, leave out --service and unset "
+                         f"{SEARCH_URL_VARIABLE}")
+    if args.index_version is not None:
+        raise UsageError(f"--index-version: the service ({origin}) searches its active version")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{origin}: {url!r} is not an http(s) URL of a rag-pipeline serve")
+    try:
+        client = SearchClient(url)
+    except ValueError as exc:  # no token
+        raise UsageError(str(exc)) from None
+    try:
+        return client.search(args.query, k=args.k, mode=args.mode)
+    except SearchServiceError as exc:
+        if 400 <= exc.status < 500:  # the token or the request is wrong: as a usage error
+            raise UsageError(str(exc)) from None
+        raise  # unreachable, or the service failed: a runtime error
+    finally:
+        client.close()
 
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     """Index versions (blue/green): list, build, promote, roll back, retire."""
     from rag_pipeline import store
+    from rag_pipeline.config import parse_labels
     from rag_pipeline.lifecycle import blue_green
     from rag_pipeline.store.database import connect
 
@@ -635,8 +696,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     search = sub.add_parser("search", help="hybrid search of the active index version")
     search.add_argument("query", help="the question or keywords")
-    search.add_argument("--labels", required=True, help="the caller's ACL labels, comma-separated")
-    search.add_argument("-k", type=int, help="results (default: retrieval.k)")
+    search.add_argument("--labels", help="the caller's ACL labels, comma-separated (searching the database)")
+    search.add_argument("--service", metavar="URL",
+                        help=f"ask a running rag-pipeline serve instead, with the token in RAG_SEARCH_TOKEN (its "
+                             f"labels); default: ${SEARCH_URL_VARIABLE}")
+    search.add_argument("-k", type=int, help="results (default: retrieval.k; through a service, the service's)")
     search.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid", help=MODE_HELP)
     search.add_argument("--index-version", type=int, metavar="V",
                         help="search this index version instead of the active one")
@@ -717,12 +781,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = None
+        if not _service_url(args):  # a search through a running service reads no configuration: the service's apply
+            from rag_pipeline.config import load_settings
+
+            settings = load_settings(args.config)
         return args.func(args, settings)
-    except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except MissingExtraError as exc:  # the install lacks what the command needs: as a configuration error
+    except (MissingExtraError, UsageError) as exc:  # MissingExtraError: the install lacks what the command needs
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
@@ -732,11 +797,15 @@ def main(argv: list[str] | None = None) -> int:
             found = (getattr(sys.modules.get(module), cls, None) for module, cls in (n.rsplit(".", 1) for n in names))
             return tuple(c for c in found if isinstance(c, type))
 
+        if isinstance(exc, raised("rag_pipeline.config.ConfigError")):
+            print(f"configuration error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         usage = raised("rag_pipeline.retrieval.search.SearchError", "rag_pipeline.retrieval.evaluation.GoldenSetError",
                        "rag_pipeline.stages.chunk.ModelMismatchError")
         refused = raised("rag_pipeline.lifecycle.blue_green.VersionError")
         reported = raised("rag_pipeline.store.database.DatabaseError", "rag_pipeline.embedding.locations.ModelUnavailableError",
-                          "rag_pipeline.lifecycle.erasure.ErasureError", "psycopg.OperationalError")  # e.g. no server there
+                          "rag_pipeline.lifecycle.erasure.ErasureError", "psycopg.OperationalError",
+                          "rag_pipeline.retrieval.integrations.client.SearchServiceError")  # e.g. no server there
         if isinstance(exc, usage):  # the request or settings are wrong
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE

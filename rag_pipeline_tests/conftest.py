@@ -40,8 +40,42 @@ GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.json
 @pytest.fixture(autouse=True)
 def _no_external_database(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests say which database they use; a developer's RAG_* environment must not leak in.
-    for name in ("RAG_CONFIG", *ENV_OVERRIDES):
+    for name in ("RAG_CONFIG", "RAG_SEARCH_URL", "RAG_SEARCH_TOKEN", *ENV_OVERRIDES):
         monkeypatch.delenv(name, raising=False)
+
+
+HEAVY_MODULES = ("torch", "sentence_transformers", "transformers", "docling", "rapidocr", "onnxruntime", "scipy")
+
+
+def imported_modules(importtime_log: str) -> set[str]:
+    """The modules a `python -X importtime` run imported (its stderr)."""
+    return {line.rsplit("|", 1)[-1].strip() for line in importtime_log.splitlines() if line.startswith("import time:")}
+
+
+@contextmanager
+def serving(app, **config) -> Iterator[str]:
+    """`app` on a real uvicorn server on a free local port, in a thread; yields its base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="session")

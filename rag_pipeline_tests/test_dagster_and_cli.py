@@ -25,6 +25,7 @@ from rag_pipeline.defs.code_location import build_definitions
 from rag_pipeline.defs.ingestion import ingestion_assets
 from rag_pipeline.lifecycle.checks import CHECK_NAMES
 from rag_pipeline.store.database import ensure_database
+from rag_pipeline_tests.conftest import HEAVY_MODULES, imported_modules
 
 REPO = Path(__file__).resolve().parent.parent
 ASSET_NAMES = ["source_documents", "parsed_documents", "document_chunks", "search_index"]
@@ -123,14 +124,9 @@ def cli_env(tmp_path, db_url, pg_admin_url):
     return env
 
 
-HEAVY_MODULES = ("torch", "sentence_transformers", "transformers", "docling", "rapidocr", "onnxruntime", "scipy")
-
-
 def _heavy_imports(importtime_log: str) -> set[str]:
     """The model-stack packages a `python -X importtime` run imported."""
-    imported = {line.rsplit("|", 1)[-1].strip() for line in importtime_log.splitlines()
-                if line.startswith("import time:")}
-    return imported & set(HEAVY_MODULES)
+    return imported_modules(importtime_log) & set(HEAVY_MODULES)
 
 
 def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):

@@ -4,6 +4,8 @@ search service, and the LangChain and LlamaIndex retrievers, on the real databas
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import subprocess
 import sys
 import time
@@ -298,3 +300,98 @@ def test_the_retrievers_import_neither_dagster_nor_docling_nor_torch():
             "print(sorted(m for m in ('dagster', 'docling', 'torch', 'sentence_transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_cli_search_asks_a_running_service_with_its_tokens_labels_and_loads_no_model(clone, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """`rag-pipeline search --service URL` (or RAG_SEARCH_URL) sends RAG_SEARCH_TOKEN to a running service: the
+    labels are the token's, never the command line's; the process imports no model stack, no database driver and
+    reads no configuration."""
+    import http.server
+    import threading
+
+    import httpx
+
+    from rag_pipeline import cli
+    from rag_pipeline_tests.conftest import HEAVY_MODULES, imported_modules, serving
+
+    conn, settings = clone
+    tokens = (ServiceToken(name="handbook-bot", sha256=hashlib.sha256(STAFF_TOKEN.encode()).hexdigest(),
+                           labels=["staff"]),
+              ServiceToken(name="finance-bot", sha256=hashlib.sha256(FINANCE_TOKEN.encode()).hexdigest(),
+                           labels=["finance"]))
+    app = create_app(settings.model_copy(update={"service": ServiceConfig(tokens=tokens, max_k=20)}), conn.info.dsn)
+    monkeypatch.chdir(tmp_path)  # the clone's rag_pipeline.yaml: the CLI reads it as a user's would
+    with serving(app) as base:
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{base}/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "the service did not get ready"
+            time.sleep(0.2)
+        direct = httpx.post(f"{base}/search", json={"query": QUERY, "k": 3},
+                            headers={"Authorization": f"Bearer {STAFF_TOKEN}"}).json()["results"]
+        traced = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "rag_pipeline.cli", "search", QUERY, "--service", base,
+             "-k", "3", "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("RAG_")}, "RAG_SEARCH_TOKEN": STAFF_TOKEN})
+        assert traced.returncode == 0, traced.stderr[-3000:]
+        assert json.loads(traced.stdout) == direct and direct[0]["path"] == "handbook/travel-policy.md"
+        assert imported_modules(traced.stderr) & {*HEAVY_MODULES, "psycopg", "pgvector", "numpy", "pydantic"} == set()
+
+        def run(*argv: str) -> tuple[int, str, str]:
+            code = cli.main(["search", *argv])
+            out, err = capsys.readouterr()
+            return code, out, err
+
+        monkeypatch.setenv("RAG_SEARCH_TOKEN", FINANCE_TOKEN)
+        monkeypatch.setenv("RAG_SEARCH_URL", base)  # configured once: every search asks the service
+        code, out, _ = run("quarterly revenue", "-k", "20", "--json")
+        assert code == 0 and {hit["path"] for hit in json.loads(out)} == {FINANCE_DOC}
+        code, out, _ = run("quarterly revenue", "-k", "20")
+        assert code == 0 and out.startswith(" 1. similarity ") and f"sample:{FINANCE_DOC} p.1" in out
+        monkeypatch.setenv("RAG_SEARCH_TOKEN", STAFF_TOKEN)
+        code, out, _ = run("quarterly revenue", "-k", "20", "--json")
+        assert code == 0 and FINANCE_DOC not in {hit["path"] for hit in json.loads(out)}
+
+        # Labels from the command line are refused, never mixed with the token's; so is a version the service
+        # does not serve, a URL that is not http(s), a wrong or missing token, and a k over the service's max_k.
+        code, _, err = run("quarterly revenue", "--labels", "finance")
+        assert code == cli.EXIT_USAGE and "--labels" in err and "RAG_SEARCH_URL" in err
+        code, _, err = run(QUERY, "--index-version", "1")
+        assert code == cli.EXIT_USAGE and "--index-version" in err
+        code, _, err = run(QUERY, "--service", "file:///etc/passwd")
+        assert code == cli.EXIT_USAGE and "not an http(s) URL" in err
+        code, _, err = run(QUERY, "-k", "21")
+        assert code == cli.EXIT_USAGE and "k: at most 20" in err
+        monkeypatch.setenv("RAG_SEARCH_TOKEN", "not-a-token")
+        code, _, err = run(QUERY)
+        assert code == cli.EXIT_USAGE and "401 unauthenticated" in err
+        monkeypatch.delenv("RAG_SEARCH_TOKEN")
+        code, _, err = run(QUERY)
+        assert code == cli.EXIT_USAGE and "RAG_SEARCH_TOKEN" in err
+        monkeypatch.delenv("RAG_SEARCH_URL")
+        code, _, err = run(QUERY)  # neither labels nor a service: nothing searched
+        assert code == cli.EXIT_USAGE and "--labels" in err and "--service" in err
+
+    # Gone: a runtime error in one line. A redirect is not followed, so the token goes nowhere else.
+    monkeypatch.setenv("RAG_SEARCH_TOKEN", STAFF_TOKEN)
+    code, _, err = run(QUERY, "--service", base)
+    assert code == cli.EXIT_ERROR and err.startswith(f"error: search service: unreachable: {base}")
+    seen: list[tuple[str, str | None]] = []
+
+    class Redirecting(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            seen.append((self.path, self.headers.get("Authorization")))
+            self.send_response(307)
+            self.send_header("Location", "/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirecting) as redirecting:
+        threading.Thread(target=redirecting.serve_forever, daemon=True).start()
+        code, _, err = run(QUERY, "--service", f"http://127.0.0.1:{redirecting.server_port}")
+        redirecting.shutdown()
+    assert code == cli.EXIT_ERROR and "HTTP 307" in err
+    assert [path for path, _ in seen] == ["/search"]

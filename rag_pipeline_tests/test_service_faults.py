@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 from psycopg import sql
 
 from rag_pipeline.config import ServiceConfig, ServiceToken
 from rag_pipeline.retrieval.service import create_app, header_timeout_protocol
+from rag_pipeline_tests.conftest import serving
 
 TOKEN = "staff-token-" + "z" * 20
 HEADER_SECONDS, BODY_SECONDS, DATABASE_SECONDS = 1.0, 1.0, 2.0
@@ -30,20 +29,8 @@ def server(clone, pg_admin_url) -> Iterator[tuple[str, object]]:
         header_timeout_seconds=HEADER_SECONDS, body_timeout_seconds=BODY_SECONDS,
         database_timeout_seconds=DATABASE_SECONDS)
     app = create_app(settings.model_copy(update={"service": config}), conn.info.dsn)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                       http=header_timeout_protocol(HEADER_SECONDS)))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not uv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the service did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", conn
-    uv.should_exit = True
-    thread.join(timeout=30)
+    with serving(app, http=header_timeout_protocol(HEADER_SECONDS)) as base:
+        yield base, conn
 
 
 def _search(base: str, **body) -> httpx.Response:

@@ -12,10 +12,10 @@ MODES = ("hybrid", "dense", "sparse")
 
 
 class SearchServiceError(RuntimeError):
-    """The search service refused or failed a request; `status` and `code` say how."""
+    """The search service refused or failed a request; `status` (0: no answer) and `code` say how."""
 
     def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"search service: HTTP {status} {code}: {message}")
+        super().__init__(f"search service: {f'HTTP {status} ' if status else ''}{code}: {message}")
         self.status, self.code = status, code
 
 
@@ -33,14 +33,15 @@ class SearchClient:
         self._client = http_client or httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
         self._headers = {"Authorization": f"Bearer {token}"}
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[dict[str, Any]]:
+    def search(self, query: str, k: int | None = 10, mode: str = "hybrid") -> list[dict[str, Any]]:
+        """The top `k` hits (None: the service's default) the token's labels may read."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        body: dict[str, Any] = {"query": query, "mode": mode} | ({} if k is None else {"k": k})
         try:
-            response = self._client.post("/search", json={"query": query, "k": k, "mode": mode},
-                                         headers=self._headers)
+            response = self._client.post("/search", json=body, headers=self._headers)
         except httpx.HTTPError as exc:
-            raise SearchServiceError(0, "unreachable", f"{type(exc).__name__}: {exc}") from exc
+            raise SearchServiceError(0, "unreachable", f"{self._client.base_url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
             try:
                 error = response.json()["error"]
@@ -48,7 +49,14 @@ class SearchClient:
             except (ValueError, KeyError, TypeError):
                 code, message = "http_error", response.text[:200]
             raise SearchServiceError(response.status_code, code, message)
-        return list(response.json()["results"])
+        try:
+            results = response.json()["results"]
+        except (ValueError, KeyError, TypeError):  # another server at that address, or a proxy's page
+            raise SearchServiceError(response.status_code, "invalid_response",
+                                     f"not a search response: {response.text[:200]!r}") from None
+        if not isinstance(results, list):
+            raise SearchServiceError(response.status_code, "invalid_response", "results is not a list")
+        return results
 
     def close(self) -> None:
         self._client.close()
