@@ -51,8 +51,14 @@ After 20:00 the barrier opens with a staff badge. Report a broken barrier to sec
 """
 
 
+def _environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The commands' environment: the caller's RAG_* variables would point them elsewhere (another index, a running
+    service)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("RAG_")}, "HF_HUB_OFFLINE": "1", **(extra or {})}
+
+
 def _cli(config: Path, *args: str, env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    env = _environment(env)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), *args],
                           capture_output=True, text=True, env=env, timeout=1800)
@@ -117,7 +123,7 @@ def _service_search_seconds(config: Path, repeat: int) -> tuple[float, float]:
     port, token = _free_port(), "bench-token-" + "x" * 24
     env = {"RAG_SEARCH_TOKEN": token}
     service = subprocess.Popen([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), "serve", "--port",
-                                str(port)], env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
+                                str(port)], env=_environment(env),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -153,7 +159,7 @@ def _ui_noop_seconds(config: Path, repeat: int) -> dict[str, float]:
     from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
     port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = _environment()
     ui = subprocess.Popen([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), "ui", "--port",
                            str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                           start_new_session=True)

@@ -428,30 +428,25 @@ def _service_url(args: argparse.Namespace) -> str | None:
 def _search_service(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
     """The hits of a running `rag-pipeline serve` at `url`. The service's labels come from the token; a search
     never mixes them with labels given on the command line, and k defaults to the service's."""
-    from urllib.parse import urlsplit
-
     from rag_pipeline.retrieval.integrations.client import SearchClient, SearchServiceError
 
     origin = "--service" if args.service else SEARCH_URL_VARIABLE
-    if args.labels:
+    unset = f"; to search the database, leave out --service and unset {SEARCH_URL_VARIABLE}"
+    if args.labels is not None:
         raise UsageError(f"--labels: a search through the service ({origin}) carries the labels of your token "
-                         f"(RAG_SEARCH_TOKEN); to search the database with labels, leave out --service and unset "
-                         f"{SEARCH_URL_VARIABLE}")
+                         f"(RAG_SEARCH_TOKEN){unset}")
     if args.index_version is not None:
-        raise UsageError(f"--index-version: the service ({origin}) searches its active version")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"{origin}: {url!r} is not an http(s) URL of a rag-pipeline serve")
+        raise UsageError(f"--index-version: the service ({origin}) searches its active version{unset}")
     try:
         client = SearchClient(url)
-    except ValueError as exc:  # no token
-        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # no token, or not a URL a token may be sent to
+        raise UsageError(f"{origin}: {exc}") from None
     try:
         return client.search(args.query, k=args.k, mode=args.mode)
     except SearchServiceError as exc:
-        if 400 <= exc.status < 500:  # the token or the request is wrong: as a usage error
+        if 400 <= exc.status < 500 and exc.status != 408:  # the token or the request is wrong: a usage error
             raise UsageError(str(exc)) from None
-        raise  # unreachable, or the service failed: a runtime error
+        raise  # unreachable, redirected, too slow, or the service failed: a runtime error
     finally:
         client.close()
 
@@ -699,7 +694,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--labels", help="the caller's ACL labels, comma-separated (searching the database)")
     search.add_argument("--service", metavar="URL",
                         help=f"ask a running rag-pipeline serve instead, with the token in RAG_SEARCH_TOKEN (its "
-                             f"labels); default: ${SEARCH_URL_VARIABLE}")
+                             f"labels); reads no configuration. Default: ${SEARCH_URL_VARIABLE}")
     search.add_argument("-k", type=int, help="results (default: retrieval.k; through a service, the service's)")
     search.add_argument("--mode", choices=["hybrid", "dense", "sparse"], default="hybrid", help=MODE_HELP)
     search.add_argument("--index-version", type=int, metavar="V",

@@ -320,7 +320,9 @@ def test_cli_search_asks_a_running_service_with_its_tokens_labels_and_loads_no_m
                            labels=["staff"]),
               ServiceToken(name="finance-bot", sha256=hashlib.sha256(FINANCE_TOKEN.encode()).hexdigest(),
                            labels=["finance"]))
-    app = create_app(settings.model_copy(update={"service": ServiceConfig(tokens=tokens, max_k=20)}), conn.info.dsn)
+    served = settings.model_copy(update={"service": ServiceConfig(tokens=tokens, max_k=20),
+                                         "retrieval": settings.retrieval.model_copy(update={"k": 4})})
+    app = create_app(served, conn.info.dsn)
     monkeypatch.chdir(tmp_path)  # the clone's rag_pipeline.yaml: the CLI reads it as a user's would
     with serving(app) as base:
         deadline = time.monotonic() + 120
@@ -349,19 +351,25 @@ def test_cli_search_asks_a_running_service_with_its_tokens_labels_and_loads_no_m
         code, out, _ = run("quarterly revenue", "-k", "20")
         assert code == 0 and out.startswith(" 1. similarity ") and f"sample:{FINANCE_DOC} p.1" in out
         monkeypatch.setenv("RAG_SEARCH_TOKEN", STAFF_TOKEN)
-        code, out, _ = run("quarterly revenue", "-k", "20", "--json")
-        assert code == 0 and FINANCE_DOC not in {hit["path"] for hit in json.loads(out)}
+        code, out, _ = run("quarterly revenue", "--json")  # no -k: the service's retrieval.k
+        staff_hits = json.loads(out)
+        assert code == 0 and len(staff_hits) == 4 and FINANCE_DOC not in {hit["path"] for hit in staff_hits}
 
         # Labels from the command line are refused, never mixed with the token's; so is a version the service
-        # does not serve, a URL that is not http(s), a wrong or missing token, and a k over the service's max_k.
+        # does not serve, a URL a token must not go to, a wrong, malformed or missing token, a k over max_k.
         code, _, err = run("quarterly revenue", "--labels", "finance")
         assert code == cli.EXIT_USAGE and "--labels" in err and "RAG_SEARCH_URL" in err
         code, _, err = run(QUERY, "--index-version", "1")
         assert code == cli.EXIT_USAGE and "--index-version" in err
-        code, _, err = run(QUERY, "--service", "file:///etc/passwd")
-        assert code == cli.EXIT_USAGE and "not an http(s) URL" in err
+        for url, why in (("file:///etc/passwd", "must be http(s)"), ("http://[::1", "malformed"),
+                         ("http://127.0.0.1:http", "malformed"), (f"http://bot:pw@{base[7:]}", "user or password")):
+            code, _, err = run(QUERY, "--service", url)
+            assert code == cli.EXIT_USAGE and why in err and "Traceback" not in err, (url, err)
         code, _, err = run(QUERY, "-k", "21")
         assert code == cli.EXIT_USAGE and "k: at most 20" in err
+        monkeypatch.setenv("RAG_SEARCH_TOKEN", STAFF_TOKEN + "\n")  # as read from a secret file
+        code, _, err = run(QUERY)
+        assert code == cli.EXIT_USAGE and "trailing newline" in err and STAFF_TOKEN not in err
         monkeypatch.setenv("RAG_SEARCH_TOKEN", "not-a-token")
         code, _, err = run(QUERY)
         assert code == cli.EXIT_USAGE and "401 unauthenticated" in err
@@ -372,26 +380,37 @@ def test_cli_search_asks_a_running_service_with_its_tokens_labels_and_loads_no_m
         code, _, err = run(QUERY)  # neither labels nor a service: nothing searched
         assert code == cli.EXIT_USAGE and "--labels" in err and "--service" in err
 
-    # Gone: a runtime error in one line. A redirect is not followed, so the token goes nowhere else.
+    # Gone: a runtime error in one line. A redirect is not followed, so the token reaches no other server; an
+    # answer that is not a search's is an error, not an empty result.
     monkeypatch.setenv("RAG_SEARCH_TOKEN", STAFF_TOKEN)
     code, _, err = run(QUERY, "--service", base)
     assert code == cli.EXIT_ERROR and err.startswith(f"error: search service: unreachable: {base}")
-    seen: list[tuple[str, str | None]] = []
+    seen: list[tuple[int, str | None]] = []
 
-    class Redirecting(http.server.BaseHTTPRequestHandler):
+    class Answering(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            seen.append((self.path, self.headers.get("Authorization")))
-            self.send_response(307)
-            self.send_header("Location", "/elsewhere")
-            self.send_header("Content-Length", "0")
+            seen.append((self.server.server_port, self.headers.get("Authorization")))
+            target = getattr(self.server, "redirect_to", None)
+            self.send_response(307 if target else 200)
+            body = b"" if target else b"<html>a proxy's page</html>"
+            if target:
+                self.send_header("Location", target)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *args: object) -> None:
             pass
 
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirecting) as redirecting:
-        threading.Thread(target=redirecting.serve_forever, daemon=True).start()
-        code, _, err = run(QUERY, "--service", f"http://127.0.0.1:{redirecting.server_port}")
+    with (http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answering) as elsewhere,
+          http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answering) as redirecting):
+        redirecting.redirect_to = f"http://127.0.0.1:{elsewhere.server_port}/search"
+        for server in (elsewhere, redirecting):
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+        redirected = run(QUERY, "--service", f"http://127.0.0.1:{redirecting.server_port}")
+        not_a_search = run(QUERY, "--service", f"http://127.0.0.1:{elsewhere.server_port}")
+        elsewhere.shutdown()
         redirecting.shutdown()
-    assert code == cli.EXIT_ERROR and "HTTP 307" in err
-    assert [path for path, _ in seen] == ["/search"]
+    assert redirected[0] == cli.EXIT_ERROR and "HTTP 307 redirect" in redirected[2] and "not followed" in redirected[2]
+    assert not_a_search[0] == cli.EXIT_ERROR and "invalid_response" in not_a_search[2]
+    assert seen == [(redirecting.server_port, f"Bearer {STAFF_TOKEN}"), (elsewhere.server_port, f"Bearer {STAFF_TOKEN}")]

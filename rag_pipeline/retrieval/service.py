@@ -89,7 +89,8 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, description="the question or keywords")
-    k: int = Field(10, ge=1, description="results wanted (at most service.max_k)")
+    k: int | None = Field(None, ge=1, description="results wanted (at most service.max_k; default: retrieval.k, as "
+                          "for the CLI)")
     mode: Literal["hybrid", "dense", "sparse"] = "hybrid"
 
     @field_validator("query")
@@ -304,15 +305,16 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
     def search_endpoint(request: SearchRequest, who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
         if len(request.query) > config.max_query_chars:
             raise ApiError(422, "invalid_request", f"query: at most {config.max_query_chars} characters")
-        if request.k > config.max_k:
+        if request.k is not None and request.k > config.max_k:
             raise ApiError(422, "invalid_request", f"k: at most {config.max_k}")
+        k = min(settings.retrieval.k, config.max_k) if request.k is None else request.k
         started = time.perf_counter()
         try:
             with pool.connection(timeout=config.database_timeout_seconds) as conn:
                 version = store.versions.active_version(conn)
                 if version is None:
                     raise ApiError(503, "not_ready", "there is no active index version yet")
-                hits = search(conn, request.query, who.labels, k=request.k, mode=request.mode, version=version,
+                hits = search(conn, request.query, who.labels, k=k, mode=request.mode, version=version,
                               options=options)
         except SearchError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None

@@ -4,11 +4,14 @@ SearchServiceError. The token decides the labels a search carries; a client cann
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 MODES = ("hybrid", "dense", "sparse")
+BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750's b64token: nothing a header could be split on
 
 
 class SearchServiceError(RuntimeError):
@@ -30,7 +33,13 @@ class SearchClient:
         if not token:
             raise ValueError("a search needs an API token (token=... or RAG_SEARCH_TOKEN): it carries the caller's "
                              "labels, and there is no search without labels")
-        self._client = http_client or httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+        if not BEARER_TOKEN.fullmatch(token):  # never quoted: an error message must not carry the secret
+            raise ValueError("the API token holds characters a bearer token cannot (whitespace, a trailing newline "
+                             "from a secret file, non-ASCII)")
+        if http_client is None:
+            _check_url(url)
+            http_client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+        self._client = http_client
         self._headers = {"Authorization": f"Bearer {token}"}
 
     def search(self, query: str, k: int | None = 10, mode: str = "hybrid") -> list[dict[str, Any]]:
@@ -42,6 +51,9 @@ class SearchClient:
             response = self._client.post("/search", json=body, headers=self._headers)
         except httpx.HTTPError as exc:
             raise SearchServiceError(0, "unreachable", f"{self._client.base_url}: {type(exc).__name__}: {exc}") from exc
+        if response.is_redirect:  # not followed: the token goes to the URL named, nowhere else
+            raise SearchServiceError(response.status_code, "redirect",
+                                     f"redirected to {response.headers.get('location')!r}; not followed")
         if response.status_code != 200:
             try:
                 error = response.json()["error"]
@@ -60,6 +72,19 @@ class SearchClient:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _check_url(url: str) -> None:
+    """An http(s) URL of a host, without credentials of its own (they would replace the token)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError as exc:
+        raise ValueError(f"the service URL is malformed: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"the service URL must be http(s)://host[:port], got {parts.scheme or 'no'} scheme")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("the service URL must not carry a user or password: the API token is the credential")
 
 
 def metadata_of(result: dict[str, Any]) -> dict[str, Any]:
