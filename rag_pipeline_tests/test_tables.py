@@ -38,6 +38,25 @@ def test_figures_and_placeholders():
         assert not is_figure(text), text
 
 
+def test_lettered_footnote_markers_stay_with_their_figures_and_take_no_column():
+    assert is_figure("444 (f)") and is_figure("— (c)") and is_figure("5,405 (c)(d)") and is_figure("(1)")
+    assert not is_figure("(c)") and not is_figure("Deposits(a)") and not is_figure("1a (b)")
+    lines = [
+        words_at(10, right(180, "2022"), right(240, "2021")),
+        words_at(22, (20, "Debt instruments"), right(170, "(1,255)"), (176, "(f)"), right(240, "444"), (246, "(c)")),
+        words_at(34, (20, "Deposits(a)"), right(180, "382"), right(240, "(258)")),
+        words_at(46, (20, "Other assets"), right(180, "—"), (186, "(c)(d)"), right(240, "(1)")),
+    ]
+    [table] = find_tables([w for line in lines for w in line])
+    # Before, a marker ended the row's run of figures: the row's figures before it were read as its label.
+    assert table.rows == [
+        ["", "2022", "2021"],
+        ["Debt instruments", "(1,255) (f)", "444 (c)"],
+        ["Deposits(a)", "382", "(258)"],
+        ["Other assets", "— (c)(d)", "(1)"],
+    ]
+
+
 def test_a_statement_is_one_table_with_its_header_of_periods_and_section_rows():
     lines = [
         words_at(10, (150, "Year Ended December 31,")),

@@ -28,6 +28,10 @@ FIGURE_RE = re.compile(r"^[(\[]?[-+−–]?[$€£¥]?\s?\(?\d[\d,.\s]*\)?\s?%?\
 PLACEHOLDERS = frozenset({"-", "–", "—", "−", "(X)", "X", "NA", "N/A", "n/a", "NM", "nm", "n.m.", "*", "**", "(NA)",
                           "(D)", "(Z)", "(S)", "—%", "-%", "–%"})
 CURRENCY = frozenset({"$", "€", "£", "¥", "US$"})
+# Lettered footnote markers a figure may carry ("444 (f)", "— (c)", "5,405 14 (c)(d)"): part of the figure's cell.
+# Numbered ones are left alone: "(1)" is minus one in a statement.
+FOOTNOTE_MARKS_RE = re.compile(r"^(?:\([a-z]{1,3}\))+$")
+TRAILING_MARKS_RE = re.compile(r"(?:\s*\([a-z]{1,3}\))+$")
 # Dot leaders inside or after a label. Each alternative starts at a dot: a pattern that starts with \s* would try
 # every space of a long run and backtrack over the rest (quadratic).
 LEADER_RE = re.compile(r"(?:\.\s*){3,}|(?:\.\s*){2,}$")
@@ -100,6 +104,8 @@ class Table:
 
 def is_figure(text: str) -> bool:
     text = text.strip()
+    if not FOOTNOTE_MARKS_RE.match(text):
+        text = TRAILING_MARKS_RE.sub("", text)
     if text in PLACEHOLDERS:
         return True
     return bool(FIGURE_RE.match(text)) and any(ch.isdigit() for ch in text)
@@ -144,6 +150,11 @@ def _cells(line: list[Word], gap: float) -> list[Cell]:
             cells[-1].closed = True
             continue
         previous = cells[-1] if cells else None
+        if previous is not None and previous.is_figure and FOOTNOTE_MARKS_RE.match(text):
+            # Its figure's marker, however far it is set off. The figure keeps its own box: a marker that sticks
+            # out to the right widens no column, and the next figure is measured from the figure, not the marker.
+            previous.text = f"{previous.text} {text}"
+            continue
         joins = previous is not None and x0 - previous.x1 <= gap and not previous.closed
         # A decimal part split from its number by kerning ("11,062 .6") belongs to it.
         decimal = previous is not None and previous.is_figure and re.fullmatch(r"\.\d+", text) is not None \
