@@ -9,7 +9,7 @@ from rag_pipeline.embedding.locations import load_tokenizer, resolve_model
 from rag_pipeline.parsing.formats import parse_file
 from rag_pipeline.parsing.tables import find_tables, is_figure
 from rag_pipeline.text.chunking import TABLE_SEPARATOR_RE, Chunker
-from rag_pipeline_tests.conftest import SAMPLE_CORPUS
+from rag_pipeline_tests.conftest import FINANCEBENCH, SAMPLE_CORPUS
 from torture_set.generate import financial_statements
 from torture_set.harness import markdown_tables, table_cell_f1, table_cell_recall
 
@@ -55,6 +55,30 @@ def test_lettered_footnote_markers_stay_with_their_figures_and_take_no_column():
         ["Deposits(a)", "382", "(258)"],
         ["Other assets", "— (c)(d)", "(1)"],
     ]
+
+
+@pytest.mark.financebench
+def test_real_statements_keep_the_reading_whose_rows_hold_together():
+    """NIKE's 10-K shades every other row of its statements: the grid pdfplumber cuts from the shading puts a
+    row's label in one row and its figures in the next. The aligned reading of the same table is kept instead (it
+    used to give way to any grid with as many columns), so the page needs no model tier. A JPMorgan row whose
+    figures carry lettered footnote markers keeps every figure in its column."""
+    import pdfplumber
+
+    from rag_pipeline.config import ParsingConfig
+    from rag_pipeline.parsing.ruled_tables import find_page_tables, ragged_ratio
+
+    def row_of(file: str, page: int, label: str) -> tuple[list[str], float]:
+        with pdfplumber.open(FINANCEBENCH / "pdfs" / file) as pdf:
+            tables, _ = find_page_tables(pdf.pages[page - 1])
+        [(row, ragged)] = [(r, ragged_ratio(t.rows)) for t in tables for r in t.rows if r and r[0] == label]
+        return row, ragged
+
+    row, ragged = row_of("NIKE_2018_10K.pdf", 23, "Cost of sales")
+    assert [c for c in row[1:] if c] == ["20,441", "19,038", "7 %", "17,405", "9 %"]
+    assert ragged <= ParsingConfig().max_ragged_table_ratio
+    row, _ = row_of("JPMORGAN_2022Q2_10Q.pdf", 109, "Debt and equity instruments, excluding loans")
+    assert row[1:] == ["(1,255)", "—", "(1,255)", "444 (f)", "(1) (c)", "443"]
 
 
 def test_a_statement_is_one_table_with_its_header_of_periods_and_section_rows():

@@ -55,6 +55,7 @@ def parser_version() -> str:
     """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""
     versions = {name: importlib.metadata.version(name) for name in ("pdfplumber", "docling-slim", "markdown-it-py")}
     # rp5: Markdown read by markdown-it-py; a title over a paragraph over a table is no caption
-    # rp6: a figure's lettered footnote marker ("444 (f)") stays in its cell instead of ending the row's figures
+    # rp6: a figure's lettered footnote marker ("444 (f)") stays in its cell instead of ending the row's figures;
+    # a ruled grid more ragged than the aligned reading of the same table gives way to it
     return (f"rp6;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

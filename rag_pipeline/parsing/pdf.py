@@ -17,7 +17,7 @@ from rag_pipeline.parsing.columns import find_gutters, group_words_into_lines, s
 from rag_pipeline.parsing.fonts import unmapped_font_share, unmapped_scripts
 from rag_pipeline.parsing.limits import ParseLimits, check_page_content_size
 from rag_pipeline.parsing.pages import DeadLetter, ParsedPage, TextLayer
-from rag_pipeline.parsing.ruled_tables import find_page_tables, table_block
+from rag_pipeline.parsing.ruled_tables import find_page_tables, ragged_ratio, table_block
 
 CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
 UNMAPPED_RUN_RE = re.compile(r"(?:\(cid:\d+\)|\ufffd)+")  # glyphs in a row: a word the font could not map
@@ -164,17 +164,6 @@ def render_aware(page: Any) -> Any:
                                       initial_doctop=page.initial_doctop)
 
 
-def _ragged_ratio(rows: list[list[Any]]) -> float:
-    """Share of a table's rows whose filled-cell count differs from most rows': a sign of broken structure.
-    Rows with only their label filled are section rows ("Operating activities:"), not broken ones."""
-    filled = [sum(1 for c in row if c not in (None, "")) for row in rows[1:]]
-    body = [n for n in filled if n > 1]
-    if not body:
-        return 0.0
-    usual = max(set(body), key=body.count)
-    return round(sum(1 for n in body if n != usual) / len(body), 3)
-
-
 def _annotations(page: Any) -> tuple[list[str], dict[str, int]]:
     """Filled form fields and notes (rag_pipeline.parsing.forms); a malformed annotation loses them, not the page."""
     try:
@@ -253,7 +242,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
         "replacement_glyphs": text.count("\ufffd"),
         "bad_glyph_ratio": round(bad_glyphs / max(1, len(text)), 4),
         "image_coverage": round(min(1.0, image_area / page_area), 3),
-        "ragged_table_ratio": max((_ragged_ratio(rows) for rows in table_rows), default=0.0),
+        "ragged_table_ratio": max((ragged_ratio(rows) for rows in table_rows), default=0.0),
         "images": len(page.images),
         "rotation": int(page.rotation or 0),
         "headings": len(headings),

@@ -56,6 +56,17 @@ def _is_real_table(rows: list[list[Any]]) -> bool:
     return len(rows) >= 2 and max(len(r) for r in rows) >= 2
 
 
+def ragged_ratio(rows: list[list[Any]]) -> float:
+    """Share of a table's rows whose filled-cell count differs from most rows': a sign of broken structure.
+    Rows with only their label filled are section rows ("Operating activities:"), not broken ones."""
+    filled = [sum(1 for c in row if c not in (None, "")) for row in rows[1:]]
+    body = [n for n in filled if n > 1]
+    if not body:
+        return 0.0
+    usual = max(set(body), key=body.count)
+    return round(sum(1 for n in body if n != usual) / len(body), 3)
+
+
 def _inside(box: tuple[float, float, float, float], outer: tuple[float, float, float, float]) -> bool:
     x0, top, x1, bottom = box
     cx, cy = (x0 + x1) / 2, (top + bottom) / 2
@@ -71,9 +82,10 @@ def find_page_tables(page: Any, words: list[dict[str, Any]] | None = None
     """The page's tables and how they were found.
 
     Aligned tables (figures sharing columns, see rag_pipeline.parsing.tables) and ruled tables are both looked for. A
-    ruled table that holds an aligned table and resolves as many columns keeps its ruled cells; any other ruled
-    table that overlaps an aligned one (the rows between two subtotal rules, a grid of header rules only) gives
-    way to it; a ruled table of one row is never a table. `words`: the page's `extract_words()`, when read already."""
+    ruled table that holds an aligned table, resolves as many columns and is no more ragged keeps its ruled cells;
+    any other ruled table that overlaps an aligned one (the rows between two subtotal rules, a grid of header rules
+    only, a grid whose shaded rows split each row in two) gives way to it; a ruled table of one row is never a
+    table. `words`: the page's `extract_words()`, when read already."""
     from rag_pipeline.parsing import tables as aligned_tables
 
     ruled_found = [(t.bbox, t.extract()) for t in page.find_tables()]
@@ -88,9 +100,11 @@ def find_page_tables(page: Any, words: list[dict[str, Any]] | None = None
                for t in aligned_tables.find_tables([w for w in words if lo <= (w["x0"] + w["x1"]) / 2 < hi])]
     kept_aligned = []
     for table in aligned:
-        # A ruled grid that holds the aligned table and resolves as many columns has the better cells.
+        # A ruled grid that holds the aligned table and resolves as many columns has the better cells, unless
+        # its rows are the more ragged: rules drawn around shaded rows cut a grid that splits rows from labels.
         holders = [r for r in ruled if len(r.rows) >= 3 and _inside(table.bbox, r.bbox)
-                   and max(len(row) for row in r.rows) >= len(table.rows[0])]
+                   and max(len(row) for row in r.rows) >= len(table.rows[0])
+                   and ragged_ratio(r.rows) <= ragged_ratio(table.rows)]
         if holders:
             if table.caption and not holders[0].caption:
                 holders[0].caption, holders[0].caption_bbox = table.caption, table.caption_bbox
