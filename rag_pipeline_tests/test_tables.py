@@ -55,6 +55,14 @@ def test_lettered_footnote_markers_stay_with_their_figures_and_take_no_column():
         ["Deposits(a)", "382", "(258)"],
         ["Other assets", "— (c)(d)", "(1)"],
     ]
+    # A year that carries a marker still heads its column.
+    lines = [
+        words_at(10, right(180, "2022(a)"), right(240, "2021")),
+        words_at(22, (20, "Coal"), right(180, "12.3"), right(240, "4.5")),
+        words_at(34, (20, "Gas"), right(180, "8.1"), right(240, "2.0")),
+    ]
+    [table] = find_tables([w for line in lines for w in line])
+    assert table.header_lines == 1 and table.rows[0] == ["", "2022(a)", "2021"]
 
 
 @pytest.mark.financebench

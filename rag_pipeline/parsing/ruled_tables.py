@@ -56,6 +56,12 @@ def _is_real_table(rows: list[list[Any]]) -> bool:
     return len(rows) >= 2 and max(len(r) for r in rows) >= 2
 
 
+# A grid this ragged is broken (the default of parsing.max_ragged_table_ratio, above which a page escalates): only
+# then may the aligned reading replace it. Below it, a grid's sparse rows are more likely a text column the aligned
+# reading would fold into the label.
+BROKEN_GRID_RAGGEDNESS = 0.34
+
+
 def ragged_ratio(rows: list[list[Any]]) -> float:
     """Share of a table's rows whose filled-cell count differs from most rows': a sign of broken structure.
     Rows with only their label filled are section rows ("Operating activities:"), not broken ones."""
@@ -98,18 +104,25 @@ def find_page_tables(page: Any, words: list[dict[str, Any]] | None = None
     aligned = [PageTable(t.bbox, t.rows, t.caption, t.caption_bbox, "aligned")
                for lo, hi in zip(bounds, bounds[1:], strict=False)
                for t in aligned_tables.find_tables([w for w in words if lo <= (w["x0"] + w["x1"]) / 2 < hi])]
+    def holds(grid: PageTable, table: PageTable) -> bool:
+        """The grid has the better cells for the aligned table: it holds it, resolves as many columns, and is not
+        broken where the aligned reading holds together (rules drawn around shaded rows cut a grid that puts a
+        row's label in one row and its figures in the next)."""
+        grid_ragged = ragged_ratio(grid.rows)
+        return (len(grid.rows) >= 3 and _inside(table.bbox, grid.bbox)
+                and max(len(row) for row in grid.rows) >= len(table.rows[0])
+                and (grid_ragged <= BROKEN_GRID_RAGGEDNESS or grid_ragged <= ragged_ratio(table.rows)))
+
+    # Decided per grid, so the answer does not depend on which aligned table is looked at first: a grid stays
+    # if it has the better cells for every aligned table it overlaps, and gives way to all of them otherwise.
+    ruled = [r for r in ruled if all(holds(r, t) for t in aligned if _overlaps(r.bbox, t.bbox))]
     kept_aligned = []
     for table in aligned:
-        # A ruled grid that holds the aligned table and resolves as many columns has the better cells, unless
-        # its rows are the more ragged: rules drawn around shaded rows cut a grid that splits rows from labels.
-        holders = [r for r in ruled if len(r.rows) >= 3 and _inside(table.bbox, r.bbox)
-                   and max(len(row) for row in r.rows) >= len(table.rows[0])
-                   and ragged_ratio(r.rows) <= ragged_ratio(table.rows)]
+        holders = [r for r in ruled if _overlaps(r.bbox, table.bbox)]
         if holders:
             if table.caption and not holders[0].caption:
                 holders[0].caption, holders[0].caption_bbox = table.caption, table.caption_bbox
             continue
-        ruled = [r for r in ruled if not _overlaps(r.bbox, table.bbox)]
         kept_aligned.append(table)
     found = sorted(ruled + kept_aligned, key=lambda t: t.bbox[1])
     stray = [row for row in aligned_tables.figure_rows(words) if not any(_inside(row, t.bbox) for t in found)]

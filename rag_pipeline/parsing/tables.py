@@ -28,10 +28,10 @@ FIGURE_RE = re.compile(r"^[(\[]?[-+−–]?[$€£¥]?\s?\(?\d[\d,.\s]*\)?\s?%?\
 PLACEHOLDERS = frozenset({"-", "–", "—", "−", "(X)", "X", "NA", "N/A", "n/a", "NM", "nm", "n.m.", "*", "**", "(NA)",
                           "(D)", "(Z)", "(S)", "—%", "-%", "–%"})
 CURRENCY = frozenset({"$", "€", "£", "¥", "US$"})
-# Lettered footnote markers a figure may carry ("444 (f)", "— (c)", "5,405 14 (c)(d)"): part of the figure's cell.
-# Numbered ones are left alone: "(1)" is minus one in a statement.
-FOOTNOTE_MARKS_RE = re.compile(r"^(?:\([a-z]{1,3}\))+$")
-TRAILING_MARKS_RE = re.compile(r"(?:\s*\([a-z]{1,3}\))+$")
+# Lettered footnote markers a figure may carry ("444 (f)", "— (c)", "5,405 (c)(d)"): part of the figure's cell.
+# Numbered ones are left alone: "(1)" is minus one in a statement. Bounded: re.sub tries every "(" of a word.
+FOOTNOTE_MARKS_RE = re.compile(r"^(?:\([a-z]{1,3}\)){1,4}$")
+TRAILING_MARKS_RE = re.compile(r"(?:\s?\([a-z]{1,3}\)){1,4}$")
 # Dot leaders inside or after a label. Each alternative starts at a dot: a pattern that starts with \s* would try
 # every space of a long run and backtrack over the rest (quadratic).
 LEADER_RE = re.compile(r"(?:\.\s*){3,}|(?:\.\s*){2,}$")
@@ -150,9 +150,11 @@ def _cells(line: list[Word], gap: float) -> list[Cell]:
             cells[-1].closed = True
             continue
         previous = cells[-1] if cells else None
-        if previous is not None and previous.is_figure and FOOTNOTE_MARKS_RE.match(text):
-            # Its figure's marker, however far it is set off. The figure keeps its own box: a marker that sticks
-            # out to the right widens no column, and the next figure is measured from the figure, not the marker.
+        if previous is not None and previous.is_figure and FOOTNOTE_MARKS_RE.match(text) \
+                and x0 - previous.x1 <= 2 * gap:
+            # Its figure's marker (farther off, it is a value of its own column, as "(s)" for "under 0.5" is). The
+            # figure keeps its own box: a marker that sticks out to the right widens no column, and the next
+            # figure is measured from the figure, not the marker.
             previous.text = f"{previous.text} {text}"
             continue
         joins = previous is not None and x0 - previous.x1 <= gap and not previous.closed
@@ -314,7 +316,7 @@ def _table_from_run(lines: list[Line], data: list[bool], run: list[int], pitch: 
     # Leading rows of periods ("2023 2022", or "Sector 2022 2023" with the stub's header) are header lines.
     header_figure_rows = 0
     for line in body:
-        if (line.label() and header_figure_rows) or not all(YEARISH_RE.match(c.text) for c in line.figures()):
+        if (line.label() and header_figure_rows) or not all(YEARISH_RE.match(TRAILING_MARKS_RE.sub("", c.text)) for c in line.figures()):
             break
         header_figure_rows += 1
     data_rows = [line for line in body[header_figure_rows:] if line.figures()]
