@@ -105,6 +105,15 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _stop(process: subprocess.Popen) -> None:
+    """Ctrl-C to the process group (the server and what it started), then a kill if it has not ended in 60 s."""
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 def _process_floor_seconds(repeat: int) -> float:
     """A Python process of this interpreter that does nothing: what any command costs before its first import."""
     times = []
@@ -147,11 +156,7 @@ def _service_search_seconds(config: Path, repeat: int) -> tuple[float, float]:
         wall, _ = _median(config, repeat, "search", QUERY, "--service", url, "--json", env=env)
         return wall, statistics.median(round_trips)
     finally:
-        os.killpg(service.pid, signal.SIGINT)
-        try:
-            service.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(service.pid, signal.SIGKILL)
+        _stop(service)
 
 
 def _ui_noop_seconds(config: Path, repeat: int) -> dict[str, float]:
@@ -196,11 +201,7 @@ def _ui_noop_seconds(config: Path, repeat: int) -> dict[str, float]:
             medians[label] = statistics.median(times)
         return medians
     finally:
-        os.killpg(ui.pid, signal.SIGINT)
-        try:
-            ui.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(ui.pid, signal.SIGKILL)
+        _stop(ui)
 
 
 def _embed_seconds(config: Path, rel_path: str) -> tuple[float, int]:
