@@ -3,14 +3,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from rag_pipeline import store
 from rag_pipeline.domain import ids
-from rag_pipeline.store.database import SQL_DIR, DatabaseError, EmbeddedPostgres, migrate
+from rag_pipeline.store.database import SQL_DIR, DatabaseError, EmbeddedPostgres, connect, migrate
 from rag_pipeline_tests.conftest import database_before, legacy_migrate, upgrade_legacy
 
 SHIPPED = sorted(p.name for p in (SQL_DIR / "migrations").glob("[0-9][0-9][0-9]_*.sql"))
@@ -58,6 +60,36 @@ def test_schema_has_pgvector_and_the_version_table_indexes(db):
             "INSERT INTO index_versions (table_name, embedding_model, dimensions, chunker_version, parser_version,"
             " status) VALUES ('x', 'm', 8, 'c', 'p', 'active')"
         )
+
+
+def test_connections_read_and_write_pgvector_types_as_pgvectors_own_registration_does(db_url, pg_admin_url):
+    """connect() registers pgvector's types in one query; what a connection reads and writes is what
+    pgvector.psycopg.register_vector gives."""
+    import numpy as np
+    from pgvector import HalfVector, SparseVector, Vector
+    from pgvector.psycopg import register_vector
+
+    query = ("SELECT %s::vector, %s::halfvec, %s::sparsevec, '101'::bit(3), "
+             "'[1,2]'::vector, '[3,4]'::halfvec, '{1:5}/2'::sparsevec")
+    values = [np.array([1.5, 2.0], dtype=np.float32), HalfVector([0.5, 1.0]), SparseVector({0: 2.0}, 3)]
+    with connect(db_url) as ours, psycopg.connect(db_url) as theirs:
+        register_vector(theirs)
+        assert ours.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # nothing left open
+        mine, reference = ours.execute(query, values).fetchone(), theirs.execute(query, values).fetchone()
+    assert [type(v) for v in mine] == [type(v) for v in reference] == [
+        Vector, HalfVector, SparseVector, str, Vector, HalfVector, SparseVector]
+    assert [str(v) for v in mine] == [str(v) for v in reference]
+    # A database without the extension yet (before the first migration) connects all the same.
+    name = f"bare_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        bare = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+        with connect(bare) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_embedded_server_lifecycle_through_the_cli():

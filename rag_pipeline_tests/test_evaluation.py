@@ -114,7 +114,7 @@ def test_one_flipped_question_is_noise_and_a_real_fall_is_not():
     assert [r.difference.metric for r in regressions(reference, ten_lost, tolerance=0.02)] == ["recall@k", "ndcg@k"]
     assert regressions(reference, ten_lost, tolerance=0.5) == []  # real, but within a generous tolerance
     same = paired_differences(reference, reference)
-    assert all(d.p_value == 1.0 and not d.significant for d in same)
+    assert all(d.p_value == 1.0 and d.ci_low == d.ci_high == d.difference == 0 and not d.significant for d in same)
 
 
 PG_MANUAL = Path("/usr/share/doc/postgresql-doc-15/html")

@@ -243,9 +243,12 @@ def paired_differences(
             continue
         delta = b - a
         observed = float(delta.mean())
-        means = delta[rng.integers(0, len(delta), size=(RESAMPLES, len(delta)))].mean(axis=1)
-        flipped = (delta * rng.choice((-1.0, 1.0), size=(RESAMPLES, len(delta)))).mean(axis=1)
-        p_value = float((np.sum(np.abs(flipped) >= abs(observed) - 1e-12) + 1) / (RESAMPLES + 1))
+        if delta.any():
+            means = delta[rng.integers(0, len(delta), size=(RESAMPLES, len(delta)))].mean(axis=1)
+            flipped = (delta * rng.choice((-1.0, 1.0), size=(RESAMPLES, len(delta)))).mean(axis=1)
+            p_value = float((np.sum(np.abs(flipped) >= abs(observed) - 1e-12) + 1) / (RESAMPLES + 1))
+        else:  # no question moved (an unchanged index, every refresh): every resample is 0, what follows is exact
+            means, p_value = np.zeros(1), 1.0
         differences.append(PairedDifference(
             metric, round(float(a.mean()), 4), round(float(b.mean()), 4), round(observed, 4),
             round(float(np.percentile(means, 2.5)), 4), round(float(np.percentile(means, 97.5)), 4),

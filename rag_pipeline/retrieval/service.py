@@ -31,7 +31,6 @@ import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException
@@ -41,6 +40,7 @@ from rag_pipeline.config import ConfigError, ServiceConfig, Settings
 from rag_pipeline.embedding.identity import cache_key
 from rag_pipeline.embedding.locations import ModelUnavailableError
 from rag_pipeline.retrieval.search import SearchError, SearchHit, SearchOptions, query_embedder, search
+from rag_pipeline.store.database import register_vector_types
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
                           kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(config.database_timeout_seconds)),
                                   "options": f"{_options(database_url)} -c statement_timeout={query_ms}".strip(),
                                   "tcp_user_timeout": query_ms},
-                          configure=register_vector, check=ConnectionPool.check_connection)
+                          configure=register_vector_types, check=ConnectionPool.check_connection)
     warmup = QueryModelWarmup(options)
 
     @asynccontextmanager

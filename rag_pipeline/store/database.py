@@ -17,8 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from pgvector.psycopg import register_vector
+from pgvector.psycopg.bit import register_bit_info
+from pgvector.psycopg.halfvec import register_halfvec_info
+from pgvector.psycopg.sparsevec import register_sparsevec_info
+from pgvector.psycopg.vector import register_vector_info
 from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types import TypeInfo
 
 from rag_pipeline.config import Settings
 from rag_pipeline.extras import require
@@ -191,12 +196,29 @@ def sqlalchemy_url(conninfo: str, driver: str = "psycopg2") -> str:
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
     conn = psycopg.connect(url, autocommit=autocommit)
-    try:
-        register_vector(conn)
-    except psycopg.ProgrammingError:
-        # The vector extension is created by the first migration; before that there is nothing to register.
-        pass
+    register_vector_types(conn)
     return conn
+
+
+# pgvector's types and how each is registered on a connection (what pgvector.psycopg.register_vector does).
+_VECTOR_TYPES = {"vector": register_vector_info, "bit": register_bit_info, "halfvec": register_halfvec_info,
+                 "sparsevec": register_sparsevec_info}
+_VECTOR_TYPES_QUERY = """
+SELECT t.typname AS name, t.oid, t.typarray AS array_oid, t.oid::regtype::text AS regtype, t.typdelim AS delimiter
+FROM unnest(%s::text[]) AS wanted(name) JOIN pg_type t ON t.oid = to_regtype(wanted.name)
+"""
+
+
+def register_vector_types(conn: psycopg.Connection) -> None:
+    """pgvector's register_vector in one round trip instead of four: every stage and check opens a connection,
+    and a no-op refresh opens some thirty. Before the first migration creates the extension there is nothing to
+    register."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
+        found = {row["name"]: TypeInfo(**row) for row in cursor.execute(_VECTOR_TYPES_QUERY, [list(_VECTOR_TYPES)])}
+    if "vector" in found:
+        for name, register in _VECTOR_TYPES.items():
+            if name in found:
+                register(conn, found[name])
 
 
 def _migration_files(directory: Path) -> list[Path]:
