@@ -154,6 +154,7 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     again = json.loads(second.stdout)
     assert again["parsed"] == 0 and again["vectors_embedded"] == 0 and again["unchanged"] == 7
     assert _heavy_imports(second.stderr) == set()
+    assert "httpx" not in imported_modules(second.stderr)  # no endpoint configured: no HTTP client (0.15 s)
     assert again["held"] == 0 and again["held_now"] == 1  # still held, not newly
     as_text = subprocess.run([*cli, "ingest", "--source", f"adhoc={corpus}", "--labels", "staff"], env=cli_env,
                              capture_output=True, text=True, cwd=tmp_path, timeout=300)

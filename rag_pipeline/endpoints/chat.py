@@ -4,13 +4,13 @@ exponential backoff on transient errors, an optional API key from the environmen
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from rag_pipeline.endpoints.http_client import json_client
 from rag_pipeline.endpoints.redaction import redact, redact_url
 from rag_pipeline.workers.budget import waiting_on_endpoint
+
+if TYPE_CHECKING:
+    import httpx
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
 
@@ -30,6 +30,10 @@ class ChatClient:
         max_retries: int = 3,
         transport: httpx.BaseTransport | None = None,
     ):
+        # httpx (and the command-line tools its package imports) only where an endpoint is used: a parse or a
+        # refresh that calls none does not pay for it.
+        from rag_pipeline.endpoints.http_client import json_client
+
         self.endpoint = endpoint.rstrip("/")
         self.model = model
         self.max_retries = max_retries
@@ -46,6 +50,8 @@ class ChatClient:
             return self._chat(content, max_tokens)
 
     def _chat(self, content: str | list[dict[str, Any]], max_tokens: int) -> str:
+        import httpx
+
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": content}],

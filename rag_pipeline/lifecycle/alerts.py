@@ -21,8 +21,6 @@ from datetime import UTC, datetime
 from email.message import EmailMessage
 from typing import Any
 
-import httpx
-
 from rag_pipeline.config import AlertsConfig, SmtpConfig
 from rag_pipeline.endpoints.http_retry import retry_after_seconds
 from rag_pipeline.endpoints.redaction import keep_out_of_logs, redact, redact_url
@@ -91,6 +89,8 @@ MAX_RETRY_AFTER = 60.0  # a sensor tick must end: a receiver asking for longer i
 
 
 def _with_retries(attempts: int, send: Any, secret_url: str | None = None) -> None:
+    import httpx  # only where a sink is configured: every refresh loads this module
+
     for attempt in range(1, attempts + 1):
         try:
             send()
@@ -139,6 +139,8 @@ class AlertSender:
         return outcome
 
     def _post(self, payload: dict[str, Any], alert: Alert) -> None:
+        import httpx
+
         assert self.config.webhook_url
         response = httpx.post(self.config.webhook_url, json=payload, timeout=self.config.webhook_timeout_seconds)
         answer = (f"webhook {redact_url(self.config.webhook_url)} answered {response.status_code}: "
