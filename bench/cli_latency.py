@@ -54,8 +54,11 @@ After 20:00 the barrier opens with a staff badge. Report a broken barrier to sec
 
 def _environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The commands' environment: the caller's RAG_* variables would point them elsewhere (another index, a running
-    service)."""
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("RAG_")}, "HF_HUB_OFFLINE": "1", **(extra or {})}
+    service). Bytecode is written, as a user's Python writes it: with PYTHONDONTWRITEBYTECODE set (some sandboxes
+    and containers set it) every command would compile each edited module again, 0.3 s of a no-op; the untimed
+    first build writes the caches."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") and k != "PYTHONDONTWRITEBYTECODE"}
+    return {**kept, "HF_HUB_OFFLINE": "1", **(extra or {})}
 
 
 def _cli(config: Path, *args: str, env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:

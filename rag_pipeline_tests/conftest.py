@@ -37,11 +37,17 @@ TEMPLATE_DB = "rag_test_template"
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
 
 
+@pytest.fixture(scope="session")
+def _user_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
 @pytest.fixture(autouse=True)
-def _no_external_database(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_external_database(monkeypatch: pytest.MonkeyPatch, _user_cache: Path) -> None:
     # Tests say which database they use; a developer's RAG_* environment must not leak in.
     for name in ("RAG_CONFIG", "RAG_SEARCH_URL", "RAG_SEARCH_TOKEN", *ENV_OVERRIDES):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_user_cache))  # the session's, not the developer's ~/.cache
 
 
 HEAVY_MODULES = ("torch", "sentence_transformers", "transformers", "docling", "rapidocr", "onnxruntime", "scipy")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from psycopg import sql
 from rag_pipeline import store
 from rag_pipeline.config import EmbeddingConfig
 from rag_pipeline.domain import ids
+from rag_pipeline.embedding import locations
 from rag_pipeline.embedding.identity import (
     VersionModelError,
     adopt_model_identities,
@@ -61,6 +65,45 @@ def test_the_same_weights_in_other_folders_are_one_model_and_other_weights_or_ba
     (copies["b"] / "onnx").mkdir(exist_ok=True)
     (copies["b"] / "onnx" / "model.onnx").write_bytes(b"\0" * 64)
     assert weights_digest(copies["b"]) == weights_digest(copies["a"])
+
+
+def test_a_files_digest_is_kept_between_processes_until_the_file_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"\1" * 4096)
+    (model / "config.json").write_text("{}")
+    first = weights_digest(model)
+    assert first == ids.weights_digest([("config.json", hashlib.sha256(b"{}").hexdigest()),
+                                        ("model.safetensors", hashlib.sha256(b"\1" * 4096).hexdigest())])
+    entries = sorted((tmp_path / "cache" / "rag_pipeline" / "file-sha256").iterdir())
+    assert len(entries) == 2 and {e.read_text() for e in entries} == {
+        hashlib.sha256(b"\1" * 4096).hexdigest(), hashlib.sha256(b"{}").hexdigest()}
+    # A later process (the in-process memory gone) reads the stored digests instead of hashing the files: a
+    # stored digest that is not the file's shows it was read.
+    locations._file_hashes.clear()
+    for entry in entries:
+        entry.write_text("0" * 64)
+    assert weights_digest(model) != first
+    shutil.rmtree(tmp_path / "cache")
+    # The file rewritten with its old size and modification time is hashed again (its change time moved).
+    locations._file_hashes.clear()
+    before = weights.stat()
+    time.sleep(0.01)
+    weights.write_bytes(b"\2" * 4096)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    changed = weights_digest(model)
+    assert changed == ids.weights_digest([("config.json", hashlib.sha256(b"{}").hexdigest()),
+                                          ("model.safetensors", hashlib.sha256(b"\2" * 4096).hexdigest())]) != first
+    locations._file_hashes.clear()
+    for entry in (tmp_path / "cache" / "rag_pipeline" / "file-sha256").iterdir():
+        entry.write_text("not a digest")  # a damaged entry is hashed again, never trusted
+    assert weights_digest(model) == changed
+    # A cache that cannot be written costs the hashing only.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(weights))  # a file: nothing can be created under it
+    locations._file_hashes.clear()
+    assert weights_digest(model) == changed
 
 
 def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_settings, db, db_url, tmp_path, copies):

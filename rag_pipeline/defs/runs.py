@@ -128,8 +128,10 @@ def _run_instance(settings: Settings) -> Any:
     return instance
 
 
-RUN_POOL_RECYCLE_SECONDS = 3600
-RUN_POOL_OVERFLOW = 4  # the run's thread, the index thread's progress reports, the lease keeper: rarely more
+# A pooled connection older than this is replaced when next used: one idle through a long parse is never reused
+# after a firewall, proxy or idle_session_timeout has dropped it (a no-op's statements all fit in one connection).
+RUN_POOL_RECYCLE_SECONDS = 60
+RUN_POOL_OVERFLOW = 4  # the run's thread and the index thread's progress reports: rarely more
 
 
 def summarize_run(result: Any) -> dict[str, Any]:
