@@ -124,6 +124,12 @@ def cli_env(tmp_path, db_url, pg_admin_url):
     return env
 
 
+def _sessions(url: str) -> int:
+    """Connections ever made to `url`'s database (this one included)."""
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
+
+
 def _heavy_imports(importtime_log: str) -> set[str]:
     """The model-stack packages a `python -X importtime` run imported."""
     return imported_modules(importtime_log) & set(HEAVY_MODULES)
@@ -147,11 +153,14 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     # -X importtime lists every module the command imported: a run with nothing to do, and a search, pay for no
     # model stack (torch alone costs seconds to import).
     traced = [sys.executable, "-X", "importtime", "-m", "rag_pipeline.cli"]
+    sessions_before = _sessions(cli_env["RAG_DAGSTER_DATABASE_URL"])
     second = subprocess.run(
         [*traced, "ingest", "--source", f"adhoc={corpus}", "--labels", "staff", "--json"],
         env=cli_env, capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     again = json.loads(second.stdout)
+    # The run's hundreds of storage statements share a few pooled connections (a connection each: some 180).
+    assert _sessions(cli_env["RAG_DAGSTER_DATABASE_URL"]) - sessions_before < 40
     assert again["parsed"] == 0 and again["vectors_embedded"] == 0 and again["unchanged"] == 7
     assert _heavy_imports(second.stderr) == set()
     assert "httpx" not in imported_modules(second.stderr)  # no endpoint configured: no HTTP client (0.15 s)
