@@ -12,7 +12,14 @@ from psycopg import sql
 
 from rag_pipeline import store
 from rag_pipeline.domain import ids
-from rag_pipeline.store.database import SQL_DIR, DatabaseError, EmbeddedPostgres, connect, migrate
+from rag_pipeline.store.database import (
+    SQL_DIR,
+    DatabaseError,
+    EmbeddedPostgres,
+    connect,
+    migrate,
+    register_vector_types,
+)
 from rag_pipeline_tests.conftest import database_before, legacy_migrate, upgrade_legacy
 
 SHIPPED = sorted(p.name for p in (SQL_DIR / "migrations").glob("[0-9][0-9][0-9]_*.sql"))
@@ -72,13 +79,17 @@ def test_connections_read_and_write_pgvector_types_as_pgvectors_own_registration
     query = ("SELECT %s::vector, %s::halfvec, %s::sparsevec, '101'::bit(3), "
              "'[1,2]'::vector, '[3,4]'::halfvec, '{1:5}/2'::sparsevec")
     values = [np.array([1.5, 2.0], dtype=np.float32), HalfVector([0.5, 1.0]), SparseVector({0: 2.0}, 3)]
-    with connect(db_url) as ours, psycopg.connect(db_url) as theirs:
+    with connect(db_url) as ours, connect(db_url, autocommit=True) as autocommitted, \
+            psycopg.connect(db_url) as theirs:
         register_vector(theirs)
-        assert ours.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # nothing left open
-        mine, reference = ours.execute(query, values).fetchone(), theirs.execute(query, values).fetchone()
-    assert [type(v) for v in mine] == [type(v) for v in reference] == [
-        Vector, HalfVector, SparseVector, str, Vector, HalfVector, SparseVector]
-    assert [str(v) for v in mine] == [str(v) for v in reference]
+        for conn in (ours, autocommitted):
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # nothing left open
+        reference = theirs.execute(query, values).fetchone()
+        for conn in (ours, autocommitted):
+            mine = conn.execute(query, values).fetchone()
+            assert [type(v) for v in mine] == [type(v) for v in reference] == [
+                Vector, HalfVector, SparseVector, str, Vector, HalfVector, SparseVector]
+            assert [str(v) for v in mine] == [str(v) for v in reference]
     # A database without the extension yet (before the first migration) connects all the same.
     name = f"bare_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_admin_url, autocommit=True) as admin:
@@ -86,7 +97,9 @@ def test_connections_read_and_write_pgvector_types_as_pgvectors_own_registration
     try:
         bare = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
         with connect(bare) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
+            assert conn.execute("SELECT to_regtype('vector')").fetchone() == (None,)
+            with pytest.raises(psycopg.ProgrammingError, match="vector type not found"):
+                register_vector_types(conn, required=True)  # what the search service's pool asks
     finally:
         with psycopg.connect(pg_admin_url, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))

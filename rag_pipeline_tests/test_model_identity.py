@@ -69,41 +69,58 @@ def test_the_same_weights_in_other_folders_are_one_model_and_other_weights_or_ba
 
 def test_a_files_digest_is_kept_between_processes_until_the_file_changes(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "rag_pipeline" / "file-sha256"
     model = tmp_path / "model"
     model.mkdir()
     weights = model / "model.safetensors"
     weights.write_bytes(b"\1" * 4096)
     (model / "config.json").write_text("{}")
+
+    def expected(weights_bytes: bytes) -> str:
+        return ids.weights_digest([("config.json", hashlib.sha256(b"{}").hexdigest()),
+                                   ("model.safetensors", hashlib.sha256(weights_bytes).hexdigest())])
+
+    def in_a_new_process() -> str:
+        locations._file_hashes.clear()
+        return weights_digest(model)
+
     first = weights_digest(model)
-    assert first == ids.weights_digest([("config.json", hashlib.sha256(b"{}").hexdigest()),
-                                        ("model.safetensors", hashlib.sha256(b"\1" * 4096).hexdigest())])
-    entries = sorted((tmp_path / "cache" / "rag_pipeline" / "file-sha256").iterdir())
+    assert first == expected(b"\1" * 4096)
+    entries = sorted(cache.iterdir())
     assert len(entries) == 2 and {e.read_text() for e in entries} == {
         hashlib.sha256(b"\1" * 4096).hexdigest(), hashlib.sha256(b"{}").hexdigest()}
-    # A later process (the in-process memory gone) reads the stored digests instead of hashing the files: a
-    # stored digest that is not the file's shows it was read.
-    locations._file_hashes.clear()
+    assert cache.stat().st_mode & 0o077 == 0  # the user's own
+    # A later process reads the stored digests instead of hashing the files: a planted one shows it was read.
     for entry in entries:
         entry.write_text("0" * 64)
-    assert weights_digest(model) != first
-    shutil.rmtree(tmp_path / "cache")
-    # The file rewritten with its old size and modification time is hashed again (its change time moved).
-    locations._file_hashes.clear()
+    assert in_a_new_process() != first
+    for entry in entries:
+        entry.unlink()
+    assert in_a_new_process() == first  # stored again, truly
+    assert len(list(cache.iterdir())) == 2
+    # The file rewritten with its old size and modification time is hashed again (its change time moved), though
+    # the digest of its previous version is still stored.
     before = weights.stat()
     time.sleep(0.01)
     weights.write_bytes(b"\2" * 4096)
     os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
-    changed = weights_digest(model)
-    assert changed == ids.weights_digest([("config.json", hashlib.sha256(b"{}").hexdigest()),
-                                          ("model.safetensors", hashlib.sha256(b"\2" * 4096).hexdigest())]) != first
-    locations._file_hashes.clear()
-    for entry in (tmp_path / "cache" / "rag_pipeline" / "file-sha256").iterdir():
-        entry.write_text("not a digest")  # a damaged entry is hashed again, never trusted
-    assert weights_digest(model) == changed
-    # A cache that cannot be written costs the hashing only.
+    assert weights.stat().st_mtime_ns == before.st_mtime_ns and weights.stat().st_size == before.st_size
+    assert in_a_new_process() == expected(b"\2" * 4096)
+    assert len(list(cache.iterdir())) == 3
+    # A damaged entry is hashed again, never trusted.
+    for entry in cache.iterdir():
+        entry.write_text("not a digest")
+    assert in_a_new_process() == expected(b"\2" * 4096)
+    # A cache that cannot be written, a relative XDG_CACHE_HOME (ignored, as the XDG spec says) and no home at all
+    # cost the hashing only.
     monkeypatch.setenv("XDG_CACHE_HOME", str(weights))  # a file: nothing can be created under it
-    locations._file_hashes.clear()
-    assert weights_digest(model) == changed
+    assert in_a_new_process() == expected(b"\2" * 4096)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert in_a_new_process() == expected(b"\2" * 4096)
+    assert not (tmp_path / "relative").exists() and (tmp_path / "home" / ".cache" / "rag_pipeline").is_dir()
+    assert not any(p.name.startswith(".partial-") for p in cache.iterdir())
 
 
 def test_a_worker_with_the_weights_elsewhere_refreshes_the_same_version(make_settings, db, db_url, tmp_path, copies):

@@ -117,15 +117,25 @@ def _run_instance(settings: Settings) -> Any:
     hundreds of rows back, and Dagster's Postgres storage opens a connection for each statement (its NullPool keeps
     a long-lived instance from holding connections), which is a server process started per statement: 0.8 s of a
     3 s no-op. This process ends with the run, so it holds a small pool as Dagster's webserver does. Only the
-    project's own instance: an operator's DAGSTER_HOME keeps its storage settings (the pool sets statement_timeout,
-    here to none, on its connections)."""
+    instance the project generated: an operator's dagster.yaml keeps its storage settings."""
     import dagster as dg
 
+    from rag_pipeline.store.database import resolve_urls
+
     instance = dg.DagsterInstance.get()
-    if settings.dagster_home.resolve() == (settings.data_dir / "dagster_home").resolve():
-        instance.optimize_for_webserver(statement_timeout=0, pool_recycle=RUN_POOL_RECYCLE_SECONDS,
-                                        max_overflow=RUN_POOL_OVERFLOW)
+    generated = settings.data_dir / "dagster_home" / "dagster.yaml"
+    if (settings.dagster_home.resolve() == generated.parent.resolve() and generated.exists()
+            and _generated_here(generated.read_text())):
+        # The pool sets statement_timeout on each connection: the one the server gives Dagster's sessions now
+        # (its configuration, the role's or the database's, the URL's options), so pooling changes nothing there.
+        instance.optimize_for_webserver(statement_timeout=_statement_timeout_ms(resolve_urls(settings).dagster),
+                                        pool_recycle=RUN_POOL_RECYCLE_SECONDS, max_overflow=RUN_POOL_OVERFLOW)
     return instance
+
+
+def _statement_timeout_ms(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        return int(conn.execute("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'").fetchone()[0])
 
 
 # A pooled connection older than this is replaced when next used: one idle through a long parse is never reused

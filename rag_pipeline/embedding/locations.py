@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -155,50 +156,80 @@ _file_hashes_lock = threading.Lock()
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
-def digest_cache_dir() -> Path:
-    """Where file digests are kept between processes: the user's cache (XDG_CACHE_HOME, else ~/.cache)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rag_pipeline" / "file-sha256"
+def digest_cache_dir() -> Path | None:
+    """Where file digests are kept between processes: the user's cache (XDG_CACHE_HOME, else ~/.cache); None
+    without a home (a service account with none)."""
+    configured = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(configured):  # the XDG spec: a relative path is ignored
+        return Path(configured) / "rag_pipeline" / "file-sha256"
+    try:
+        return Path.home() / ".cache" / "rag_pipeline" / "file-sha256"
+    except RuntimeError:
+        return None
+
+
+def _signature(path: Path, stat: os.stat_result) -> tuple[str, int, int, int, int, int]:
+    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def _file_sha256(path: Path) -> str:
     """A file's sha256, computed once per version of the file: a model of several hundred MB is read once, not on
     every refresh and search (0.14 s for all-MiniLM-L6-v2, half a second for a 400 MB model). A version is the path,
     device, inode, size and modification and change times; the change time cannot be set by a program, so a file
-    rewritten with its old size and modification time is hashed again. Kept in the process and in the user's cache;
-    a cache that cannot be written (a read-only home) only costs the hashing again."""
-    stat = path.stat()
-    signature = (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-    with _file_hashes_lock:
-        known = _file_hashes.get(signature)
-    if known is not None:
-        return known
-    entry = digest_cache_dir() / hashlib.sha256(repr(signature).encode()).hexdigest()
-    try:
-        stored = entry.read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError):
-        stored = ""
-    if _SHA256_HEX.fullmatch(stored):
-        known = stored
-    else:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
+    rewritten with its old size and modification time is hashed again. Kept in the process and in the user's cache
+    (entries of this user only); a cache that cannot be written (a read-only home) only costs the hashing again."""
+    with path.open("rb") as handle:
+        opened = os.fstat(handle.fileno())  # the file that is read, whatever the path names a moment later
+        signature = _signature(path, opened)
+        with _file_hashes_lock:
+            known = _file_hashes.get(signature)
+        if known is not None:
+            return known
+        entry = _cache_entry(signature)
+        known = _stored_digest(entry) if entry is not None else None
+        if known is None:
+            digest = hashlib.sha256()
             while block := handle.read(1 << 20):
                 digest.update(block)
-        known = digest.hexdigest()
-        _store_digest(entry, known)
+            known = digest.hexdigest()
+            # Kept only if the file did not change while it was read.
+            if entry is not None and _signature(path, os.fstat(handle.fileno())) == signature:
+                _store_digest(entry, known)
     with _file_hashes_lock:
         _file_hashes[signature] = known
     return known
 
 
+def _cache_entry(signature: tuple[str, int, int, int, int, int]) -> Path | None:
+    folder = digest_cache_dir()
+    return None if folder is None else folder / hashlib.sha256(repr(signature).encode()).hexdigest()
+
+
+def _stored_digest(entry: Path) -> str | None:
+    """The digest stored at `entry`, if it is a well-formed one written by this user (a cache folder another user
+    can write to must not vouch for a model)."""
+    try:
+        with entry.open("rb") as handle:
+            if os.fstat(handle.fileno()).st_uid != os.getuid():
+                return None
+            stored = handle.read(65).decode("ascii")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return stored if _SHA256_HEX.fullmatch(stored) else None
+
+
 def _store_digest(entry: Path, digest: str) -> None:
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        partial = entry.with_name(f"{entry.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        partial.write_text(digest, encoding="ascii")
+        entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        descriptor, partial = tempfile.mkstemp(dir=entry.parent, prefix=".partial-")
+    except OSError:
+        return
+    try:
+        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+            handle.write(digest)
         os.replace(partial, entry)  # whole or absent: a reader never sees half a digest
     except OSError:
-        pass
+        Path(partial).unlink(missing_ok=True)
 
 
 def weights_digest(folder: Path) -> str:

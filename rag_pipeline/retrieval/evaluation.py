@@ -234,9 +234,9 @@ def paired_differences(
     confidence interval and a permutation p-value: one flipped question in 42 is noise, not a regression."""
     by_id = {r.id: r for r in reference if r.answerable}
     pairs = [(by_id[c.id], c) for c in candidate if c.answerable and c.id in by_id]
-    rng = np.random.default_rng(seed)
     differences = []
-    for metric, attribute in METRIC_ATTRIBUTES.items():
+    for index, (metric, attribute) in enumerate(METRIC_ATTRIBUTES.items()):
+        rng = np.random.default_rng([seed, index])  # a metric's resamples do not depend on the metrics before it
         a = np.array([getattr(r, attribute) for r, _ in pairs], dtype=float)
         b = np.array([getattr(c, attribute) for _, c in pairs], dtype=float)
         if not len(pairs):

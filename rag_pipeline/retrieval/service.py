@@ -45,6 +45,10 @@ from rag_pipeline.store.database import register_vector_types
 log = logging.getLogger(__name__)
 
 
+def _register_vector_types(conn: psycopg.Connection) -> None:
+    register_vector_types(conn, required=True)  # a pool never hands out a connection that cannot send a vector
+
+
 @dataclass(frozen=True)
 class Caller:
     name: str
@@ -245,7 +249,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
                           kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(config.database_timeout_seconds)),
                                   "options": f"{_options(database_url)} -c statement_timeout={query_ms}".strip(),
                                   "tcp_user_timeout": query_ms},
-                          configure=register_vector_types, check=ConnectionPool.check_connection)
+                          configure=_register_vector_types, check=ConnectionPool.check_connection)
     warmup = QueryModelWarmup(options)
 
     @asynccontextmanager

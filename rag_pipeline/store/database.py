@@ -196,7 +196,11 @@ def sqlalchemy_url(conninfo: str, driver: str = "psycopg2") -> str:
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection:
     conn = psycopg.connect(url, autocommit=autocommit)
-    register_vector_types(conn)
+    try:
+        register_vector_types(conn)
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -209,16 +213,24 @@ FROM unnest(%s::text[]) AS wanted(name) JOIN pg_type t ON t.oid = to_regtype(wan
 """
 
 
-def register_vector_types(conn: psycopg.Connection) -> None:
-    """pgvector's register_vector in one round trip instead of four: every stage and check opens a connection,
-    and a no-op refresh opens some thirty. Before the first migration creates the extension there is nothing to
-    register."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
-        found = {row["name"]: TypeInfo(**row) for row in cursor.execute(_VECTOR_TYPES_QUERY, [list(_VECTOR_TYPES)])}
-    if "vector" in found:
-        for name, register in _VECTOR_TYPES.items():
-            if name in found:
-                register(conn, found[name])
+def register_vector_types(conn: psycopg.Connection, *, required: bool = False) -> None:
+    """pgvector's register_vector in one query instead of four: every stage and check opens a connection, and a
+    no-op refresh opens some thirty. Before the first migration creates the extension there is nothing to register;
+    `required` refuses such a database, as pgvector's own registration does (a pool's connections)."""
+    with conn.cursor(row_factory=dict_row) as cursor:
+        if conn.autocommit:
+            rows = cursor.execute(_VECTOR_TYPES_QUERY, [list(_VECTOR_TYPES)]).fetchall()
+        else:
+            with conn.transaction():  # closed again: the connection is left as idle as it was given
+                rows = cursor.execute(_VECTOR_TYPES_QUERY, [list(_VECTOR_TYPES)]).fetchall()
+    found = {row["name"]: TypeInfo(**row) for row in rows}
+    if "vector" not in found:
+        if required:
+            raise psycopg.ProgrammingError("vector type not found in the database")
+        return
+    for name, register in _VECTOR_TYPES.items():
+        if name in found:
+            register(conn, found[name])
 
 
 def _migration_files(directory: Path) -> list[Path]:
