@@ -120,22 +120,26 @@ def _run_instance(settings: Settings) -> Any:
     instance the project generated: an operator's dagster.yaml keeps its storage settings."""
     import dagster as dg
 
-    from rag_pipeline.store.database import resolve_urls
+    from rag_pipeline.store.database import resolve_urls, statement_timeout_ms
 
     instance = dg.DagsterInstance.get()
     generated = settings.data_dir / "dagster_home" / "dagster.yaml"
-    if (settings.dagster_home.resolve() == generated.parent.resolve() and generated.exists()
+    if not (settings.dagster_home.resolve() == generated.parent.resolve() and generated.exists()
             and _generated_here(generated.read_text())):
-        # The pool sets statement_timeout on each connection: the one the server gives Dagster's sessions now
-        # (its configuration, the role's or the database's, the URL's options), so pooling changes nothing there.
-        instance.optimize_for_webserver(statement_timeout=_statement_timeout_ms(resolve_urls(settings).dagster),
-                                        pool_recycle=RUN_POOL_RECYCLE_SECONDS, max_overflow=RUN_POOL_OVERFLOW)
+        return instance
+    storages = (instance.run_storage, instance.event_log_storage, instance.schedule_storage)
+    if not all(hasattr(storage, "_engine") for storage in storages):
+        return instance  # storage of another shape than dagster-postgres': left as it is
+    # The pool sets statement_timeout on each connection: the one the server gives Dagster's sessions now (its
+    # configuration, the role's or the database's, the URL's options), so pooling changes nothing there.
+    instance.optimize_for_webserver(statement_timeout=statement_timeout_ms(resolve_urls(settings).dagster),
+                                    pool_recycle=RUN_POOL_RECYCLE_SECONDS, max_overflow=RUN_POOL_OVERFLOW)
+    for storage in storages:
+        # A pooled connection is tested before each use (SQLAlchemy's pre-ping) and replaced if dead: a database
+        # restarted under a run must not hand the run's failure event a dead connection, or the run ends without
+        # its failure recorded (Dagster's webserver pools without it; its requests can simply be retried).
+        storage._engine.pool._pre_ping = True
     return instance
-
-
-def _statement_timeout_ms(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        return int(conn.execute("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'").fetchone()[0])
 
 
 # A pooled connection older than this is replaced when next used: one idle through a long parse is never reused

@@ -233,6 +233,12 @@ def register_vector_types(conn: psycopg.Connection, *, required: bool = False) -
             register(conn, found[name])
 
 
+def statement_timeout_ms(url: str) -> int:
+    """The statement_timeout a new session at `url` gets (server, role, database and URL options applied)."""
+    with psycopg.connect(url) as conn:
+        return int(conn.execute("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'").fetchone()[0])
+
+
 def _migration_files(directory: Path) -> list[Path]:
     files = sorted(directory.glob("[0-9][0-9][0-9]_*.sql"))
     if not files:
