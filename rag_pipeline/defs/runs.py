@@ -198,7 +198,6 @@ def run_ingest(
 ) -> dict[str, Any]:
     """Run the `ingest` job through Dagster against `instance` (the prepared one by default). `sources` are
     NAME=PATH folders from the command line (with default `labels`), scanned instead of the configured ones."""
-
     from rag_pipeline.config import ConfigError, SourceConfig, parse_labels
     from rag_pipeline.defs.code_location import build_definitions
     from rag_pipeline.defs.ingestion import command_line_sources
@@ -264,7 +263,6 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
     The shards run here one after another; from the UI (or a cluster run launcher) the same job runs as a
     backfill over all partitions, in parallel.
     """
-
     from rag_pipeline import store
     from rag_pipeline.defs.code_location import build_definitions
     from rag_pipeline.defs.index_versions import shards

@@ -12,7 +12,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,12 +217,10 @@ def register_vector_types(conn: psycopg.Connection, *, required: bool = False) -
     """pgvector's register_vector in one query instead of four: every stage and check opens a connection, and a
     no-op refresh opens some thirty. Before the first migration creates the extension there is nothing to register;
     `required` refuses such a database, as pgvector's own registration does (a pool's connections)."""
-    with conn.cursor(row_factory=dict_row) as cursor:
-        if conn.autocommit:
-            rows = cursor.execute(_VECTOR_TYPES_QUERY, [list(_VECTOR_TYPES)]).fetchall()
-        else:
-            with conn.transaction():  # closed again: the connection is left as idle as it was given
-                rows = cursor.execute(_VECTOR_TYPES_QUERY, [list(_VECTOR_TYPES)]).fetchall()
+    # Outside autocommit the query gets a transaction of its own, closed again: the connection is left as idle
+    # as it was given (a pool requires it).
+    with conn.transaction() if not conn.autocommit else nullcontext(), conn.cursor(row_factory=dict_row) as cursor:
+        rows = cursor.execute(_VECTOR_TYPES_QUERY, [list(_VECTOR_TYPES)]).fetchall()
     found = {row["name"]: TypeInfo(**row) for row in rows}
     if "vector" not in found:
         if required:
