@@ -6,7 +6,8 @@ Every command exits with one of these codes (README, "CLI"):
   1  done, and what it ran or checked failed: a failed run, a failed check, a server that is not running
   2  usage or configuration error: nothing was done
   3  refused: a promotion's gates, or a version lifecycle step not allowed now
-  4  deletions held for confirmation: the run finished, a source's deletions wait for --confirm-deletions
+  4  deletions held for confirmation: the run finished, a source's deletions (or the holding of a source that left
+     the configuration) wait for --confirm-deletions; or `erase --source` of a configured source without --confirm
   5  runtime error: the database, a model or an endpoint failed, or an erasure was refused
 """
 
@@ -140,11 +141,14 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         print("  seconds            " + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items()))
         for error in summary.get("errors", []):
             print(f"  error: {error}", file=sys.stderr)
-    if not summary["success"]:
+    if summary.get("scans_failed"):
+        print(f"scan failed: {', '.join(summary['scans_failed'])} (see the problems above); their documents are as "
+              "they were, and staleness fails until a scan completes", file=sys.stderr)
+    if not summary["success"] or summary.get("scans_failed"):
         return EXIT_FAILED
     if summary.get("deletions_held"):
-        print(f"{summary['deletions_held']} deletions held: see the problems above; rerun with --confirm-deletions "
-              "SOURCE to carry them out", file=sys.stderr)
+        print(f"{summary['deletions_held']} deletions held (or sources that left the configuration): see the "
+              "problems above; rerun with --confirm-deletions SOURCE to carry them out", file=sys.stderr)
         return EXIT_DELETIONS_HELD
     return EXIT_OK
 
@@ -196,22 +200,38 @@ def _logs_above() -> Iterator[None]:
 
 
 def cmd_erase(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.lifecycle.erasure import erase
+    from rag_pipeline.lifecycle.erasure import erase, readmit
 
+    source, rel_path = args.source, None
     if args.doc:
         source, sep, rel_path = args.doc.partition(":")
         if not sep or not source or not rel_path:
             raise UsageError(f"--doc expects SOURCE:PATH, got {args.doc!r}")
-        report = erase(_index_url(settings), source, rel_path, settings.lock_timeout_seconds)
-    else:
-        report = erase(_index_url(settings), args.source, None, settings.lock_timeout_seconds)
+    if args.undo:
+        readmitted = readmit(_index_url(settings), source, rel_path, settings.lock_timeout_seconds)
+        if args.json:
+            _print_json({"readmitted": readmitted})
+        else:
+            print(f"re-admitted {readmitted} erased document(s): the next ingest indexes them if they are at their "
+                  "source; recorded in `erasures`")
+        return EXIT_OK
+    if rel_path is None and source in {s.name for s in settings.sources} and not args.confirm:
+        # A live source's files are still there: erasing them all is rarely meant, and they come back held.
+        print(f"refused: source {source} is in the configuration; `erase --source` would erase every document of "
+              "it, and the files still at the source would be held (held_erased) at the next ingest until "
+              "re-admitted. Remove it from the configuration first, or rerun with --confirm", file=sys.stderr)
+        return EXIT_DELETIONS_HELD
+    report = erase(_index_url(settings), source, rel_path, settings.lock_timeout_seconds)
     if args.json:
-        _print_json({"documents": report.documents, "removed": report.removed})
+        _print_json({"documents": report.documents, "names": report.names, "removed": report.removed})
     else:
         print(f"erased {report.documents} document(s); rows removed: "
               + ", ".join(f"{table} {n}" for table, n in sorted(report.removed.items()) if n))
+        if rel_path is not None and report.names > 1:
+            print(f"  {report.names} spellings of {rel_path!r} (the same name in another Unicode normalisation) "
+                  "were erased")
         print("  an audit record (no text, no path) is in `erasures`; deletion_replay checks it")
-    return 0
+    return EXIT_OK
 
 
 def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
@@ -392,17 +412,21 @@ def cmd_search(args: argparse.Namespace, settings: Settings | None) -> int:
         raise UsageError(f"search needs --labels (the caller's ACL labels), or --service URL (or "
                          f"{SEARCH_URL_VARIABLE}) to ask a running rag-pipeline serve with your token")
     else:
-        from rag_pipeline.retrieval.search import SearchOptions, search
+        from rag_pipeline import store
+        from rag_pipeline.retrieval.search import SearchOptions, fetch, finish, plan
         from rag_pipeline.store.database import connect
 
         assert settings is not None  # loaded for every search of the database (main)
         with connect(_index_url(settings)) as conn:
-            version = None
             if args.index_version is not None:
                 version = _searchable_version(conn, args.index_version)
-            hits = [hit.to_dict() for hit in search(conn, args.query, args.labels, k=args.k or settings.retrieval.k,
-                                                    mode=args.mode, version=version,
-                                                    options=SearchOptions.from_settings(settings))]
+            else:
+                version = store.versions.active_version(conn)
+            planned = plan(args.query, args.labels, k=args.k or settings.retrieval.k, mode=args.mode,
+                           version=version, options=SearchOptions.from_settings(settings))
+            fetched = fetch(conn, planned)
+        # The connection is closed before a reranker is asked: it may take until the search's deadline.
+        hits = [hit.to_dict() for hit in finish(planned, fetched).hits]
     if args.json:
         _print_json(hits)
         return 0
@@ -460,7 +484,12 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.index_command == "build":
         from rag_pipeline.defs.runs import run_index_build
+        from rag_pipeline.embedding.locations import ModelArgumentError, check_model_argument
 
+        try:  # before anything starts: not a model name nor a model folder is a usage error (exit 2)
+            check_model_argument(args.model)
+        except ModelArgumentError as exc:
+            raise UsageError(str(exc)) from None
         _prepare_instance(settings)
         summary = run_index_build(settings, args.model)
         if args.json:
@@ -572,7 +601,10 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.write(json_schema_text())
     else:
         print(f"# {settings.config_file or 'no configuration file: defaults and environment'}")
-        print(json.dumps(settings.model_dump(mode="json", by_alias=True), indent=2))
+        from rag_pipeline.endpoints.redaction import redact_value
+
+        # Passwords in URLs (the database's, an object store's endpoint) and secret query values are masked.
+        print(json.dumps(redact_value(settings.model_dump(mode="json", by_alias=True)), indent=2))
     return 0
 
 
@@ -674,6 +706,11 @@ def build_parser() -> argparse.ArgumentParser:
     target = erase.add_mutually_exclusive_group(required=True)
     target.add_argument("--doc", metavar="SOURCE:PATH", help="one document, by source and path")
     target.add_argument("--source", metavar="NAME", help="every document of a source")
+    erase.add_argument("--confirm", action="store_true",
+                       help="erase a source that is still in the configuration (refused without it, exit 4)")
+    erase.add_argument("--undo", action="store_true",
+                       help="re-admit: an erased document back at its source is held until this is run for it "
+                            "(--doc SOURCE:PATH, or --source NAME for every held one of a source)")
     erase.add_argument("--json", action="store_true", help="print one JSON object")
     erase.set_defaults(func=cmd_erase)
     doc = sub.add_parser("doc", help="the document a ref in Dagster's UI (#123) names")
@@ -685,7 +722,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(func=cmd_gc)
     ingest.add_argument("--confirm-deletions", action="append", metavar="SOURCE",
                         help="carry out the deletions a scan of SOURCE held back (its root was empty, or more than "
-                             "its max_deletion_share of documents were gone); repeatable")
+                             "its max_deletion_share of documents were gone), or hold the documents of SOURCE that "
+                             "left the configuration; repeatable")
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
     ingest.set_defaults(func=cmd_ingest)
 
@@ -731,7 +769,8 @@ def build_parser() -> argparse.ArgumentParser:
     index_list.add_argument("--json", action="store_true", help=JSON_HELP)
     index_list.set_defaults(func=cmd_index)
     index_build = index_sub.add_parser("build", help="build a version for another model beside the active one")
-    index_build.add_argument("--model", required=True, help="sentence-transformers name or local folder")
+    index_build.add_argument("--model", required=True, help="sentence-transformers name, or a folder holding a model "
+                             "(modules.json or config.json at its top)")
     index_build.add_argument("--json", action="store_true", help=JSON_HELP)
     index_build.set_defaults(func=cmd_index)
     index_promote = index_sub.add_parser("promote", help="make a version active, if its gates pass")
@@ -745,7 +784,8 @@ def build_parser() -> argparse.ArgumentParser:
     index_promote.add_argument("--force", metavar="REASON",
                                help="promote even if a gate fails; the reason is recorded with the promotion")
     index_promote.set_defaults(func=cmd_index)
-    index_sub.add_parser("rollback", help="re-activate the previous version").set_defaults(func=cmd_index)
+    index_sub.add_parser("rollback", help="re-activate the version active before the current one (older; only goes "
+                         "back)").set_defaults(func=cmd_index)
     index_retire = index_sub.add_parser("retire", help="drop a version that is not active")
     index_retire.add_argument("version", type=int, metavar="V", help="the index version to drop (not the active one)")
     index_retire.set_defaults(func=cmd_index)
@@ -774,16 +814,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rag_pipeline.endpoints.redaction import install_log_redaction, keep_secrets_of, redact_credentials
+
     args = build_parser().parse_args(argv)
+    install_log_redaction()  # no log line of this process (a run's included) shows a credential
     try:
         settings = None
         if not _service_url(args):  # a search through a running service reads no configuration: the service's apply
             from rag_pipeline.config import load_settings
 
             settings = load_settings(args.config)
+            keep_secrets_of(settings.model_dump(mode="json"))
         return args.func(args, settings)
     except (MissingExtraError, UsageError) as exc:  # MissingExtraError: the install lacks what the command needs
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact_credentials(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
         # An error of a class whose module was never imported cannot have been raised: looked up, not imported
@@ -793,7 +837,7 @@ def main(argv: list[str] | None = None) -> int:
             return tuple(c for c in found if isinstance(c, type))
 
         if isinstance(exc, raised("rag_pipeline.config.ConfigError")):
-            print(f"configuration error: {exc}", file=sys.stderr)
+            print(f"configuration error: {redact_credentials(str(exc))}", file=sys.stderr)
             return EXIT_USAGE
         usage = raised("rag_pipeline.retrieval.search.SearchError", "rag_pipeline.retrieval.evaluation.GoldenSetError",
                        "rag_pipeline.stages.chunk.ModelMismatchError")
@@ -802,15 +846,15 @@ def main(argv: list[str] | None = None) -> int:
                           "rag_pipeline.lifecycle.erasure.ErasureError", "psycopg.OperationalError",
                           "rag_pipeline.retrieval.integrations.client.SearchServiceError")  # e.g. no server there
         if isinstance(exc, usage):  # the request or settings are wrong
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {redact_credentials(str(exc))}", file=sys.stderr)
             return EXIT_USAGE
         if isinstance(exc, refused):
-            print(f"refused: {exc}", file=sys.stderr)
+            print(f"refused: {redact_credentials(str(exc))}", file=sys.stderr)
             return EXIT_REFUSED
         if isinstance(exc, reported):
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {redact_credentials(str(exc))}", file=sys.stderr)
         else:  # unexpected: the traceback is what a bug report needs
-            traceback.print_exc()
+            print(redact_credentials(traceback.format_exc()), end="", file=sys.stderr)
         return EXIT_ERROR
 
 

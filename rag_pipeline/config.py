@@ -3,8 +3,8 @@
 Precedence (highest first): environment variables (`ENV_OVERRIDES`), the YAML file, built-in defaults.
 The YAML file is `--config`, else `$RAG_CONFIG`, else `./rag_pipeline.yaml` when it exists. Relative paths
 in it are relative to the file. Every mistake is refused with the file and the path of the key
-(`rag_pipeline.yaml: sources[0].acl_label: unknown key; did you mean acl_labels?`); `rag-pipeline config
-schema` prints the JSON Schema editors validate the file with.
+(`rag_pipeline.yaml: sources[0].acl_label: unknown key; did you mean acl_labels?`), a key written twice with
+both its lines; `rag-pipeline config schema` prints the JSON Schema editors validate the file with.
 """
 
 from __future__ import annotations
@@ -565,6 +565,11 @@ class RerankerConfig(_Section):
     timeout_seconds: float = Field(10.0, gt=0, le=600, description="one request's limit")
     max_retries: int = Field(2, ge=0, le=10, description="retries of a failed request (429, 5xx, timeouts)")
     passage_chars: int = Field(2000, ge=100, le=100_000, description="each passage sent is cut to this length")
+    breaker_failures: int = Field(5, ge=1, le=1000, description="an endpoint that fails this many searches in a row "
+                                  "is not called for breaker_cooldown_seconds (the fused order stands), then tried "
+                                  "by one search")
+    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=3600, description="how long an endpoint the breaker "
+                                            "opened on is left alone (longer when its Retry-After asks for more)")
 
     _resolve_model = field_validator("model", mode="before")(_relative_to_file)
 
@@ -662,6 +667,10 @@ class RetrievalConfig(_Section):
                                   "rest its own: 0 ranks chunks alone, 1 ranks pages")
     query: QueryConfig = Field(default_factory=QueryConfig)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
+    search_deadline_seconds: float = Field(5.0, gt=0, le=600, description="a search's time for its reranker, "
+                                           "counted from the search's start: an endpoint reranker that has not "
+                                           "answered by then (slow, throttling, failing) is skipped and the fused "
+                                           "order stands; the database part has its own limits")
 
 
 class ExecutionConfig(_Section):
@@ -899,13 +908,63 @@ def _config_path(explicit: str | Path | None) -> Path | None:
     return candidate.resolve() if candidate.exists() else None
 
 
+class DuplicateKeyError(ValueError):
+    """A mapping of a YAML document names one key twice."""
+
+
+_YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def load_yaml(text: str) -> Any:
+    """A YAML document as yaml.safe_load reads it, except that a key written twice in one mapping, at any depth, is
+    refused (DuplicateKeyError naming the key's path and both lines). YAML says keys are unique; PyYAML keeps the
+    last one silently, so a second `acl_labels` or `sources:` would quietly replace the first."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(root: yaml.Node) -> None:
+    pending: list[tuple[yaml.Node, str]] = [(root, "")]
+    visited: set[int] = set()  # an alias is the same node again (and may refer to itself)
+    while pending:
+        node, where = pending.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                if key.tag == _YAML_MERGE_TAG or not isinstance(key, yaml.ScalarNode):
+                    # `<<: *defaults` may be overridden key by key, as YAML's merge means
+                    pending.append((value, where))
+                    continue
+                at = f"{where}.{key.value}" if where else key.value
+                line = key.start_mark.line + 1
+                if (key.tag, key.value) in lines:
+                    raise DuplicateKeyError(f"{at}: key given twice in one mapping (lines "
+                                            f"{lines[key.tag, key.value]} and {line}); keep one")
+                lines[key.tag, key.value] = line
+                pending.append((value, at))
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"configuration file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""

@@ -238,7 +238,7 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
             assert execution["runId"] == latest_run_id and execution["status"] == "SUCCEEDED", name
             assert execution["evaluation"]["success"], (name, execution["evaluation"]["description"])
         assert {name for name, check in checks.items() if check["blocking"]} == {
-            "deletion_replay", "acl_coverage", "index_drift"}
+            "staleness", "deletion_replay", "acl_coverage", "index_drift"}  # staleness: ERROR only for a failed scan
         quality = checks["retrieval_quality"]["executionForLatestMaterialization"]["evaluation"]
         assert "against_baseline" in {entry["label"] for entry in quality["metadataEntries"]}
         assert "recall@10" in quality["description"]

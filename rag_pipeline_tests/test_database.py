@@ -280,3 +280,84 @@ def test_the_file_identity_migration_upgrades_documents_the_previous_main_left(p
             discover(url, [SourceConfig(name="docs", root=root, acl_labels=("staff",))])
             status, file_id, links = conn.execute("SELECT status, file_id, file_links FROM documents").fetchone()
             assert status == "indexed" and file_id == f"{info.st_dev}:{info.st_ino}" and links == 1
+
+
+def test_the_scan_failure_migration_upgrades_the_sources_the_previous_main_left(pg_admin_url, tmp_path):
+    """Migration 005 on a database at 004 (the schema main left at b988343): a registered source keeps its scans and
+    gains no failure; a failed scan is kept on its row and fails staleness at once, a completed scan clears it."""
+    from datetime import UTC, datetime
+
+    from rag_pipeline.config import SourceConfig
+    from rag_pipeline.lifecycle.checks import staleness
+    from rag_pipeline.store.database import ensure_database
+    from rag_pipeline.store.scans import ReconcileCounts
+
+    previous = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, previous)
+    for path in (previous / "migrations").glob("*.sql"):
+        if path.name >= "005":
+            path.unlink()
+    name = f"upgrade_{uuid.uuid4().hex[:10]}"
+    ensure_database(pg_admin_url, name)
+    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+    try:
+        assert migrate(url, previous)[-1] == "004_source_labelling.sql"
+        with connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds, "
+                         "last_scan_started_at, last_scan_completed_at) VALUES ('s', '/x', '{}', 86400, now(), now())")
+        assert "005_source_scan_failures.sql" in migrate(url)
+        source = SourceConfig(name="s", root=Path("/x"), acl_labels=("staff",))
+        with connect(url, autocommit=True) as conn:
+            assert conn.execute("SELECT last_scan_failed_at, last_scan_failure FROM sources").fetchone() == (None, None)
+            assert staleness(conn, [source]).passed
+            store.sources.record_scan_failure(conn, "s", "PermissionDenied: access denied")
+            failed = staleness(conn, [source])
+            assert not failed.passed and failed.error and "s: its latest scan failed (PermissionDenied" in failed.summary
+            store.sources.record_scan(conn, "s", datetime.now(UTC), ReconcileCounts())
+            assert staleness(conn, [source]).passed
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_the_erased_documents_migration_upgrades_the_database_the_previous_main_left(pg_admin_url, tmp_path):
+    """Migration 007 on a database at 004 (the schema main left at b988343) with documents and an erasure: the rows
+    are kept, `held_erased` is a status with exactly the transitions status.py lists, and 'readmit' an audit scope."""
+    from rag_pipeline.domain.status import DOCUMENT_TRANSITIONS
+    from rag_pipeline.store.database import ensure_database
+
+    previous = tmp_path / "sql"
+    shutil.copytree(SQL_DIR, previous)
+    for path in (previous / "migrations").glob("*.sql"):
+        if path.name >= "005":
+            path.unlink()
+    name = f"upgrade_{uuid.uuid4().hex[:10]}"
+    ensure_database(pg_admin_url, name)
+    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
+    try:
+        assert migrate(url, previous)[-1] == "004_source_labelling.sql"
+        with connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) "
+                         "VALUES ('s', '/x', '{}', 60)")
+            for status in ("indexed", "held_bad_sidecar"):
+                conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                                       acl_labels, status)
+                                VALUES (%s, 's', %s, 'f', 1, now(), '{staff}', %s)""", (status, f"{status}.md", status))
+            conn.execute("INSERT INTO erasures (subject, scope, removed) VALUES ('ab', 'document', '{}')")
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute("UPDATE documents SET status = 'held_erased' WHERE doc_id = 'indexed'")
+        assert "007_erased_documents_held.sql" in migrate(url)
+        with connect(url, autocommit=True) as conn:
+            assert dict(conn.execute("SELECT doc_id, status FROM documents").fetchall()) == {
+                "indexed": "indexed", "held_bad_sidecar": "held_bad_sidecar"}
+            rows = {tuple(r) for r in conn.execute("SELECT from_status, to_status FROM document_status_transitions")}
+            assert rows == {(str(a), str(b)) for a, targets in DOCUMENT_TRANSITIONS.items() for b in targets}
+            conn.execute("UPDATE documents SET status = 'held_erased' WHERE doc_id IN ('indexed', 'held_bad_sidecar')")
+            conn.execute("UPDATE documents SET status = 'pending_parse' WHERE doc_id = 'indexed'")
+            with pytest.raises(psycopg.errors.CheckViolation):  # released to parsing or chunking only
+                conn.execute("UPDATE documents SET status = 'indexed' WHERE doc_id = 'held_bad_sidecar'")
+            conn.execute("INSERT INTO erasures (subject, scope, removed) VALUES ('ab', 'readmit', '{}')")
+            assert [r[0] for r in conn.execute("SELECT scope FROM erasures ORDER BY id")] == ["document", "readmit"]
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -314,6 +314,10 @@ def test_a_writer_planned_before_a_scan_narrowed_the_labels_writes_the_narrowed_
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "memo.md").write_text(port_note(3))
+    # Written well before the scan: a file the next scan finds racily clean would be parsed again (its planned
+    # write then finds it claimed back), which is not the race this test is about.
+    an_hour_ago = time.time() - 3600
+    os.utime(corpus / "memo.md", (an_hour_ago, an_hour_ago))
     source = {"name": "port", "root": str(corpus), "acl_labels": ["staff", "legal"]}
     settings = make_settings(sources=[source])
     discover(db_url, settings.sources)

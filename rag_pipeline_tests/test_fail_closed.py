@@ -395,13 +395,14 @@ def test_erase_removes_a_document_everywhere_and_records_it_without_its_path(clo
     assert path not in str(audit) and doc_id not in str(audit) and "q3" not in str(audit)
     replay = checks.deletion_replay(conn)
     assert replay.passed and replay.numbers["erased_documents"] == 1
-    # The file is still at its source: the next scan brings it back, and deletion_replay says so.
+    # The file is still at its source: the next scan holds it (nothing of it parsed or served) until re-admitted.
     discover(url, settings.sources)
+    assert _status(conn, path)[0] == "held_erased"
     replay = checks.deletion_replay(conn)
-    assert not replay.passed and "erased documents have rows again" in replay.summary
+    assert replay.passed and replay.numbers["erased_held"] == 1
     # From the command line: a whole source, JSON out.
     out = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(settings.config_file), "erase",
-                          "--source", "sample", "--json"], capture_output=True, text=True,
+                          "--source", "sample", "--confirm", "--json"], capture_output=True, text=True,
                          env={**os.environ, "RAG_PIPELINE_ERASURE_KEY": key})
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["documents"] >= 5
@@ -418,7 +419,10 @@ def test_a_source_removed_from_the_configuration_is_not_served_until_it_comes_ba
                           {"name": "other", "root": str(other), "acl_labels": ["staff"]}])
     _ingest(both)
     assert "public/canteen.md" in _paths(db, "executive", "staff")
-    summary = _ingest(make_settings([{"name": "other", "root": str(other), "acl_labels": ["staff"]}]))
+    with DagsterInstance.ephemeral() as instance:  # holding a source that left needs confirming (see the next test)
+        summary = run_ingest(make_settings([{"name": "other", "root": str(other), "acl_labels": ["staff"]}]),
+                             instance=instance, confirm_deletions=["docs"])
+    assert summary["success"], summary.get("errors")
     assert any(p["source"] == "docs" and "removed from the configuration" in p["problem"]
                for p in summary["problems"])
     assert _paths(db, "executive", "staff") == {"note.md"}  # at once: nothing of the removed source is served
@@ -426,6 +430,65 @@ def test_a_source_removed_from_the_configuration_is_not_served_until_it_comes_ba
     _ingest(both)  # back in the configuration: served again (vectors from the embedding cache)
     assert "public/canteen.md" in _paths(db, "executive", "staff")
     assert _status(db, "public/canteen.md") == ("indexed", None)
+
+
+def test_an_ingest_with_another_configuration_holds_nothing_until_confirmed(make_settings, tmp_path, db, capsys,
+                                                                           monkeypatch):
+    """Issue 47, case 5, on b988343: one `ingest` with another configuration file (a wrong RAG_CONFIG, a typo in a
+    source's name) held every document of the sources it lacks and emptied their search, exit 0. Now it holds
+    nothing and exits 4, and staleness says why, until the removal is confirmed as deletions are."""
+    from rag_pipeline.cli import main
+
+    for name in ("DAGSTER_HOME", "RAG_DAGSTER_POSTGRES_URL"):  # the CLI sets them in os.environ: undone afterwards
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    docs = {"name": "docs", "root": str(_corpus(tmp_path / "docs")), "acl_labels": ["staff"]}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "note.md").write_text("# Note\n\nThe executive lounge opens at eight.\n")
+    _ingest(make_settings([docs, {"name": "other", "root": str(other), "acl_labels": ["staff"]}]))
+    wrong = make_settings([docs])
+
+    assert main(["--config", str(wrong.config_file), "ingest", "--json"]) == 4
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["success"] and summary["deletions_held"] == 1 and summary["held"] == 0
+    assert any(p["source"] == "other" and "NOT held" in p["problem"] and "--confirm-deletions other" in p["problem"]
+               for p in summary["problems"])
+    assert _status(db, "note.md") == ("indexed", None) and "note.md" in _paths(db, "executive lounge", "staff")
+    outcome = checks.staleness(db, wrong.sources)
+    assert not outcome.passed and not outcome.error
+    assert "other: 1 deletions held (the source is not in the configuration any more" in outcome.summary
+    assert "--confirm-deletions other" in outcome.summary
+
+    assert main(["--config", str(wrong.config_file), "ingest", "--json", "--confirm-deletions", "other"]) == 0
+    assert json.loads(capsys.readouterr().out)["held"] == 1
+    assert _status(db, "note.md")[0] == "held_source_removed" and "note.md" not in _paths(db, "executive lounge",
+                                                                                         "staff")
+    assert "deletions held" not in checks.staleness(db, wrong.sources).summary
+
+
+def test_a_file_rewritten_in_the_clock_tick_its_scan_began_is_parsed_again(make_settings, tmp_path, db):
+    """Issue 47, case 1, for folders, on b988343: a file rewritten in place (same inode, same size) within one tick
+    of the file system's clock after a scan listed it keeps the fingerprint that scan stored, and its new text was
+    never read. Deterministic: the file's time is set after the scan's start and set back after the rewrite."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    path = root / "rota.md"
+    path.write_text("# Rota\n\nThe night shift starts at ten.\n")
+    stamp = time.time_ns() + 5 * 10**9  # not older than the scan's start, as a write in the tick it began in
+    os.utime(path, ns=(stamp, stamp))
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    _ingest(settings)
+    inode = path.stat().st_ino
+    with open(path, "r+") as handle:  # in place: same inode, same size
+        handle.write("# Rota\n\nThe night shift starts at six.\n")
+    os.utime(path, ns=(stamp, stamp))  # the clock has not ticked since
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (inode, stamp)
+    summary = _ingest(settings)
+    assert summary["changed"] == 1 and summary["parsed"] == 1
+    texts = [r[0] for r in db.execute("SELECT c.text FROM chunks c JOIN documents d USING (doc_id) "
+                                      "WHERE d.rel_path = 'rota.md'").fetchall()]
+    assert any("starts at six" in t for t in texts) and not any("starts at ten" in t for t in texts)
 
 
 def test_sidecars_that_cannot_be_stored_or_misname_labels_hold_and_links_to_sidecars_are_skipped(db_url, tmp_path, db):
@@ -808,3 +871,142 @@ def test_a_launched_run_is_judged_only_on_the_host_that_launched_it():
             instance.report_engine_event("Started process for run", run, EngineEventData.in_process(gone_pid))
         assert worker_gone(instance, elsewhere) is None
         assert "is gone" in worker_gone(instance, here)
+
+
+NFC_NAME, NFD_NAME = "public/caf\u00e9.md", "public/cafe\u0301.md"  # one name to a person, two keys to a file system
+
+
+def _stats_text(url: str) -> str:
+    """Every value the planner's statistics keep for the index database's tables (pg_stats), as text."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return "\n".join(str(row) for row in conn.execute(
+            "SELECT tablename, attname, most_common_vals::text, histogram_bounds::text FROM pg_stats "
+            "WHERE schemaname = 'public'").fetchall())
+
+
+def test_erasure_leaves_no_path_in_check_metadata_compute_logs_or_statistics_and_erases_every_spelling(
+        make_settings, tmp_path, db, pg_admin_url, monkeypatch, capsys):
+    """Issue 47, case 7, on b988343: a held document's folder path stayed in Dagster's storage (the folder sidecar
+    named in acl_coverage's metadata), the compute logs of CLI runs named a dead-lettered document's path, pg_stats
+    kept erased paths and text until the next ANALYZE, and erasing `café.md` erased one of its two spellings."""
+    import subprocess
+    import sys
+
+    import psycopg
+
+    from rag_pipeline.cli import main
+    from rag_pipeline.lifecycle.erasure import erase
+    from rag_pipeline.store.database import ensure_database
+
+    monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", "k" * 32)
+    root = _corpus(tmp_path / "docs")
+    (root / "okapi-folder").mkdir()
+    (root / "okapi-folder" / "_meta.json").write_text('{"acl_labels": ["hr"],}')  # broken: the folder is held
+    (root / "okapi-folder" / "plan.md").write_text("# Plan\n\nThe okapi reorganisation starts in May.\n")
+    (root / "public" / "broken-ledger.pdf").write_bytes(b"%PDF-1.7\n1 0 obj << /Type /Catalog >>\ntrunc")
+    (root / NFC_NAME).write_text("# Wombat\n\nThe wombat tasting menu of the staff canteen.\n")
+    (root / NFD_NAME).write_text("# Narwhal\n\nThe narwhal tasting menu of the staff canteen.\n")
+    dagster_db = f"dagster_{tmp_path.name[-8:].replace('-', '_')}"
+    ensure_database(pg_admin_url, dagster_db)
+    dagster_url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=dagster_db)
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}],
+                             dagster_database_url=dagster_url)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    ingest = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(settings.config_file), "ingest"],
+                            capture_output=True, text=True, timeout=600)  # its compute logs are the CLI's own
+    assert ingest.returncode == 0, ingest.stderr[-3000:]
+    assert "dead-lettered docs #" in ingest.stderr  # the log line that named the path: by ref now
+    home = settings.data_dir / "dagster_home"
+    assert _status(db, "okapi-folder/plan.md")[0] == "held_bad_sidecar"
+    assert _status(db, "public/broken-ledger.pdf")[0] == "dead_letter"
+    assert db.execute("SELECT count(*) FROM documents WHERE rel_path IN (%s, %s) AND status = 'indexed'",
+                      (NFC_NAME, NFD_NAME)).fetchone()[0] == 2
+    db.execute("ANALYZE")  # what autovacuum does on its own schedule
+    assert "okapi-folder" in _stats_text(settings.database_url)
+    erase(settings.database_url, "docs", "okapi-folder/plan.md")
+    erase(settings.database_url, "docs", "public/broken-ledger.pdf")
+    # Typed as NFC: the NFD spelling is the same name, and the command says how many it erased.
+    assert main(["--config", str(settings.config_file), "erase", "--doc", f"docs:{NFC_NAME}", "--json"]) == 0
+    erased = json.loads(capsys.readouterr().out)
+    assert erased["documents"] == 2 and erased["names"] == 2
+    assert db.execute("SELECT count(*) FROM documents WHERE rel_path IN (%s, %s)",
+                      (NFC_NAME, NFD_NAME)).fetchone()[0] == 0
+    needles = ("okapi", "broken-ledger", "caf\u00e9", "cafe\u0301", "wombat", "narwhal")
+    stats = _stats_text(settings.database_url)
+    assert "canteen" in stats  # statistics are there, of what was not erased
+    assert not [needle for needle in needles if needle in stats.lower()], stats
+    dump = _pg_dump(dagster_url)
+    assert "#" in dump
+    assert not [needle for needle in needles if needle in dump], "Dagster's storage names an erased document"
+    logs = [path for path in home.rglob("*") if path.is_file() and path.name != "dagster.yaml"]
+    assert logs  # the run's compute logs were written
+    for path in logs:
+        text = path.read_text(errors="replace")
+        assert not [needle for needle in needles if needle in text], f"{path} names an erased document"
+
+
+def test_erasing_a_configured_source_needs_confirming_and_what_comes_back_is_held_until_readmitted(
+        make_settings, tmp_path, db, monkeypatch, capsys):
+    """Issue 47, case 8, on b988343: `erase --source` of a live configured source erased it at once, the next ingest
+    indexed every document again, and deletion_replay failed every run until `erasures` was edited by hand."""
+    from rag_pipeline.cli import main
+    from rag_pipeline.lifecycle.erasure import subject
+
+    key = "k" * 32
+    monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", key)
+    root = _corpus(tmp_path / "docs")
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    config = ["--config", str(settings.config_file)]
+    _ingest(settings)
+    assert _paths(db, "executive", "staff,hr") == {"public/canteen.md", "hr/salaries.md"}
+    # Refused unless confirmed, exit 4 as for the other guarded deletions; nothing erased.
+    assert main([*config, "erase", "--source", "docs"]) == 4
+    refusal = capsys.readouterr().err
+    assert "source docs is in the configuration" in refusal and "--confirm" in refusal
+    assert db.execute("SELECT count(*) FROM documents").fetchone()[0] == 2
+    assert main([*config, "erase", "--source", "docs", "--confirm", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["documents"] == 2
+    # The files are still there: the next ingests hold them (nothing parsed, nothing served), and say why.
+    for _ in range(2):
+        _ingest(settings)
+        assert _status(db, "hr/salaries.md")[0] == "held_erased" and "erase --undo" in _status(db, "hr/salaries.md")[1]
+        assert _paths(db, "executive", "staff,hr") == set()
+        assert db.execute("SELECT count(*) FROM document_pages").fetchone()[0] == 0
+        replay = checks.deletion_replay(db)
+        assert replay.passed and replay.numbers["erased_held"] == 2, replay.summary
+    # Without the key erased documents cannot be recognised: a new document is held too, until a scan with the key.
+    (root / "public" / "new.md").write_text("# New\n\nThe executive shuttle leaves at six.\n")
+    monkeypatch.delenv("RAG_PIPELINE_ERASURE_KEY")
+    _ingest(settings)
+    assert _status(db, "public/new.md")[0] == "held_erased" and "not checked" in _status(db, "public/new.md")[1]
+    assert _status(db, "hr/salaries.md")[0] == "held_erased"
+    monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", key)
+    _ingest(settings)
+    assert _status(db, "public/new.md") == ("indexed", None) and _status(db, "hr/salaries.md")[0] == "held_erased"
+    # Re-admitted by name (recorded in the audit table by HMAC): indexed again at the next ingest.
+    assert main([*config, "erase", "--undo", "--doc", "docs:hr/salaries.md"]) == 0
+    capsys.readouterr()
+    (doc_id,) = db.execute("SELECT doc_id FROM documents WHERE rel_path = 'hr/salaries.md'").fetchone()
+    assert db.execute("SELECT scope FROM erasures WHERE subject = %s ORDER BY id DESC LIMIT 1",
+                      (subject(key.encode(), doc_id),)).fetchone()[0] == "readmit"
+    assert main([*config, "erase", "--undo", "--doc", "docs:hr/never-erased.md"]) == 5  # nothing to re-admit
+    assert "nothing to re-admit" in capsys.readouterr().err
+    _ingest(settings)
+    assert _paths(db, "salary", "hr") == {"hr/salaries.md"}
+    assert _status(db, "public/canteen.md")[0] == "held_erased"  # the others wait for their own re-admission
+    assert checks.deletion_replay(db).passed
+    assert main([*config, "erase", "--undo", "--source", "docs", "--json"]) == 0  # every held one of the source
+    assert json.loads(capsys.readouterr().out) == {"readmitted": 1}
+    _ingest(settings)
+    assert _status(db, "public/canteen.md") == ("indexed", None)
+    # An erased document indexed again before it could be held (as the release before this one did): named by ref
+    # and HMAC, never by path, and held (passing) at the next ingest.
+    store.erasure.record_erasures(db, [subject(key.encode(), doc_id)], "document", {})
+    replay = checks.deletion_replay(db)
+    (ref,) = db.execute("SELECT ref FROM documents WHERE doc_id = %s", (doc_id,)).fetchone()
+    assert not replay.passed and f"#{ref} (erasure {subject(key.encode(), doc_id)[:12]})" in replay.summary
+    assert "salaries" not in replay.summary and "erase --undo" in replay.summary
+    _ingest(settings)
+    assert _status(db, "hr/salaries.md")[0] == "held_erased" and checks.deletion_replay(db).passed

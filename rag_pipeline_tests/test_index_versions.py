@@ -170,3 +170,84 @@ def test_deletions_in_the_middle_of_a_build_reach_both_versions_before_and_after
         assert run_ingest(settings, instance=instance)["success"]
         assert rows_of_deleted() == {v1.version_id: 0, v2.version_id: 0}
         assert checks.deletion_replay(db).passed and checks.index_drift(db).passed
+
+
+def test_rollback_only_goes_back_and_is_refused_with_nothing_older(clone, capsys):
+    """`index rollback` run again goes further back, never forward to the version the last rollback left (issue 47,
+    case 9); with nothing older it is refused (exit 3) and the active version stays."""
+    from rag_pipeline import cli
+    from rag_pipeline.defs.index_versions import SHARDS
+
+    conn, settings = clone
+    url, rollback = conn.info.dsn, ["--config", str(settings.config_file), "index", "rollback"]
+    first = store.versions.active_version(conn)
+    v1 = first.version_id
+
+    def build_and_promote() -> int:  # the same weights as v1: every vector comes from the embedding cache
+        version = blue_green.start_version_build(url, settings, first.embedding_model)
+        for shard in range(SHARDS):
+            blue_green.backfill_version(url, settings, version.version_id, shard, SHARDS)
+        with conn.transaction():
+            blue_green.promote(conn, version.version_id, blue_green.check_gates(conn, version))
+        return version.version_id
+
+    def active() -> int:
+        return store.versions.active_version(conn).version_id
+
+    v2, v3 = build_and_promote(), build_and_promote()
+    assert cli.main(rollback) == cli.EXIT_OK and active() == v2
+    # After a rollback and a new promotion, back is the version active before the new one (v2), not the one rolled
+    # back from (v3), though both are older.
+    v4 = build_and_promote()
+    assert cli.main(rollback) == cli.EXIT_OK and active() == v2
+    assert cli.main(rollback) == cli.EXIT_OK and active() == v1  # the starting code toggled forward to v4 here
+    capsys.readouterr()
+    assert cli.main(rollback) == cli.EXIT_REFUSED and active() == v1
+    said = capsys.readouterr()
+    assert "nothing to roll back to" in said.err and f"v{v1}" in said.err and "rolled back" not in said.out
+    events = conn.execute("SELECT version_id, detail->>'rolled_back' FROM index_version_events"
+                          " WHERE event = 'rollback' ORDER BY id").fetchall()
+    assert events == [(v2, str(v3)), (v2, str(v4)), (v1, str(v2))]
+
+
+def test_index_build_takes_only_a_model_name_or_a_model_folder(clone, tmp_path):
+    """`index build --model` with anything but a model name or a folder holding a model is refused up front: exit 2,
+    one line, nothing walked, hashed or registered (issue 47, case 9: `--model /etc` hashed /etc, then a traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    from rag_pipeline import cli
+    from rag_pipeline.embedding.locations import ModelArgumentError, check_model_argument
+
+    conn, settings = clone
+    versions_before = conn.execute("SELECT count(*) FROM index_versions").fetchone()[0]
+    # A folder whose walk would block: hashing reads its FIFO, which has no writer.
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    os.mkfifo(not_a_model / "weights.bin")
+    (not_a_model / "tokenizer.json").write_text("{}")
+
+    def build(model: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(settings.config_file),
+                               "index", "build", "--model", model], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+    for model, reason in (("/etc", "not a model folder"), (str(not_a_model), "not a model folder"),
+                          ("onnx-int8:/etc", "not a model folder")):
+        refused = build(model)
+        assert refused.returncode == cli.EXIT_USAGE, refused.stderr[-2000:]
+        assert refused.stderr.strip().splitlines() == [f"error: --model {model.removeprefix('onnx-int8:')}: "
+                                                       f"{reason} (it has no modules.json or config.json at its top)"]
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 64)
+    for model, reason in ((str(tmp_path / "weights.bin"), "not a folder"), ("/no/such/model", "no such folder"),
+                          ("../no-such-model-folder", "no such folder"), ("all MiniLM", "not a model name"), ("", "not a model")):
+        with pytest.raises(ModelArgumentError, match=reason):
+            check_model_argument(model)
+        assert cli.main(["--config", str(settings.config_file), "index", "build", "--model", model]) == cli.EXIT_USAGE
+    assert conn.execute("SELECT count(*) FROM index_versions").fetchone()[0] == versions_before
+    # Names (resolved later: packaged, installed, the hub's cache) and model folders pass.
+    model_folder = resolve_model("all-MiniLM-L6-v2").location
+    for model in ("all-MiniLM-L6-v2", "sentence-transformers/all-mpnet-base-v2", "onnx-int8:all-MiniLM-L6-v2",
+                  model_folder, f"onnx-int8:{model_folder}", "remote:nomic-embed-text:latest"):
+        check_model_argument(model)

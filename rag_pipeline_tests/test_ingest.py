@@ -197,8 +197,10 @@ def test_a_missing_source_root_deletes_nothing(make_settings, corpus, instance, 
     moved = Path(str(corpus) + "-unmounted")
     corpus.rename(moved)
     summary = run_ingest(settings, instance=instance)
-    assert summary["success"] and summary["deleted"] == 0
+    # Nothing deleted, and loud: the run fails through staleness, which names the missing root (issue 47, case 5).
+    assert not summary["success"] and summary["deleted"] == 0 and summary["scans_failed"] == ["sample"]
     assert summary["problems"] and "missing" in summary["problems"][0]["problem"]
+    assert "sample: its latest scan failed (root folder" in summary["checks"]["staleness"]["summary"]
     assert db.execute("SELECT count(*) FROM documents").fetchone()[0] == count
 
 

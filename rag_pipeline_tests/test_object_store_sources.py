@@ -6,8 +6,10 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +31,7 @@ from rag_pipeline.sources.object_stores import (
     metadata_labels,
     scan_objects,
 )
-from rag_pipeline.stages.discover import discover
+from rag_pipeline.stages.discover import RACY_MARGIN, discover
 from rag_pipeline_tests.object_servers import (
     AzuriteServer,
     FakeGcsServer,
@@ -195,15 +197,16 @@ def test_a_listing_that_fails_changes_nothing_and_an_empty_one_deletes_nothing(b
     # Access denied by the server's policy: this identity may read another bucket only.
     denied = bucket("s3", identity=OUTSIDER)
     denied_entry = {**box.source(), "credentials_env": denied.entry["credentials_env"]}
-    summary = _ingest(make_settings, instance, denied_entry)
+    summary = run_ingest(make_settings([denied_entry]), instance=instance)  # a failed scan fails the run
+    assert not summary["success"] and summary["scans_failed"] == ["bucket"]
     assert any("scan failed, nothing of this source changed" in p["problem"] for p in summary["problems"])
     assert _documents(db_url) == before
 
     # A server that is down: the same, after the client's bounded retries.
     s3.kill()
     try:
-        summary = _ingest(make_settings, instance, box.source(max_retries=1, request_timeout_seconds=5))
-        assert any("scan failed" in p["problem"] for p in summary["problems"])
+        summary = run_ingest(make_settings([box.source(max_retries=1, request_timeout_seconds=5)]), instance=instance)
+        assert not summary["success"] and any("scan failed" in p["problem"] for p in summary["problems"])
         assert _documents(db_url) == before
     finally:
         s3.start()
@@ -273,6 +276,7 @@ def test_labels_from_object_metadata(kind, bucket, db_url, make_settings, instan
     box.put("d.md", LEAVE, metadata={"acl_labels": '["hr"]'})
     box.put("d.md.meta.json", json.dumps({"acl_labels": ["staff"]}).encode())  # two places say who reads
     source = box.source(labels_from="metadata")
+    time.sleep(RACY_MARGIN.total_seconds() + 1)  # else the scan after the first finds them racily clean: read again
     first = _ingest(make_settings, instance, source)
     documents = _documents(db_url)
     assert documents["a.md"] == ("indexed", ["hr", "exec"])
@@ -334,6 +338,61 @@ def test_a_file_changed_while_held_is_parsed_again_on_release(bucket, make_setti
     assert released["objects_downloaded"] == 1 and released["parsed"] == 1
     text = _indexed_text(db_url, "a.md")
     assert "Rewritten while held" in text and "Economy class" not in text
+
+
+def test_a_metadata_copy_that_relabels_moves_the_chunks_and_survives_an_index_build(bucket, s3, make_settings,
+                                                                                   instance, db):
+    """Issue 47, case 2: an S3 copy in place with new `acl_labels` metadata (same bytes, same ETag) changed the
+    document's labels but left its chunk in the old label set's near-duplicate group; the same text under the old
+    labels was then invisible to its readers, and an index build left the active version broken."""
+    import time
+
+    from rag_pipeline.defs.runs import run_index_build
+    from rag_pipeline.embedding.locations import resolve_model
+    from rag_pipeline.lifecycle import blue_green, checks
+    from rag_pipeline.retrieval.search import search
+    from rag_pipeline.text import dedup
+
+    def group_keys(rel_path: str) -> set[str]:
+        return {r[0] for r in db.execute(
+            """SELECT g.acl_key FROM chunks c JOIN documents d USING (doc_id)
+               LEFT JOIN chunk_groups g ON g.group_id = c.group_id WHERE d.rel_path = %s""", (rel_path,))}
+
+    def readers_find(labels: list[str]) -> set[str]:
+        return {hit.path for hit in search(db, "how long is the travel receipt kept", labels, k=10, mode="hybrid")}
+
+    def ingest() -> dict:
+        summary = run_ingest(settings, instance=instance)
+        assert summary["success"], summary.get("errors")
+        return summary
+
+    box = bucket("s3")
+    box.put("a.md", TRAVEL, metadata={"acl_labels": '["staff"]'})
+    settings = make_settings([box.source(labels_from="metadata")])
+    ingest()
+    assert group_keys("a.md") == {dedup.acl_key(["staff"])}
+    time.sleep(1.1)  # a listing time of another second (the same second is case 1's)
+    key = f"{box.prefix}/a.md"
+    s3.admin().copy_object(Bucket=box.name, Key=key, CopySource={"Bucket": box.name, "Key": key},
+                           Metadata={"acl_labels": '["hr"]'}, MetadataDirective="REPLACE")
+    relabelled = ingest()
+    assert relabelled["vectors_embedded"] == 0
+    assert group_keys("a.md") == {dedup.acl_key(["hr"])}
+    box.put("b.md", TRAVEL, metadata={"acl_labels": '["staff"]'})  # the same text under the old labels
+    ingest()
+    assert group_keys("b.md") == {dedup.acl_key(["staff"])}
+
+    build = run_index_build(settings, resolve_model("all-MiniLM-L6-v2").location, instance=instance)
+    assert build["success"] and build["status"] == "ready", build
+    outcomes = {"index_drift": checks.index_drift(db), "acl_coverage": checks.acl_coverage(db),
+                "deletion_replay": checks.deletion_replay(db)}
+    assert all(o.passed for o in outcomes.values()), {name: o.summary for name, o in outcomes.items()}
+    assert readers_find(["staff"]) == {"b.md"} and readers_find(["hr"]) == {"a.md"}
+    v2 = store.versions.get_version(db, build["version"])
+    with db.transaction():
+        blue_green.promote(db, v2.version_id, blue_green.check_gates(db, v2))
+    assert readers_find(["staff"]) == {"b.md"} and readers_find(["hr"]) == {"a.md"}
+    assert all(ingest()["checks"][name]["passed"] for name in ("index_drift", "acl_coverage", "deletion_replay"))
 
 
 def test_moving_every_object_is_held_by_the_deletion_guard(bucket, db_url):
@@ -602,3 +661,120 @@ def test_a_command_line_object_store_source_is_registered_with_its_url(db):
     (registered,) = store.sources.registered_sources(db, "command_line")
     assert registered.root == "gs://docs/team/" and registered.store_scheme == "gs"
     assert registered.acl_labels == ("staff",)
+
+
+def test_content_encoded_objects_are_decoded_within_the_size_cap_or_dead_lettered(bucket, s3, make_settings,
+                                                                                 instance, db_url):
+    """An object stored with `Content-Encoding: gzip` (or deflate) is parsed as its type, not as compressed bytes;
+    its decoded size counts against parsing.max_file_bytes (a gzip bomb is too_large); a coding not decoded, or a
+    body that is not what its coding says, is dead-lettered naming it (issue 47, case 9)."""
+    import gzip
+    import zlib
+
+    box = bucket("s3")
+
+    def put(key: str, data: bytes, encoding: str) -> None:
+        s3.admin().put_object(Bucket=box.name, Key=f"{box.prefix}/{key}", Body=data, ContentEncoding=encoding,
+                              ContentType="text/markdown")
+
+    put("gzipped.md", gzip.compress(TRAVEL), "gzip")
+    put("deflated.md", zlib.compress(EXPENSES), "deflate")
+    bomb = gzip.compress(b"# Bomb\n\n" + b"a" * 4_000_000)  # 4 MB of text in 4 KB
+    put("bomb.md", bomb, "gzip")
+    put("brotli.md", LEAVE, "br")
+    put("lying.md", LEAVE, "gzip")  # says gzip, is not
+    box.put("plain.md", LEAVE)
+    summary = _ingest(make_settings, instance, box.source(), parsing={"max_file_bytes": 1_000_000})
+    assert len(bomb) < 1_000_000 and summary["bytes_downloaded"] < 1_000_000  # only the encoded bytes travel
+    assert "Economy class for flights under six hours" in _indexed_text(db_url, "gzipped.md")
+    assert "need a director's approval" in _indexed_text(db_url, "deflated.md")
+    assert "Sixteen weeks" in _indexed_text(db_url, "plain.md")
+    with psycopg.connect(db_url) as conn:
+        dead = {path: (reason, detail) for path, reason, detail in conn.execute(
+            "SELECT d.rel_path, l.reason, l.detail FROM dead_letters l JOIN documents d USING (doc_id)").fetchall()}
+    assert set(dead) == {"bomb.md", "brotli.md", "lying.md"}
+    assert dead["bomb.md"][0] == "too_large" and "parsing.max_file_bytes is 1,000,000" in dead["bomb.md"][1]
+    assert dead["brotli.md"][0] == "unsupported" and "Content-Encoding 'br'" in dead["brotli.md"][1]
+    assert dead["lying.md"][0] == "corrupt" and "gzip" in dead["lying.md"][1]
+    for path in dead:
+        assert _indexed_text(db_url, path) == ""
+
+
+def _at_the_start_of_a_second() -> None:
+    time.sleep(1.02 - time.time() % 1)
+
+
+def test_a_relabel_by_metadata_copy_in_the_second_the_scan_listed_is_seen(bucket, s3, db_url):
+    """Issue 47, case 1: listing times have one-second resolution and a metadata copy keeps the ETag, so an object
+    copied in place with new labels in the second the last scan listed it has the fingerprint that scan stored.
+    Deterministic: the test retries until the copy has exactly the listed time and ETag of the put, and the scan
+    started in that same second (a rule comparing full-precision times would call the object clean)."""
+    box = bucket("s3")
+    admin = s3.admin()
+    config = box.config(labels_from="metadata")
+    for attempt in range(6):
+        key = f"a{attempt}.md"
+        _at_the_start_of_a_second()
+        box.put(key, TRAVEL, metadata={"acl_labels": '["staff"]'})
+        put = admin.head_object(Bucket=box.name, Key=f"{box.prefix}/{key}")
+        discover(db_url, [config])
+        admin.copy_object(Bucket=box.name, Key=f"{box.prefix}/{key}", MetadataDirective="REPLACE",
+                          CopySource={"Bucket": box.name, "Key": f"{box.prefix}/{key}"},
+                          Metadata={"acl_labels": '["hr"]'})
+        copied = admin.head_object(Bucket=box.name, Key=f"{box.prefix}/{key}")
+        with psycopg.connect(db_url) as conn:
+            started = conn.execute("SELECT last_scan_started_at FROM sources WHERE name = 'bucket'").fetchone()[0]
+        if (copied["LastModified"], copied["ETag"]) == (put["LastModified"], put["ETag"]) \
+                and started.replace(microsecond=0) == put["LastModified"]:
+            break
+    else:
+        pytest.fail("could not put, scan and copy within one second in 6 tries")
+    assert copied["Metadata"] == {"acl_labels": '["hr"]'} and _documents(db_url)[key] == ("pending_parse", ["staff"])
+    time.sleep(RACY_MARGIN.total_seconds() + 1)  # so that the scan after this one finds every object clean
+    stats = discover(db_url, [config])
+    assert stats.relabelled == 1 and stats.per_source["bucket"]["metadata_reads"] >= 1
+    assert _documents(db_url)[key] == ("pending_parse", ["hr"])
+    # This scan started well after every write: the objects are clean now, their labels are taken as stored.
+    assert discover(db_url, [config]).per_source["bucket"]["metadata_reads"] == 0
+
+
+def test_a_source_that_cannot_be_scanned_fails_the_run_and_staleness_at_once(bucket, make_settings, db_url,
+                                                                             tmp_path, monkeypatch, capsys):
+    """Issue 47, case 5: a scan that fails (here the credentials are missing from the environment, as in a daemon
+    started without them) fails the run and `ingest` exits 1, once the other sources are scanned and indexed, and
+    `staleness` fails for that source at once with severity ERROR; the next scan that completes clears it."""
+    from rag_pipeline.cli import main
+    from rag_pipeline.lifecycle import checks
+
+    for name in ("DAGSTER_HOME", "RAG_DAGSTER_POSTGRES_URL"):  # the CLI sets them in os.environ: undone afterwards
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    box = bucket("s3")
+    box.put("a.md", TRAVEL)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "one.md").write_text("# One\n\nThe first note of the folder.\n")
+    settings = make_settings([box.source(), {"name": "folder", "root": str(folder), "acl_labels": ["staff"]}])
+    ingest = ["--config", str(settings.config_file), "ingest", "--json"]
+    assert main(ingest) == 0
+    capsys.readouterr()
+
+    secret = os.environ["TEST_S3_READER_SECRET"]
+    monkeypatch.delenv("TEST_S3_READER_SECRET")
+    (folder / "two.md").write_text("# Two\n\nThe second note of the folder.\n")
+    assert main(ingest) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert not summary["success"] and summary["scans_failed"] == ["bucket"]
+    assert summary["new"] == 1 and summary["parsed"] == 1  # the folder was scanned and indexed all the same
+    assert any(p["source"] == "bucket" and "scan failed" in p["problem"] and "TEST_S3_READER_SECRET" in p["problem"]
+               for p in summary["problems"])
+    staleness = summary["checks"]["staleness"]
+    assert not staleness["passed"] and staleness["severity"] == "ERROR"
+    assert "bucket: its latest scan failed" in staleness["summary"] and "TEST_S3_READER_SECRET" in staleness["summary"]
+    with psycopg.connect(db_url) as conn:
+        outcome = checks.staleness(conn, settings.sources)
+    assert not outcome.passed and outcome.error and "bucket" in outcome.summary and "folder" not in outcome.summary
+
+    monkeypatch.setenv("TEST_S3_READER_SECRET", secret)
+    assert main(ingest) == 0
+    assert json.loads(capsys.readouterr().out)["checks"]["staleness"]["passed"]

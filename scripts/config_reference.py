@@ -67,7 +67,7 @@ Other variables the pipeline reads (not configuration keys):
 |---|---|
 | `RAG_CONFIG` | the configuration file, when `--config` is not given |
 | `DAGSTER_HOME` | Dagster instance folder. Unset: the project's own, `<data_dir>/dagster_home`, whose `dagster.yaml` the CLI generates (runs in Postgres beside the index; a database password is read from `RAG_DAGSTER_POSTGRES_URL`, never written to the file). Set: your instance, whose `dagster.yaml` is never written |
-| `RAG_PIPELINE_ERASURE_KEY` | the HMAC key (at least 16 characters) that names erased documents in the audit log; `rag-pipeline erase` refuses to run without it |
+| `RAG_PIPELINE_ERASURE_KEY` | the HMAC key (at least 16 characters) that names erased documents in the audit log; `rag-pipeline erase` refuses to run without it. Set it wherever ingest runs (the daemon included): a scan recognises an erased document back at its source by it, and without it holds every new (or held) document once anything was erased |
 | `RAG_SEARCH_TOKEN` | the API token `rag-pipeline search --service` and the LangChain and LlamaIndex retrievers send by default (the search carries its labels) |
 | `RAG_SEARCH_URL` | a running `rag-pipeline serve` that `rag-pipeline search` asks instead of the database (as `--service URL`; `--labels` and `--index-version` are then refused) |
 | `OMP_WAIT_POLICY` | set to `PASSIVE` by the package before torch loads, unless already set (spinning OpenMP threads take the cores the database needs) |

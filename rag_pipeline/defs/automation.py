@@ -10,6 +10,7 @@ from rag_pipeline.config import Settings
 from rag_pipeline.defs.housekeeping import housekeeping_job
 from rag_pipeline.defs.ingestion import DiscoverConfig, sources_to_scan
 from rag_pipeline.defs.resources import Rag
+from rag_pipeline.endpoints.redaction import redact_credentials
 from rag_pipeline.lifecycle.alerts import AlertSender, Observation, transitions
 from rag_pipeline.sources import kinds
 
@@ -57,7 +58,8 @@ def source_changes_sensor(settings: Settings) -> dg.SensorDefinition:
                 if source.store_scheme is None:
                     raise  # a folder's digest does not fail on what it cannot read: this is a bug, shown as one
                 context.log.warning(f"source {source.name}: cannot be listed ({type(exc).__name__}: "
-                                    f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); no change assumed")
+                                    f"{redact_credentials(str(exc).splitlines()[0])[:200] if str(exc) else ''}); "
+                                    "no change assumed")
                 if source.name in cursor["digests"]:
                     digests[source.name] = cursor["digests"][source.name]
         changed = sorted(name for name, digest in digests.items() if cursor["digests"].get(name) != digest)

@@ -4,15 +4,18 @@
 The checks that protect what readers see (deletions honoured, labels on every row, one model per version)
 fail with severity ERROR and are blocking: anything downstream of `search_index` in the same run does
 not materialize, and the run fails. The others report a WARN when they fail; `retrieval_quality` reports an
-ERROR but blocks nothing (a version swap has its own promotion gates).
+ERROR but blocks nothing (a version swap has its own promotion gates). `staleness` is blocking too but fails
+with ERROR only for a source whose latest scan failed: a late source warns, a source that cannot be scanned fails
+the run.
 """
 
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from rag_pipeline.defs.metadata import document_table
+from rag_pipeline.defs.metadata import document_table, without_credentials
 from rag_pipeline.defs.resources import Rag
+from rag_pipeline.endpoints.redaction import redact_credentials
 from rag_pipeline.lifecycle.checks import CHECKS, CheckOutcome, IndexCheck, run_check
 from rag_pipeline.store.database import connect
 
@@ -23,8 +26,11 @@ if TYPE_CHECKING:
 def _result(outcome: CheckOutcome, severity: dg.AssetCheckSeverity, conn) -> dg.AssetCheckResult:
     metadata: dict = {"summary": outcome.summary, **outcome.numbers}
     metadata.update({name: document_table(conn, t.header, t.rows) for name, t in outcome.tables.items()})
+    # A check that reports a source's failed scan repeats its error, which may name an endpoint's URL.
     return dg.AssetCheckResult(
-        passed=outcome.passed, severity=severity, description=outcome.summary, metadata=metadata
+        passed=outcome.passed, severity=dg.AssetCheckSeverity.ERROR if outcome.error else severity,
+        description=redact_credentials(outcome.summary),
+        metadata=without_credentials(metadata),
     )
 
 

@@ -19,12 +19,17 @@ from rag_pipeline.defs.index_versions import (
 from rag_pipeline.defs.ingestion import executor, ingest_job, ingestion_assets
 from rag_pipeline.defs.io import RUN_OUTPUTS, RunOutputsIOManager
 from rag_pipeline.defs.resources import RagResource, fixed_resource
+from rag_pipeline.endpoints.redaction import install_log_redaction, keep_secrets_of
 
 
 def build_definitions(settings: Settings, *, own_code_location: bool = True) -> dg.Definitions:
     """Bind resources and configuration in one place. In the project's own code location, with one document step
     on one machine, every job runs its steps in the run's process, "Materialize all" included; a Component inside
     a user's project leaves their default alone (its ingest job names its own executor)."""
+    # Every process that runs the pipeline builds these (the CLI, the code server, a run's or a step's worker):
+    # from here on no log record of it, and so no compute log or Dagster event it writes, shows a credential.
+    install_log_redaction()
+    keep_secrets_of(settings.model_dump(mode="json"))
     ingestion, (backfill,), checks = keyed_under(
         settings.asset_key_prefix, ingestion_assets(settings), [index_version_backfill], index_checks)
     health_job = index_health_job(checks)

@@ -10,6 +10,7 @@ from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import Rag
 from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.domain.status import VersionStatus
+from rag_pipeline.embedding.locations import ModelArgumentError
 from rag_pipeline.lifecycle import blue_green
 from rag_pipeline.store.database import connect
 
@@ -68,7 +69,10 @@ class StartBuildConfig(dg.Config):
 
 @dg.op(description="Register an index version for a new embedding model, in status 'building'.")
 def start_index_version(context: dg.OpExecutionContext, config: StartBuildConfig, rag: Rag) -> int:
-    version = blue_green.start_version_build(rag.database_url(), rag.settings(), config.model)
+    try:
+        version = blue_green.start_version_build(rag.database_url(), rag.settings(), config.model)
+    except (ModelArgumentError, blue_green.VersionError) as exc:  # the message says it all: no traceback
+        raise dg.Failure(str(exc)) from None
     context.log.info(
         f"{version.label} ({version.embedding_model}, {version.dimensions} dims) is building: launch a "
         "backfill of build_index_version over all partitions, then promote_index_version"

@@ -41,7 +41,8 @@ class DiscoverConfig(dg.Config):
     """Which configured sources to scan (all when empty), and which may delete beyond their guard."""
 
     sources: list[str] = []  # names of configured sources; a run cannot name a folder or labels of its own
-    confirm_deletions: list[str] = []  # sources whose held deletions (an emptied root, a mass deletion) are meant
+    # Sources whose held deletions (an emptied root, a mass deletion) are meant, or that left the configuration.
+    confirm_deletions: list[str] = []
 
 
 # Sources given on the command line (`rag-pipeline ingest --source NAME=PATH`), set only around the CLI's own
@@ -65,7 +66,7 @@ def command_line_sources(sources: list[SourceConfig]) -> Iterator[None]:
 class ScanPlan:
     sources: list[SourceConfig]
     origin: str  # how these sources are registered: "config" or "command_line"
-    removed: list[str]  # configured sources no longer in the configuration: their documents are held
+    removed: list[str]  # configured sources no longer in the configuration: their documents are held if confirmed
 
 
 def sources_to_scan(rag: Rag, config: DiscoverConfig) -> ScanPlan:
@@ -81,11 +82,24 @@ def sources_to_scan(rag: Rag, config: DiscoverConfig) -> ScanPlan:
     if unknown:
         raise dg.Failure(f"sources not configured: {', '.join(unknown)}; a run scans configured sources only "
                          f"(known: {', '.join(sorted(known)) or 'none'})")
-    unconfirmable = sorted(set(config.confirm_deletions) - known.keys())
+    unconfirmable = sorted(set(config.confirm_deletions) - known.keys() - set(removed))
     if unconfirmable:  # a typo must not look like a confirmation that was given
         raise dg.Failure(f"confirm_deletions names sources not configured: {', '.join(unconfirmable)}")
     chosen = [known[name] for name in config.sources] if config.sources else list(known.values())
     return ScanPlan(chosen, "config", removed)
+
+
+def confirmable_sources(settings: Settings, named: list[str]) -> list[str]:
+    """Which of `named` may confirm deletions: configured sources, and those the database knows (a source given on
+    an earlier command line, or one that left the configuration, whose documents wait to be held)."""
+    configured = {s.name for s in settings.sources}
+    if set(named) <= configured:
+        return list(named)
+    from rag_pipeline.store.database import resolve_urls
+
+    with connect(resolve_urls(settings).index) as conn:
+        registered = {s.name for s in store.sources.registered_sources(conn)}
+    return [name for name in named if name in configured | registered]
 
 
 def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, rag: Rag):
@@ -107,6 +121,7 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
             "relabelled_without_reembedding": stats.relabelled,
             "newly_held": stats.held,
             "deletions_held": stats.deletions_held,
+            "scans_failed": len(stats.scans_failed),  # the run fails through the staleness check
             "seconds": round(stats.seconds, 3),
             "per_source": typed_table(
                 ("source", "seen", "new", "changed", "deleted", "relabelled", "held", "deletions held",

@@ -9,6 +9,7 @@ import psycopg
 
 from rag_pipeline import store
 from rag_pipeline.domain.refs import document_name, without_path
+from rag_pipeline.endpoints.redaction import redact_credentials, redact_value
 from rag_pipeline.stages.chunk import ChunkStats
 from rag_pipeline.stages.index import IndexStats
 from rag_pipeline.stages.parse import ParseStats
@@ -34,13 +35,31 @@ def typed_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> dg.Meta
     def cell(value: Any, kind: str) -> Any:
         if value is None or kind != "string":
             return value
-        return str(value)
+        return redact_credentials(str(value))  # a problem's text may name an object store's URL
 
     return dg.MetadataValue.table(
         records=[dg.TableRecord({name: cell(value, kind) for name, value, kind in zip(header, row, types, strict=True)})
                  for row in rows],
         schema=dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in zip(header, types, strict=True)]),
     )
+
+
+def without_credentials(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Metadata as Dagster may keep it: no credential in any text of it (tables, JSON, text, Markdown)."""
+    return {name: _without_credentials(value) for name, value in metadata.items()}
+
+
+def _without_credentials(value: Any) -> Any:
+    if isinstance(value, dg.TableMetadataValue):
+        return dg.MetadataValue.table(records=[dg.TableRecord(redact_value(dict(r.data))) for r in value.records],
+                                      schema=value.schema)
+    if isinstance(value, dg.JsonMetadataValue):
+        return dg.MetadataValue.json(redact_value(value.data))
+    if isinstance(value, dg.TextMetadataValue):
+        return dg.MetadataValue.text(redact_credentials(value.text))
+    if isinstance(value, dg.MarkdownMetadataValue):
+        return dg.MetadataValue.md(redact_credentials(value.md_str))
+    return redact_value(value)
 
 
 def index_totals(conn: psycopg.Connection) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import yaml
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.ingestion import STAGE_STATS
 from rag_pipeline.defs.run_monitoring import fail_dead_runs, worker_tags
+from rag_pipeline.endpoints.redaction import redact_credentials
 from rag_pipeline.store.database import sqlalchemy_url
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ def _root_cause(error: Any) -> str:
     """The innermost error Dagster wrapped ("Error occurred while executing op" says nothing)."""
     while getattr(error, "cause", None) is not None:
         error = error.cause
-    message = " ".join(str(error.message).split())
+    message = redact_credentials(" ".join(str(error.message).split()))  # printed by the CLI: no credential
     if error.cls_name in _CONNECTION_ERRORS:
         message = f"lost the database connection ({message}); nothing half-written is kept, run again"
     return message
@@ -200,13 +201,14 @@ def run_ingest(
     NAME=PATH folders from the command line (with default `labels`), scanned instead of the configured ones."""
     from rag_pipeline.config import ConfigError, SourceConfig, parse_labels
     from rag_pipeline.defs.code_location import build_definitions
-    from rag_pipeline.defs.ingestion import command_line_sources
+    from rag_pipeline.defs.ingestion import command_line_sources, confirmable_sources
 
     adhoc = [SourceConfig.from_cli(spec, parse_labels(labels)) for spec in sources or []]
     clashes = sorted({s.name for s in adhoc} & {s.name for s in settings.sources})
     if clashes:  # a command line must not redefine a configured source's folder or labels
         raise ConfigError(f"--source {', '.join(clashes)}: a configured source has that name; pick another name")
-    unknown = sorted(set(confirm_deletions or []) - {s.name for s in (*settings.sources, *adhoc)})
+    unknown = sorted(set(confirm_deletions or []) - {s.name for s in adhoc}
+                     - set(confirmable_sources(settings, confirm_deletions or [])))
     if unknown:  # a typo must not look like a confirmation that was given
         raise ConfigError(f"--confirm-deletions {', '.join(unknown)}: no such source (configured: "
                           f"{', '.join(s.name for s in settings.sources) or 'none'})")

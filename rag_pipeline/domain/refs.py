@@ -12,6 +12,7 @@ from typing import Any
 
 NO_DOCUMENT = "(no document)"
 SIDECAR_SUFFIX = ".meta.json"  # sources.FILE_SIDECAR_SUFFIX (not imported: this module stays a leaf)
+FOLDER_SIDECAR = "_meta.json"  # sources.FOLDER_SIDECAR
 
 
 def document_name(ref: int | None) -> str:
@@ -24,9 +25,23 @@ def ref_of_name(name: str) -> int | None:
 
 
 def without_path(value: Any, rel_path: str, name: str) -> Any:
-    """A text with the document's path, and its sidecar's name (its file name + .meta.json), replaced by its
-    name. Only these: a bare file name as short as `a` would garble the rest of the text."""
+    """A text with the document's path, its sidecar's name (its file name + .meta.json) and the folder sidecars
+    above it replaced by its name. Only these: a bare file name as short as `a` would garble the rest of the text."""
     if not isinstance(value, str) or not rel_path:
         return value
     sidecar = rel_path.rsplit("/", 1)[-1] + SIDECAR_SUFFIX
-    return value.replace(rel_path, name).replace(sidecar, name + SIDECAR_SUFFIX)
+    value = value.replace(rel_path, name).replace(sidecar, name + SIDECAR_SUFFIX)
+    # The folder sidecars above it (a held document's reason names the one that cannot be read): named from the
+    # document, `#12/../_meta.json` for the one beside it, so that no folder name is kept either. Deepest first.
+    folders = rel_path.split("/")[:-1]
+    for depth in range(len(folders), 0, -1):
+        folder_sidecar = "/".join(folders[:depth]) + "/" + FOLDER_SIDECAR
+        value = value.replace(folder_sidecar, name + "/.." * (len(folders) - depth + 1) + "/" + FOLDER_SIDECAR)
+    return value
+
+
+def in_log(source: str, rel_path: str, ref: int | None, message: object = "") -> tuple[str, str]:
+    """How a log line names a document (`source #12`) and the message about it, without its path: what a process
+    logs may be kept (Dagster's compute logs), and must not outlive the document's erasure."""
+    name = document_name(ref)
+    return f"{source} {name}", without_path(str(message), rel_path, name)

@@ -17,7 +17,8 @@ A document's life:
     any state --> pending_parse (the file changed) or held_* (default-deny: held_no_labels without ACL labels,
                   held_bad_sidecar when a sidecar that applies cannot be read or validated, held_hard_link for a
                   file with other names that may carry other labels, held_source_removed when its source left
-                  the configuration); a held document has nothing in the index
+                  the configuration, held_erased when an erased document is back at its source and was not
+                  re-admitted); a held document has nothing in the index
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class DocumentStatus(StrEnum):
     HELD_BAD_SIDECAR = "held_bad_sidecar"
     HELD_HARD_LINK = "held_hard_link"
     HELD_SOURCE_REMOVED = "held_source_removed"
+    HELD_ERASED = "held_erased"
 
 
 class VersionStatus(StrEnum):
@@ -47,7 +49,7 @@ class VersionStatus(StrEnum):
 D, V = DocumentStatus, VersionStatus
 
 # Held back from the index, each for its reason (see above).
-DOCUMENT_HELD = (D.HELD_NO_LABELS, D.HELD_BAD_SIDECAR, D.HELD_HARD_LINK, D.HELD_SOURCE_REMOVED)
+DOCUMENT_HELD = (D.HELD_NO_LABELS, D.HELD_BAD_SIDECAR, D.HELD_HARD_LINK, D.HELD_SOURCE_REMOVED, D.HELD_ERASED)
 _HELD = frozenset(DOCUMENT_HELD)
 
 DOCUMENT_TRANSITIONS: dict[DocumentStatus, frozenset[DocumentStatus]] = {

@@ -69,6 +69,44 @@ def resolve_model(name: str, models_dir: Path | None = None) -> ResolvedModel:
     return ResolvedModel(name, name)
 
 
+class ModelArgumentError(ModelUnavailableError):
+    """A model given by a user (`index build --model`) is neither a model name nor a folder holding a model."""
+
+
+# A name as the Hugging Face hub spells a repository ('all-MiniLM-L6-v2', 'BAAI/bge-small-en-v1.5').
+_MODEL_NAME = re.compile(r"(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}")
+# What sentence-transformers (and the ONNX export, which loads the same folder) needs at a folder's top.
+MODEL_FOLDER_FILES = ("modules.json", "config.json")
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_model_argument(backend_model: str) -> None:
+    """Refuse, before anything is loaded, walked or hashed, a model that is neither a name (a packaged, installed or
+    hub model, resolved later) nor a folder with a model at its top (MODEL_FOLDER_FILES): `--model /etc` would
+    otherwise hash every file under /etc as its weights. An existing path is judged as a folder, as resolve_model
+    takes it; a remote model's name is the endpoint's to judge, unless it is a path."""
+    backend, name = split_backend(backend_model)
+    if not name.strip() or _CONTROL_CHARACTERS.search(name):
+        raise ModelArgumentError(f"--model {backend_model!r}: not a model name nor a folder")
+    path = Path(name).expanduser()
+    try:
+        if path.exists():
+            if not path.is_dir():
+                raise ModelArgumentError(f"--model {name}: not a folder; give a model name or a folder holding a "
+                                         "sentence-transformers model")
+            if not any((path / file).is_file() for file in MODEL_FOLDER_FILES):
+                raise ModelArgumentError(f"--model {name}: not a model folder (it has no "
+                                         f"{' or '.join(MODEL_FOLDER_FILES)} at its top)")
+            return
+    except OSError as exc:  # e.g. a folder this user may not enter
+        raise ModelArgumentError(f"--model {name}: {exc.strerror or exc}") from None
+    if backend == "remote" and not name.startswith(("/", "~", ".")):
+        return  # the name the endpoint serves (embedding.endpoint_model may rename it)
+    if not _MODEL_NAME.fullmatch(name) or ".." in name:
+        raise ModelArgumentError(f"--model {name!r}: no such folder, and not a model name (like all-MiniLM-L6-v2 "
+                                 "or sentence-transformers/all-mpnet-base-v2)")
+
+
 def require_local_models() -> None:
     import importlib.util
 

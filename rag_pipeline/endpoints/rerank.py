@@ -6,20 +6,26 @@
 * `chat`: an OpenAI-compatible chat model as a listwise reranker (RankGPT's prompt): the passages numbered, the model
   answers with their numbers best first; a passage it leaves out keeps its fused order after the ones it ranked.
 
-Both have a timeout per request and bounded retries (429, 5xx, timeouts, with Retry-After); an endpoint that gives
-no usable answer raises EndpointError, and the search then keeps the fused order (rag_pipeline.retrieval.search).
+Both have a timeout per request and bounded retries (429, 5xx, timeouts, with Retry-After), all within the search's
+deadline: a Retry-After longer than the time left is not waited for. A circuit breaker per endpoint stops calling one
+that keeps failing. An endpoint that gives no usable answer raises RerankUnavailable (an EndpointError) saying why,
+and the search then keeps the fused order (rag_pipeline.retrieval.search).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import re
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import httpx
 
 from rag_pipeline.config import RerankerConfig
-from rag_pipeline.endpoints.chat import RETRYABLE_STATUS, ChatClient, EndpointError
+from rag_pipeline.endpoints.chat import RETRYABLE_STATUS, EndpointError
 from rag_pipeline.endpoints.http_client import json_client
 from rag_pipeline.endpoints.http_retry import retry_after_seconds
 from rag_pipeline.endpoints.redaction import redact, redact_url
@@ -33,7 +39,70 @@ Query: {query}
 
 Answer only with the passage numbers, most relevant first, like [2] > [1] > [3]. Leave out passages that do not \
 help."""
-MAX_RETRY_WAIT = 30.0  # seconds: a Retry-After longer than this is not waited for inside a search
+MAX_RETRY_WAIT = 30.0  # seconds: a Retry-After longer than this is not waited for, even without a deadline
+SKIP_REASONS = ("deadline", "throttled", "failed", "breaker_open")
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RerankUnavailable(EndpointError):
+    """No ranking from the endpoint for this search. `reason`: deadline (no answer in the time left), throttled (a
+    Retry-After longer than the time left), failed (errors after the retries) or breaker_open (not called)."""
+
+    def __init__(self, reason: str, message: str, retry_after: float = 0.0):
+        super().__init__(message)
+        self.reason, self.retry_after = reason, retry_after
+
+
+class CircuitBreaker:
+    """Closed: calls go through. After `failures` failed calls in a row it opens: no call for `cooldown` seconds
+    (or until a Retry-After the endpoint sent, if later), then one trial call while the others still skip; the
+    trial's success closes it, its failure opens it again."""
+
+    def __init__(self, failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic):
+        self.failures, self.cooldown, self._clock = failures, cooldown, clock
+        self._lock = threading.Lock()
+        self._in_a_row = 0
+        self._open_until: float | None = None  # None: closed
+        self._trial = False  # the one call let through after the cool-down is in flight
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            if self._open_until is None:
+                return "closed"
+            return "half_open" if self._clock() >= self._open_until else "open"
+
+    def allow(self) -> bool:
+        """Whether to call now; a True after the cool-down is the trial call, and must be followed by
+        succeeded() or failed()."""
+        with self._lock:
+            if self._open_until is None:
+                return True
+            if self._clock() < self._open_until or self._trial:
+                return False
+            self._trial = True
+            return True
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._in_a_row, self._open_until, self._trial = 0, None, False
+
+    def failed(self, retry_after: float = 0.0) -> bool:
+        """Counts a failed call; True when it opened the breaker. A Retry-After opens it at once, for as long as it
+        asks: the endpoint said when to come back."""
+        with self._lock:
+            self._in_a_row += 1
+            was_closed, now, until = self._open_until is None, self._clock(), None
+            if self._trial or self._in_a_row >= self.failures:
+                until = now + self.cooldown
+            if retry_after > 0:
+                until = max(until or now, now + retry_after)
+            if until is not None:
+                self._open_until = max(until, self._open_until or until)
+            self._trial = False
+            return was_closed and self._open_until is not None
 
 
 class EndpointReranker:
@@ -44,60 +113,99 @@ class EndpointReranker:
             raise ValueError("retrieval.reranker.endpoint is not set")
         self.config = config
         self.endpoint = config.endpoint.rstrip("/")
-        if config.protocol == "chat":
-            self._chat = ChatClient(self.endpoint, config.endpoint_model or "", api_key_env=config.api_key_env,
-                                    timeout_seconds=config.timeout_seconds, max_retries=config.max_retries,
-                                    transport=transport)
-        else:
-            self._client = json_client(self.endpoint, api_key_env=config.api_key_env,
-                                       timeout_seconds=config.timeout_seconds, transport=transport)
+        self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_seconds)
+        self._client = json_client(self.endpoint, api_key_env=config.api_key_env,
+                                   timeout_seconds=config.timeout_seconds, transport=transport)
 
     def close(self) -> None:
-        (self._chat if self.config.protocol == "chat" else self._client).close()
+        self._client.close()
 
-    def scores(self, query: str, passages: Sequence[str]) -> list[float]:
+    def scores(self, query: str, passages: Sequence[str], deadline: float | None = None) -> list[float]:
+        """One score per passage, by `deadline` (time.monotonic(); None: the retries' own limits only), or
+        RerankUnavailable saying why not. Calls go through the breaker: one that is open raises at once."""
         if not passages:
             return []
+        if not self.breaker.allow():
+            raise RerankUnavailable("breaker_open", f"{redact_url(self.endpoint)} not called: its circuit breaker is "
+                                    f"open after {self.config.breaker_failures} failed searches in a row or a "
+                                    "Retry-After")
         passages = [p[: self.config.passage_chars] for p in passages]
-        if self.config.protocol == "chat":
-            return self._listwise(query, passages)
-        return self._rerank(query, passages)
+        try:
+            if self.config.protocol == "chat":
+                scores = self._listwise(query, passages, deadline)
+            else:
+                scores = self._post("/rerank", self._rerank_body(query, passages), deadline,
+                                    lambda answer: _scores_from(answer, len(passages)))
+        except RerankUnavailable as exc:
+            if self.breaker.failed(exc.retry_after):
+                log.warning("reranker %s: circuit breaker open, not called for %.0f s: %s", redact_url(self.endpoint),
+                            max(self.config.breaker_cooldown_seconds, exc.retry_after), exc)
+            raise
+        except BaseException:
+            self.breaker.failed()
+            raise
+        self.breaker.succeeded()
+        return scores
 
-    def _rerank(self, query: str, passages: list[str]) -> list[float]:
+    def _rerank_body(self, query: str, passages: list[str]) -> dict[str, object]:
         body: dict[str, object] = {"query": query, "documents": passages, "texts": passages,
                                    "top_n": len(passages), "return_documents": False, "return_text": False}
         if self.config.endpoint_model:
             body["model"] = self.config.endpoint_model
+        return body
+
+    def _post(self, path: str, body: dict[str, object], deadline: float | None, read: Callable[[Any], T]) -> T:
+        """`read` of the JSON answer to a POST, retried (429, 5xx, timeouts, an answer `read` refuses) while time is
+        left. No wait, request or Retry-After outlives `deadline`: what would is skipped instead."""
+        deadline = math.inf if deadline is None else deadline
         delay, last_error = 0.5, "no attempt made"
+
+        def unavailable(reason: str, why: str, retry_after: float = 0.0) -> RerankUnavailable:
+            # The endpoint's path or query may hold a key: errors (which reach logs) name its host only.
+            return RerankUnavailable(reason, f"{redact_url(self.endpoint)} {path} gave no ranking ({reason}): "
+                                     f"{redact(why, self.endpoint)}", retry_after)
+
         for attempt in range(self.config.max_retries + 1):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise unavailable("deadline", f"no answer within the search's deadline; last: {last_error}")
             wait = delay
             try:
-                response = self._client.post("/rerank", json=body)
+                response = self._client.post(path, json=body, timeout=min(self.config.timeout_seconds, left))
                 if response.status_code == 200:
-                    return _scores_from(response.json(), len(passages))
+                    return read(response.json())
                 last_error = f"HTTP {response.status_code}: {response.text[:200]}"
                 if response.status_code not in RETRYABLE_STATUS and response.status_code < 500:
-                    break
-                wait = max(delay, retry_after_seconds(response.headers.get("Retry-After")))
-                if wait > MAX_RETRY_WAIT:
-                    break
-            except (httpx.HTTPError, ValueError) as exc:
+                    break  # the endpoint will never accept this request: retrying only wastes the time left
+                asked = retry_after_seconds(response.headers.get("Retry-After"))
+                if asked > min(MAX_RETRY_WAIT, deadline - time.monotonic()):
+                    raise unavailable("throttled", f"{last_error}; Retry-After {asked:g} s is longer than the time "
+                                      "left", asked)
+                wait = max(delay, asked)
+            except httpx.TimeoutException as exc:
+                last_error = f"{type(exc).__name__}: {exc or 'timed out'}"
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             if attempt < self.config.max_retries:
+                if time.monotonic() + wait >= deadline:
+                    raise unavailable("deadline", f"no time left for a retry; last: {last_error}")
                 time.sleep(wait)
                 delay *= 2
-        raise EndpointError(f"{redact_url(self.endpoint)} /rerank failed: {redact(last_error, self.endpoint)}")
+        raise unavailable("deadline" if time.monotonic() >= deadline else "failed", last_error)
 
-    def _listwise(self, query: str, passages: list[str]) -> list[float]:
+    def _listwise(self, query: str, passages: list[str], deadline: float | None) -> list[float]:
         numbered = "\n\n".join(f"[{number}] {' '.join(text.split())}" for number, text in enumerate(passages, 1))
-        answer = self._chat.chat(LISTWISE_PROMPT.format(count=len(passages), query=query, passages=numbered),
-                                 max_tokens=8 * len(passages) + 16)
+        body = {"model": self.config.endpoint_model or "", "temperature": 0, "max_tokens": 8 * len(passages) + 16,
+                "messages": [{"role": "user", "content": LISTWISE_PROMPT.format(count=len(passages), query=query,
+                                                                                 passages=numbered)}]}
+        answer = self._post("/chat/completions", body, deadline,
+                            lambda answer: str(answer["choices"][0]["message"]["content"]))
         order: list[int] = []
         for number in (int(n) for n in re.findall(r"\[(\d{1,4})\]", answer)):
             if 1 <= number <= len(passages) and number - 1 not in order:
                 order.append(number - 1)
         if not order:
-            raise EndpointError(f"{redact_url(self.endpoint)} chat reranker answered no passage number")
+            raise RerankUnavailable("failed", f"{redact_url(self.endpoint)} chat reranker answered no passage number")
         # ranked passages first (their rank as the score), the rest after them in the order they came
         scores = [0.0] * len(passages)
         for rank, index in enumerate(order):
@@ -129,10 +237,13 @@ def _scores_from(payload: object, count: int) -> list[float]:
 
 
 _rerankers: dict[RerankerConfig, EndpointReranker] = {}
+_rerankers_lock = threading.Lock()
 
 
 def get_endpoint_reranker(config: RerankerConfig) -> EndpointReranker:
-    """One client (one connection pool) per configuration."""
-    if config not in _rerankers:
-        _rerankers[config] = EndpointReranker(config)
-    return _rerankers[config]
+    """One client (one connection pool) and one circuit breaker per configuration, shared by the process's
+    searches: the breaker counts every search's failures."""
+    with _rerankers_lock:
+        if config not in _rerankers:
+            _rerankers[config] = EndpointReranker(config)
+        return _rerankers[config]

@@ -23,6 +23,7 @@ from rag_pipeline.domain.ids import ModelIdentity
 from rag_pipeline.domain.status import DocumentStatus, VersionStatus, check_version_transition
 from rag_pipeline.embedding.embedders import get_embedder
 from rag_pipeline.embedding.identity import for_database, identity_of
+from rag_pipeline.embedding.locations import check_model_argument
 from rag_pipeline.parsing.pages import parser_version
 from rag_pipeline.retrieval.evaluation import evaluate, load_golden, paired_differences, regressions
 from rag_pipeline.retrieval.search import SearchOptions
@@ -71,7 +72,9 @@ def start_build(
 
 def start_version_build(db_url: str, settings: Settings, model: str) -> IndexVersion:
     """Register a version for `model` (run by the configured backend) beside the active one (loading the model,
-    or asking the endpoint, for its dimensions)."""
+    or asking the endpoint, for its dimensions). A model that is neither a name nor a model folder is refused
+    before anything is hashed or loaded (the Dagster op starts builds here too)."""
+    check_model_argument(model)
     with connect(db_url) as conn:
         embedding = for_database(conn, settings.embedding)
     model = backend_model_name(model, embedding)
@@ -244,12 +247,19 @@ def promote_with_gates(
 
 
 def rollback(conn: psycopg.Connection) -> IndexVersion:
-    """Re-activate the version that was active before the current one (its table still exists)."""
-    target = store.versions.last_retired_with_table(conn)
+    """Re-activate the version that was active before the current one, older than it, whose table still exists.
+    Rollback only goes back: run twice, it goes further back (or is refused), never forward again to the version
+    the first rollback left; to return to a newer version, build and promote it."""
+    store.versions.lock_registry(conn)
+    current = store.versions.active_version(conn)
+    if current is None:
+        raise VersionError("nothing to roll back: no index version is active")
+    target = store.versions.rollback_target(conn, current.version_id)
     if target is None:
-        raise VersionError("nothing to roll back to: no retired version with its table")
+        raise VersionError(f"nothing to roll back to: no version older than the active {current.label} is kept "
+                           "with its table (rollback only goes back; see rag-pipeline index list)")
     store.versions.activate(conn, target)
-    _record(conn, target, "rollback")
+    _record(conn, target, "rollback", rolled_back=current.version_id)
     return _require(conn, target)
 
 

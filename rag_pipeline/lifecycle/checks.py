@@ -45,6 +45,7 @@ class CheckOutcome:
     summary: str
     numbers: dict[str, int | float | str] = field(default_factory=dict)
     tables: dict[str, Table] = field(default_factory=dict)
+    error: bool = False  # fails with severity ERROR whatever the check's own (staleness: a scan that failed)
 
 
 def _hours(seconds: float | None) -> str:
@@ -58,24 +59,29 @@ def staleness(
     conn: psycopg.Connection, configured: Sequence[SourceConfig], now: datetime | None = None
 ) -> CheckOutcome:
     """Per source: time since the last completed scan and age of the oldest change not yet indexed,
-    against the source's freshness SLA. A configured source that was never scanned is stale."""
+    against the source's freshness SLA. A configured source that was never scanned is stale. A source whose latest
+    scan failed fails at once, with severity ERROR (the run that scanned it fails: the check is blocking)."""
     rows = store.health.source_freshness(conn, now or datetime.now(UTC))
     report = {name: rest for name, *rest in rows}
     for source in configured:
-        report.setdefault(source.name, [source.freshness_sla_seconds, None, None, 0, 0, None])
+        report.setdefault(source.name, [source.freshness_sla_seconds, None, None, 0, 0, None, None])
     stale: list[tuple[float, tuple[Any, ...]]] = []
     table_rows: list[tuple[float, tuple[Any, ...]]] = []
     held_deletions: list[str] = []
-    for name, (sla, scan_age, pending_age, pending, deletions_held, held_reason) in sorted(report.items()):
+    failed: list[str] = []
+    for name, (sla, scan_age, pending_age, pending, deletions_held, held_reason, failure) in sorted(report.items()):
         ages = [float(a) for a in (scan_age, pending_age) if a is not None]
         # Never scanned counts as infinitely late; a scan that held deletions back leaves the source not true.
         lateness = (max(ages) / max(1, sla)) if scan_age is not None else float("inf")
+        if failure:  # what it serves is as old as its last completed scan, whatever the SLA says
+            lateness = float("inf")
+            failed.append(f"{name}: its latest scan failed ({failure}); it serves what it held before")
         if deletions_held:
             lateness = float("inf")
             held_deletions.append(f"{name}: {deletions_held} deletions held ({held_reason}); confirm with "
                                   f"`rag-pipeline ingest --confirm-deletions {name}` if they are meant")
         row = (name, _hours(sla), _hours(scan_age), pending, _hours(pending_age) if pending else "-",
-               deletions_held, "STALE" if lateness > 1 else "ok")
+               deletions_held, "SCAN FAILED" if failure else "STALE" if lateness > 1 else "ok")
         table_rows.append((lateness, row))
         if lateness > 1:
             stale.append((lateness, row))
@@ -87,14 +93,15 @@ def staleness(
         + ", ".join(row[0] for _, row in sorted(stale, key=lambda item: -item[0])[:5])
         if stale else f"all {len(report)} sources within their freshness SLA"
     )
-    if held_deletions:
-        summary += "; " + "; ".join(held_deletions)
+    if held_deletions or failed:
+        summary += "; " + "; ".join(failed + held_deletions)
     return CheckOutcome(
         passed=not stale,
         summary=summary,
-        numbers={"sources": len(report), "stale_sources": len(stale),
+        numbers={"sources": len(report), "stale_sources": len(stale), "failed_scans": len(failed),
                  "deletions_held": sum(int(values[4]) for values in report.values())},
         tables={"freshness_per_source": Table(header, worst)},
+        error=bool(failed),
     )
 
 
@@ -117,15 +124,16 @@ def deletion_replay(conn: psycopg.Connection) -> CheckOutcome:
         problems.append(f"{empty_groups} near-duplicate groups have no occurrence left")
     erased, survivors, note = _erasures_replayed(conn)
     if survivors:
-        problems.append(f"{len(survivors)} erased documents have rows again (still at their source?): "
-                        + ", ".join(s[:12] for s in survivors[:5]))
+        problems.append(f"{len(survivors)} erased documents have rows again (back at their source before they could be "
+                        "held?): " + ", ".join(survivors[:5]) + "; the next ingest holds them (held_erased) until "
+                        "`rag-pipeline erase --undo` re-admits them, or `erase` erases them again")
     summary = "; ".join(problems) or f"none of the {deleted_total} deleted documents has a row left anywhere"
     return CheckOutcome(
         passed=not problems,
         summary=summary + note,
         numbers={"deleted_documents": deleted_total, "offending_documents": len(documents),
                  "offending_rows": rows, "empty_groups": empty_groups, "erased_documents": erased,
-                 "erased_with_rows": len(survivors)},
+                 "erased_with_rows": len(survivors), "erased_held": store.erasure.held_erased_count(conn)},
         tables={"offenders": Table(
             ("doc_id", "source", "path", "deleted at", "where", "rows"),
             [(r[0], r[1], r[2], r[3].isoformat(timespec="seconds"), r[4], r[5]) for r in offenders[:OFFENDERS_SHOWN]],
@@ -134,8 +142,10 @@ def deletion_replay(conn: psycopg.Connection) -> CheckOutcome:
 
 
 def _erasures_replayed(conn: psycopg.Connection) -> tuple[int, list[str], str]:
-    """(erasures recorded, subjects of erased documents with a row anywhere, a note). Erasure records name
-    documents by an HMAC under RAG_PIPELINE_ERASURE_KEY: without the key they cannot be checked (said)."""
+    """(erasures recorded and not re-admitted, the erased documents with a row anywhere, a note). Erasure records
+    name documents by an HMAC under RAG_PIPELINE_ERASURE_KEY: without the key they cannot be checked (said). A
+    document held as erased (back at its source, not re-admitted) is not a survivor: holding it is the point. A
+    survivor is named by its ref and the start of its HMAC, never by path."""
     from rag_pipeline.lifecycle.erasure import ErasureError, erasure_key, surviving_erased
 
     subjects = store.erasure.erased_subjects(conn)
@@ -146,7 +156,10 @@ def _erasures_replayed(conn: psycopg.Connection) -> tuple[int, list[str], str]:
     except ErasureError:
         return len(subjects), [], (f"; {len(subjects)} erasures not checked: set RAG_PIPELINE_ERASURE_KEY where "
                                    "checks run")
-    return len(subjects), surviving_erased(store.erasure.ids_anywhere(conn), subjects, key), ""
+    survivors = surviving_erased(store.erasure.ids_anywhere(conn), subjects, key)
+    refs = store.erasure.refs_of_ids(conn, list(survivors))
+    named = sorted((f"#{refs[d]} " if d in refs else "") + f"(erasure {s[:12]})" for d, s in survivors.items())
+    return len(subjects), named, ""
 
 
 # --- ACL coverage ------------------------------------------------------------------------------------
@@ -201,9 +214,16 @@ def acl_coverage(conn: psycopg.Connection) -> CheckOutcome:
 
 def index_drift(conn: psycopg.Connection) -> CheckOutcome:
     """One model and dimension per version, every chunk group with exactly one vector, no orphan rows, BM25
-    structures in step with their table, and the active alias on an active, existing version."""
+    structures in step with their table, every chunk of an indexed document in a group of its document's label set,
+    and the active alias on an active, existing version."""
     problems: list[str] = []
     per_version: list[tuple[Any, ...]] = []
+    # A chunk in another label set's group: that group's row speaks for other labels than its readers' (the next
+    # refresh re-queues the document: store.groups.requeue_misindexed).
+    misgrouped = store.groups.misgrouped_chunks(conn)
+    if misgrouped:
+        problems.append(f"{misgrouped} chunks of indexed documents are in a near-duplicate group of another label "
+                        "set")
     for version in store.versions.index_versions(conn):
         label = version.label
         if not store.health.table_exists(conn, version.table_name):
@@ -243,7 +263,7 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
         passed=not problems,
         summary="; ".join(problems)
         or f"{len(per_version)} versions consistent; alias on v{alias.version_id if alias else '-'}",
-        numbers={"versions": len(per_version), "problems": len(problems),
+        numbers={"versions": len(per_version), "problems": len(problems), "misgrouped_chunks": misgrouped,
                  "active_version": alias.version_id if alias else "none"},
         tables={"per_version": Table(("version", "status", "model", "vector type", "rows", "foreign vectors",
                                       "orphan rows", "groups without vector"), per_version)},
@@ -410,9 +430,11 @@ class IndexCheck:
 
 
 CHECKS: tuple[IndexCheck, ...] = (
-    IndexCheck("staleness", "search_index", False, False,
+    # Blocking with severity ERROR only when a source's latest scan failed: that fails the run that scanned it.
+    IndexCheck("staleness", "search_index", True, False,
                "Per source: time since the last completed scan and age of the oldest change not yet indexed, "
-               "against the source's freshness SLA (freshness_sla in the source's configuration).",
+               "against the source's freshness SLA (freshness_sla in the source's configuration); a source whose "
+               "latest scan failed fails at once, with severity ERROR.",
                lambda conn, settings: staleness(conn, settings.sources)),
     IndexCheck("deletion_replay", "search_index", True, True,
                "Every deleted document has zero rows in every index version and every derived table.",
@@ -421,8 +443,8 @@ CHECKS: tuple[IndexCheck, ...] = (
                "No row without labels, none whose labels differ from its document's, none of a held document.",
                lambda conn, settings: acl_coverage(conn)),
     IndexCheck("index_drift", "search_index", True, True,
-               "One model and dimension per version, one vector per chunk group, no orphan rows, and the active "
-               "alias on an active version.",
+               "One model and dimension per version, one vector per chunk group, no orphan rows, every chunk in a "
+               "group of its document's label set, and the active alias on an active version.",
                lambda conn, settings: index_drift(conn)),
     IndexCheck("parse_health", "parsed_documents", False, False,
                "Near-empty pages, documents without text, tier mix and dead letters against the thresholds in the "

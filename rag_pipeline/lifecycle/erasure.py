@@ -9,40 +9,27 @@ The audit record (`erasures`) holds the time, what was removed per table, and th
 HMAC-SHA256 keyed from the environment (RAG_PIPELINE_ERASURE_KEY): a plain hash of a path could be confirmed
 by guessing the path. `deletion_replay` checks, with the same key, that no erased document has a row anywhere.
 
-A file that is still at its source comes back on the next scan: erase it at the source first (or remove the
-source from the configuration) for the erasure to last.
+A name is matched in every Unicode normalisation (NFC and NFD spellings of `café.md` are one name). The planner's
+statistics of the tables that held the rows are refreshed in the same transaction (pg_stats samples values).
+
+A file that is still at its source comes back on the next scan: it is held (`held_erased`), nothing of it parsed or
+served, until `rag-pipeline erase --undo` re-admits it (a 'readmit' audit row under the same HMAC). Without the key
+where a scan runs, erased documents cannot be recognised: every new or held document is then held until a scan
+with the key (rag_pipeline.stages.erased).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rag_pipeline import store
+from rag_pipeline.domain import ids
+from rag_pipeline.domain.erasure import ERASURE_KEY_ENV, MIN_KEY_CHARS, ErasureError, erasure_key, subject
 from rag_pipeline.store.database import connect, index_write_lock
 
-ERASURE_KEY_ENV = "RAG_PIPELINE_ERASURE_KEY"
-MIN_KEY_CHARS = 16
-
-
-class ErasureError(RuntimeError):
-    """Erasure cannot run (no key, nothing to erase); nothing was changed."""
-
-
-def erasure_key() -> bytes:
-    key = os.environ.get(ERASURE_KEY_ENV, "")
-    if len(key) < MIN_KEY_CHARS:
-        raise ErasureError(f"{ERASURE_KEY_ENV} must hold a secret of at least {MIN_KEY_CHARS} characters: erasure "
-                           "records name documents by an HMAC under it, never by a guessable hash")
-    return key.encode()
-
-
-def subject(key: bytes, doc_id: str) -> str:
-    """How the audit record names a document: HMAC-SHA256 of its id under the erasure key."""
-    return hmac.new(key, doc_id.encode(), hashlib.sha256).hexdigest()
+__all__ = ["ERASURE_KEY_ENV", "MIN_KEY_CHARS", "ErasureError", "ErasureReport", "HousekeepingReport", "erase",
+           "erasure_key", "housekeeping", "readmit", "subject", "surviving_erased"]
 
 
 @dataclass
@@ -50,6 +37,7 @@ class ErasureReport:
     documents: int
     removed: dict[str, int] = field(default_factory=dict)
     embedding_cache_entries: int = 0
+    names: int = 0  # distinct spellings erased (a name in several Unicode normalisations counts once each)
 
 
 def erase(db_url: str, source: str, rel_path: str | None = None, lock_timeout_seconds: float = 3600) -> ErasureReport:
@@ -57,7 +45,8 @@ def erase(db_url: str, source: str, rel_path: str | None = None, lock_timeout_se
     key = erasure_key()
     with index_write_lock(db_url, "erase", timeout_seconds=lock_timeout_seconds), connect(db_url) as conn, \
             conn.transaction():
-        doc_ids = store.erasure.documents_of(conn, source, rel_path)
+        found = store.erasure.documents_of(conn, source, rel_path)
+        doc_ids = sorted({doc_id for doc_id, _ in found})
         if not doc_ids:
             what = f"{source}:{rel_path}" if rel_path is not None else f"source {source}"
             raise ErasureError(f"no document of {what} is known (live or deleted): nothing to erase")
@@ -68,12 +57,33 @@ def erase(db_url: str, source: str, rel_path: str | None = None, lock_timeout_se
             removed["sources"] = store.erasure.unregister_source(conn, source)
         store.erasure.record_erasures(conn, [subject(key, doc_id) for doc_id in doc_ids],
                                 "document" if rel_path is not None else "source", removed)
-    return ErasureReport(len(doc_ids), removed, cache)
+        store.erasure.refresh_statistics(conn)
+    return ErasureReport(len(doc_ids), removed, cache, len({path for _, path in found}))
 
 
-def surviving_erased(doc_ids: Iterable[str], erased: set[str], key: bytes) -> list[str]:
-    """The subjects of erased documents that still have a row (deletion_replay's proof)."""
-    return sorted({s for s in (subject(key, d) for d in doc_ids) if s in erased})
+def readmit(db_url: str, source: str, rel_path: str | None = None, lock_timeout_seconds: float = 3600) -> int:
+    """Undo the hold on erased documents: the one at source:rel_path (in any normalisation; back at its source or
+    not yet), or every document of the source held as erased. Recorded in `erasures` ('readmit', same HMAC); the
+    next scan admits them. Returns how many were re-admitted."""
+    key = erasure_key()
+    with index_write_lock(db_url, "erase --undo", timeout_seconds=lock_timeout_seconds), connect(db_url) as conn, \
+            conn.transaction():
+        candidates = set(store.erasure.held_erased(conn, source, rel_path))
+        if rel_path is not None:
+            candidates.add(ids.doc_id(source, rel_path))
+        erased = store.erasure.erased_subjects(conn)
+        subjects = sorted({s for s in (subject(key, doc_id) for doc_id in candidates) if s in erased})
+        if not subjects:
+            what = f"{source}:{rel_path}" if rel_path is not None else f"source {source} (held as erased)"
+            raise ErasureError(f"no erased document of {what} is known: nothing to re-admit")
+        store.erasure.record_erasures(conn, subjects, "readmit", {})
+    return len(subjects)
+
+
+def surviving_erased(doc_ids: Iterable[str], erased: set[str], key: bytes) -> dict[str, str]:
+    """The erased (and not re-admitted) documents that have a row again, subject by doc_id (deletion_replay's
+    proof)."""
+    return {d: s for d in doc_ids if (s := subject(key, d)) in erased}
 
 
 @dataclass

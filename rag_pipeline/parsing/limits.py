@@ -68,3 +68,61 @@ def check_page_content_size(page_obj: Any, limit: int) -> None:
         if total > limit:
             raise DeadLetter("too_large", f"a page's content streams unpack to more than {limit:,} bytes "
                                           "(parsing.max_page_content_bytes)")
+
+
+# Content-Encoding values decoded (RFC 9110 section 8.4.1); `x-gzip` is gzip's old name, `identity` no coding.
+DECODED_CODINGS = ("gzip", "x-gzip", "deflate")
+_DECODE_READ_BYTES = 1 << 20
+
+
+def decode_content_encoding(path: Path, encoding: str, limit: int) -> None:
+    """Replace the file at `path`, stored with the HTTP `Content-Encoding` `encoding` (an object store serves it as
+    stored), by its decoded bytes, so it is parsed as its own type and not as compressed bytes. The codings are
+    undone in the reverse of the order listed. The decoded size is capped at `limit` (parsing.max_file_bytes) while
+    decoding, so a gzip bomb is dead-lettered as too_large without being written out; a coding not decoded here is
+    dead-lettered as unsupported, naming it; a body that is not what its coding says, as corrupt or truncated."""
+    codings = [coding.strip().lower() for coding in encoding.split(",")]
+    unknown = [coding for coding in codings if coding not in (*DECODED_CODINGS, "identity")]
+    if unknown or not all(codings):
+        raise DeadLetter("unsupported", f"Content-Encoding {encoding!r} is not decoded (only "
+                         f"{', '.join(DECODED_CODINGS)} are)")
+    for coding in reversed(codings):
+        if coding != "identity" and path.stat().st_size:  # an empty body stays empty (dead-lettered as such)
+            decoded = path.with_name(path.name + ".decoded")
+            _inflate(path, decoded, coding, limit)
+            decoded.replace(path)
+
+
+def _inflate(source: Path, target: Path, coding: str, limit: int) -> None:
+    import zlib
+
+    gzip = coding != "deflate"
+    with source.open("rb") as raw:
+        head = raw.read(2)
+        raw.seek(0)
+        # HTTP's deflate is the zlib format; some servers send a bare deflate stream (no zlib header) instead.
+        zlib_header = len(head) == 2 and head[0] & 0x0F == 8 and int.from_bytes(head, "big") % 31 == 0
+        wbits = 16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS
+        inflater = zlib.decompressobj(wbits)
+        written = 0
+        try:
+            with target.open("wb") as out:
+                while block := raw.read(_DECODE_READ_BYTES):
+                    while block:
+                        chunk = inflater.decompress(block, limit + 1 - written)
+                        written += len(chunk)
+                        if written > limit:
+                            raise DeadLetter("too_large", f"Content-Encoding {coding}: decodes to more than "
+                                             f"{limit:,} bytes; parsing.max_file_bytes is {limit:,}")
+                        out.write(chunk)
+                        if inflater.eof and inflater.unused_data and gzip:
+                            block = inflater.unused_data  # the next member of a multi-member gzip file
+                            inflater = zlib.decompressobj(wbits)
+                        elif inflater.eof and inflater.unused_data:
+                            raise DeadLetter("corrupt", f"Content-Encoding {coding}: data after the end of the stream")
+                        else:
+                            block = inflater.unconsumed_tail
+        except zlib.error as exc:
+            raise DeadLetter("corrupt", f"not valid {coding} data (Content-Encoding {coding}): {exc}") from None
+        if not inflater.eof:
+            raise DeadLetter("truncated", f"the {coding} stream (Content-Encoding) ends early")

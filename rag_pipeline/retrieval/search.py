@@ -8,6 +8,8 @@ caller may not read is never a candidate. There is no way to call `search` witho
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -21,6 +23,7 @@ from rag_pipeline.config import (
     EmbeddingConfig,
     QueryConfig,
     RerankerConfig,
+    RetrievalConfig,
     RoutingConfig,
     Settings,
     parse_labels,
@@ -28,7 +31,7 @@ from rag_pipeline.config import (
 from rag_pipeline.embedding.embedders import get_query_embedder
 from rag_pipeline.embedding.identity import model_for_version
 from rag_pipeline.endpoints.chat import EndpointError
-from rag_pipeline.retrieval.query import prepare
+from rag_pipeline.retrieval.query import PreparedQuery, prepare
 from rag_pipeline.store.versions import IndexVersion
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ class SearchOptions:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     query: QueryConfig = field(default_factory=QueryConfig)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
+    deadline_seconds: float = RetrievalConfig().search_deadline_seconds  # the reranker's time, from the search's start
     # Queries are embedded without loading torch where the model allows it and no full model is loaded in this
     # process (rag_pipeline.embedding.light: the same vectors): a command-line search, an eval, a run's quality
     # check. The search service turns it off: it keeps the full model, faster per long query.
@@ -68,6 +72,7 @@ class SearchOptions:
             "sparse_weight": retrieval.sparse_weight, "embedding": settings.embedding, "bm25": retrieval.bm25,
             "candidates": retrieval.candidates, "routing": retrieval.document_routing,
             "page_weight": retrieval.page_weight, "query": retrieval.query, "reranker": retrieval.reranker,
+            "deadline_seconds": retrieval.search_deadline_seconds,
         }
         values.update(overrides)
         return cls(**values)
@@ -110,19 +115,34 @@ def query_embedder(version: IndexVersion, options: SearchOptions) -> Any:
                               light=options.light_query_model)
 
 
-def search(
-    conn: psycopg.Connection,
-    query: str,
-    labels: Sequence[str] | str,
-    *,
-    k: int = 10,
-    mode: str = "hybrid",
-    version: IndexVersion | None = None,
-    options: SearchOptions | None = None,
-) -> list[SearchHit]:
-    """Top-k chunks for `query` that carry at least one of the caller's `labels`, from `version` (default:
-    the active one)."""
-    options = options or SearchOptions()
+@dataclass(frozen=True)
+class SearchPlan:
+    """A validated search with its query read and embedded: all the database part needs. Making one waits on no
+    connection (the query model may be an endpoint), so a caller with a pool takes a connection only for fetch()."""
+
+    prepared: PreparedQuery
+    labels: tuple[str, ...]
+    k: int
+    mode: str
+    version: IndexVersion
+    vector: HalfVector | None
+    options: SearchOptions
+    deadline: float  # time.monotonic() by which the reranker must have answered
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hits: list[SearchHit]
+    # what the reranker did: None (none configured), "reranked", or "skipped_<reason>" (RERANK_SKIPS): the fused
+    # order stands
+    rerank: str | None = None
+
+
+RERANK_SKIPS = tuple(f"skipped_{reason}" for reason in ("deadline", "throttled", "failed", "breaker_open"))
+
+
+def _checked(query: str, labels: Sequence[str] | str, k: int, mode: str) -> tuple[str, ...]:
+    """The caller's labels, once the request is one a search may run."""
     caller_labels = parse_labels(labels)
     if not caller_labels:
         raise SearchError("search needs the caller's ACL labels; there is no unlabelled search")
@@ -132,20 +152,42 @@ def search(
         raise SearchError("empty query")
     if k < 1:
         raise SearchError("k must be at least 1")
-    version = version or store.versions.active_version(conn)
+    return caller_labels
+
+
+def plan(
+    query: str,
+    labels: Sequence[str] | str,
+    *,
+    k: int = 10,
+    mode: str = "hybrid",
+    version: IndexVersion | None,
+    options: SearchOptions | None = None,
+    started: float | None = None,
+) -> SearchPlan:
+    """Checks the request and embeds the query for `version`. The search's deadline (retrieval.
+    search_deadline_seconds) counts from `started` (time.monotonic(); default: now)."""
+    options = options or SearchOptions()
+    started = time.monotonic() if started is None else started
+    caller_labels = _checked(query, labels, k, mode)
     if version is None:
         raise SearchError("there is no active index version yet: run `rag-pipeline ingest` first")
-    use_dense = mode in ("hybrid", "dense")
     prepared = prepare(query, options.query)
+    use_dense = mode in ("hybrid", "dense")
     vector = HalfVector(query_embedder(version, options).embed_query(prepared.dense)) if use_dense else None
-    reranker = options.reranker
+    return SearchPlan(prepared, caller_labels, k, mode, version, vector, options, started + options.deadline_seconds)
+
+
+def fetch(conn: psycopg.Connection, planned: SearchPlan) -> list[SearchHit]:
+    """The database part: the fused candidates (the reranker's top_n when one is on, else k), best first."""
+    reranker, options = planned.options.reranker, planned.options
     sql_options = options.sql_options()
     # Each list's depth follows the k asked for, also when the reranker asks the fusion for more.
-    sql_options["candidates"] = options.candidates or max(4 * k, 40)
-    rows = store.search.run(conn, version, store.search.SearchQuery(
-        text=prepared.lexical, vector=vector, labels=caller_labels,
-        k=max(k, reranker.top_n) if reranker.enabled else k, mode=mode, options=sql_options))
-    hits = [
+    sql_options["candidates"] = options.candidates or max(4 * planned.k, 40)
+    rows = store.search.run(conn, planned.version, store.search.SearchQuery(
+        text=planned.prepared.lexical, vector=planned.vector, labels=planned.labels,
+        k=max(planned.k, reranker.top_n) if reranker.enabled else planned.k, mode=planned.mode, options=sql_options))
+    return [
         SearchHit(
             **{key: row[key] for key in ("chunk_id", "doc_id", "source", "path", "page_start", "page_end",
                                          "section_path", "content_type", "text", "prefix", "dense_rank",
@@ -157,28 +199,71 @@ def search(
         )
         for row in rows
     ]
-    if reranker.enabled and hits:
-        hits = rerank(prepared.question, hits, reranker)  # a reranker reads the question, not the expansions
-    return hits[:k]
 
 
-def rerank(query: str, hits: list[SearchHit], reranker: RerankerConfig) -> list[SearchHit]:
-    """The fused hits in the reranker's order. An endpoint that fails leaves the fused order (logged): a slow or
-    broken reranker must not take search down with it."""
+def finish(planned: SearchPlan, hits: list[SearchHit]) -> SearchResult:
+    """The top k of the fetched hits, reranked when a reranker is on and answers by the plan's deadline. Call it
+    with no database connection in hand: a reranker may take until the deadline."""
+    reranker = planned.options.reranker
+    if not reranker.enabled or not hits:
+        return SearchResult(hits[:planned.k])
+    # a reranker reads the question, not the expansions
+    ranked, outcome = rerank_within(planned.prepared.question, hits, reranker, planned.deadline)
+    return SearchResult(ranked[:planned.k], outcome)
+
+
+def search(
+    conn: psycopg.Connection,
+    query: str,
+    labels: Sequence[str] | str,
+    *,
+    k: int = 10,
+    mode: str = "hybrid",
+    version: IndexVersion | None = None,
+    options: SearchOptions | None = None,
+) -> list[SearchHit]:
+    """Top-k chunks for `query` that carry at least one of the caller's `labels`, from `version` (default:
+    the active one). For a caller that owns `conn`; the search service, which shares a pool, uses plan(), fetch()
+    and finish() so that no connection waits on an endpoint."""
+    started = time.monotonic()
+    _checked(query, labels, k, mode)  # a request refused before the database is asked anything
+    version = version or store.versions.active_version(conn)
+    planned = plan(query, labels, k=k, mode=mode, version=version, options=options, started=started)
+    return finish(planned, fetch(conn, planned)).hits
+
+
+def rerank_within(query: str, hits: list[SearchHit], reranker: RerankerConfig,
+                  deadline: float) -> tuple[list[SearchHit], str]:
+    """The fused hits in the reranker's order and "reranked"; or, when the reranker gives no ranking by `deadline`
+    (slow, throttling, failing, its breaker open), the fused order and "skipped_<reason>", logged: a slow or broken
+    reranker must not take search down with it."""
     passages = [f"{h.prefix}\n{h.text}" if h.prefix else h.text for h in hits]
     if reranker.endpoint:
-        from rag_pipeline.endpoints.rerank import get_endpoint_reranker
+        from rag_pipeline.endpoints.rerank import RerankUnavailable, get_endpoint_reranker
 
         try:
-            scores = get_endpoint_reranker(reranker).scores(query, passages)
+            scores = get_endpoint_reranker(reranker).scores(query, passages, deadline)
+        except RerankUnavailable as exc:
+            if exc.reason != "breaker_open":  # the breaker logged when it opened; each search it spares would flood
+                log.warning("reranker skipped (%s), the fused order stands: %s", exc.reason, exc)
+            return hits, f"skipped_{exc.reason}"
         except EndpointError as exc:
-            log.warning("reranker endpoint gave no ranking, the fused order stands: %s", exc)
-            return hits
+            log.warning("reranker skipped (failed), the fused order stands: %s", exc)
+            return hits, "skipped_failed"
     else:
+        if time.monotonic() >= deadline:  # a local model cannot be stopped once started; it is not started late
+            log.warning("reranker skipped (deadline), the fused order stands: no time left before the local model")
+            return hits, "skipped_deadline"
         from rag_pipeline.embedding.local import get_reranker
 
         scores = get_reranker(reranker.model, reranker.device, reranker.batch_size).scores(query, passages)
     ranked = [replace(h, rerank_score=s) for h, s in zip(hits, scores, strict=True)]
     # ties keep the fused order (a listwise reranker scores the passages it left out in that order already)
     order = sorted(range(len(ranked)), key=lambda i: (-(ranked[i].rerank_score or 0.0), i))
-    return [ranked[i] for i in order]
+    return [ranked[i] for i in order], "reranked"
+
+
+def rerank(query: str, hits: list[SearchHit], reranker: RerankerConfig,
+           deadline: float | None = None) -> list[SearchHit]:
+    """The fused hits in the reranker's order, or in the fused order when it gives none (rerank_within)."""
+    return rerank_within(query, hits, reranker, math.inf if deadline is None else deadline)[0]

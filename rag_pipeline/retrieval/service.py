@@ -3,7 +3,9 @@
     POST /search   {"query": "...", "k": 10, "mode": "hybrid"}  ->  {"results": [...], "version": ..., ...}
     GET  /healthz  the process answers
     GET  /readyz   the database answers, an active version exists and its query model is loaded; with a token,
-                   also the version and the latest index checks
+                   also the version and the latest index checks (a reranker never makes it unready)
+    GET  /metrics  counters in Prometheus' text format: searches, and what the reranker did (reranked or skipped,
+                   and why), the reranker's circuit breaker
     GET  /docs     OpenAPI documentation (/openapi.json)
 
 A caller is its API token (`Authorization: Bearer ...`), mapped in the configuration (`service.tokens`) to the
@@ -22,15 +24,15 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException
@@ -39,8 +41,18 @@ from rag_pipeline import store
 from rag_pipeline.config import ConfigError, ServiceConfig, Settings
 from rag_pipeline.embedding.identity import cache_key
 from rag_pipeline.embedding.locations import ModelUnavailableError
-from rag_pipeline.retrieval.search import SearchError, SearchHit, SearchOptions, query_embedder, search
+from rag_pipeline.retrieval.search import (
+    RERANK_SKIPS,
+    SearchError,
+    SearchHit,
+    SearchOptions,
+    fetch,
+    finish,
+    plan,
+    query_embedder,
+)
 from rag_pipeline.store.database import register_vector_types
+from rag_pipeline.store.deadline import WATCHDOG
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +127,9 @@ class SearchResponse(BaseModel):
     version: str
     model: str = Field(description="the active version's model identity (backend and weights digest)")
     took_ms: float
+    rerank: str | None = Field(None, description="what the reranker did: reranked, or skipped_deadline, "
+                               "skipped_throttled, skipped_failed, skipped_breaker_open (the fused order stands); "
+                               "null: no reranker configured")
 
 
 class ApiError(Exception):
@@ -229,6 +244,37 @@ class QueryModelWarmup:
                 self._loading.discard(key)
 
 
+class SearchCounters:
+    """What /metrics reports, since the process started: searches answered and what their reranker did."""
+
+    OUTCOMES = ("reranked", *RERANK_SKIPS)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.searches = 0
+        self.rerank = dict.fromkeys(self.OUTCOMES, 0)
+
+    def count(self, rerank: str | None) -> None:
+        with self._lock:
+            self.searches += 1
+            if rerank is not None:
+                self.rerank[rerank] = self.rerank.get(rerank, 0) + 1
+
+    def prometheus(self, breaker: str | None) -> str:
+        """The counters in Prometheus' text exposition format; `breaker`: the reranker endpoint's breaker state."""
+        with self._lock:
+            lines = ["# HELP rag_search_requests_total Searches answered.", "# TYPE rag_search_requests_total counter",
+                     f"rag_search_requests_total {self.searches}",
+                     "# HELP rag_search_rerank_total Searches by what their reranker did (skipped_*: the fused order "
+                     "was returned).", "# TYPE rag_search_rerank_total counter"]
+            lines += [f'rag_search_rerank_total{{outcome="{outcome}"}} {count}' for outcome, count in self.rerank.items()]
+        if breaker is not None:
+            lines += ["# HELP rag_search_reranker_breaker_open 1 while the reranker endpoint's circuit breaker keeps "
+                      "it from being called.", "# TYPE rag_search_reranker_breaker_open gauge",
+                      f"rag_search_reranker_breaker_open {int(breaker == 'open')}"]
+        return "\n".join(lines) + "\n"
+
+
 def _options(database_url: str) -> str:
     """The URL's own `options` (server settings), kept beside the ones the service adds."""
     return psycopg.conninfo.conninfo_to_dict(database_url).get("options") or ""
@@ -243,20 +289,42 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
     options = SearchOptions.from_settings(settings, light_query_model=False)  # the full model: faster per query
     # Every wait on the database is bounded: the pool's queue (database_timeout_seconds, per request), a new
     # connection (connect_timeout), a statement (statement_timeout) and unacknowledged bytes on a connection whose
-    # server vanished (tcp_user_timeout), so a hung database gives 503s, not threads stuck for ever.
+    # server vanished (tcp_user_timeout), so a hung database gives 503s, not threads stuck for ever. Those are the
+    # server's clocks or the kernel's: a frozen server (SIGSTOP) trips none of them, so each use of a connection,
+    # the pool's check of it included, also has a client-side deadline (rag_pipeline.store.deadline).
     query_ms = int(config.query_timeout_seconds * 1000)
+    check_seconds = min(config.database_timeout_seconds, config.query_timeout_seconds)
+
+    def check(conn: psycopg.Connection) -> None:
+        with WATCHDOG.guard(conn, check_seconds):
+            ConnectionPool.check_connection(conn)
+
+    def configure(conn: psycopg.Connection) -> None:  # the pool's own threads must not hang on a frozen server
+        with WATCHDOG.guard(conn, config.query_timeout_seconds):
+            _register_vector_types(conn)
+
     pool = ConnectionPool(database_url, min_size=1, max_size=config.connections, open=False,
                           kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(config.database_timeout_seconds)),
                                   "options": f"{_options(database_url)} -c statement_timeout={query_ms}".strip(),
                                   "tcp_user_timeout": query_ms},
-                          configure=_register_vector_types, check=ConnectionPool.check_connection)
+                          configure=configure, check=check)
     warmup = QueryModelWarmup(options)
+    counters = SearchCounters()
+
+    @contextmanager
+    def database() -> Iterator[psycopg.Connection]:
+        """A pooled connection for one short use; the wait for it and the use together end within
+        query_timeout_seconds, or raise an OperationalError (a connection cut) or PoolTimeout."""
+        started = time.monotonic()
+        with pool.connection(timeout=config.database_timeout_seconds) as conn, \
+                WATCHDOG.guard(conn, config.query_timeout_seconds - (time.monotonic() - started)):
+            yield conn
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool.open(wait=True, timeout=30)
         try:
-            with pool.connection(timeout=config.database_timeout_seconds) as conn:
+            with database() as conn:
                 version = store.versions.active_version(conn)
         except Exception as exc:  # a database not reachable or not prepared: /readyz retries and starts the load
             log.warning("search service: no active version to warm at the start: %s", type(exc).__name__)
@@ -312,14 +380,18 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
         if request.k is not None and request.k > config.max_k:
             raise ApiError(422, "invalid_request", f"k: at most {config.max_k}")
         k = min(settings.retrieval.k, config.max_k) if request.k is None else request.k
-        started = time.perf_counter()
+        started, deadline_start = time.perf_counter(), time.monotonic()
         try:
-            with pool.connection(timeout=config.database_timeout_seconds) as conn:
+            # A connection is held only while the database works: never while the query is embedded (the model
+            # may be an endpoint) nor while a reranker is waited for, so a slow endpoint starves no other caller.
+            with database() as conn:
                 version = store.versions.active_version(conn)
-                if version is None:
-                    raise ApiError(503, "not_ready", "there is no active index version yet")
-                hits = search(conn, request.query, who.labels, k=k, mode=request.mode, version=version,
-                              options=options)
+            if version is None:
+                raise ApiError(503, "not_ready", "there is no active index version yet")
+            planned = plan(request.query, who.labels, k=k, mode=request.mode, version=version, options=options,
+                           started=deadline_start)
+            with database() as conn:
+                fetched = fetch(conn, planned)
         except SearchError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None
         except (PoolTimeout, psycopg.OperationalError) as exc:  # fail fast: a client can retry elsewhere
@@ -329,8 +401,20 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
         except ModelUnavailableError as exc:
             log.error("search service: %s", exc)
             raise ApiError(503, "model_unavailable", "the query model is not available here") from None
-        return {"results": [hit.to_dict() for hit in hits], "version": version.label,
-                "model": version.model_identity or "", "took_ms": round((time.perf_counter() - started) * 1000, 2)}
+        result = finish(planned, fetched)  # the reranker, within the search's deadline; the fused order otherwise
+        counters.count(result.rerank)
+        return {"results": [hit.to_dict() for hit in result.hits], "version": version.label,
+                "model": version.model_identity or "", "took_ms": round((time.perf_counter() - started) * 1000, 2),
+                "rerank": result.rerank}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        breaker = None
+        if options.reranker.endpoint:
+            from rag_pipeline.endpoints.rerank import get_endpoint_reranker
+
+            breaker = get_endpoint_reranker(options.reranker).breaker.state
+        return PlainTextResponse(counters.prometheus(breaker), media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -340,7 +424,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
     def readyz(request: Request) -> JSONResponse:
         """Ready or not for anyone (a load balancer's probe); the version and the checks only for a token holder."""
         try:
-            with pool.connection(timeout=config.database_timeout_seconds) as conn:
+            with database() as conn:
                 version = store.versions.active_version(conn)
                 checks = store.health.latest_checks(conn)
         except Exception as exc:  # any failure to reach the database means not ready; the log says which

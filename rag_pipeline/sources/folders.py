@@ -225,13 +225,25 @@ def _not_json(constant: str) -> Any:
     raise json.JSONDecodeError(f"{constant} is not a JSON value", constant, 0)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]], name: str) -> dict[str, Any]:
+    """One JSON object, refused if it names a key twice: json.loads would keep the last silently, so a second
+    `acl_labels` would decide the labels whatever the first said."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise SidecarError(f"sidecar {name}: key {json.dumps(twice)[:80]} appears more than once in one object")
+    return data
+
+
 def parse_sidecar(raw: bytes, name: str) -> dict[str, Any]:
     """A sidecar's bytes (at most MAX_SIDECAR_BYTES + 1 of them read) as its validated object; the rules of
     `read_sidecar`, for every kind of source."""
     if len(raw) > MAX_SIDECAR_BYTES:
         raise SidecarError(f"sidecar {name} is larger than {MAX_SIDECAR_BYTES} bytes")
     try:
-        data = json.loads(raw.decode("utf-8-sig"), parse_constant=_not_json)
+        data = json.loads(raw.decode("utf-8-sig"), parse_constant=_not_json,
+                          object_pairs_hook=lambda pairs: _unique_keys(pairs, name))
     except UnicodeDecodeError as exc:
         raise SidecarError(f"sidecar {name} is not UTF-8: {exc}") from None
     except (json.JSONDecodeError, RecursionError) as exc:

@@ -16,8 +16,9 @@ An object's identity is its ETag (`file_id = etag:<ETag>`); the fingerprint adds
 downloads only objects whose fingerprint changed, and a download asks for exactly the ETag the listing saw
 (If-Match): a newer write fails the precondition and waits for the next scan, so the version judged is the version
 read. Keys are untrusted: a key with '..', '.', empty or control-character segments is refused, never joined. The
-client itself refuses to list a key with an empty, '.' or '..' segment (`a//b`): such a key fails the whole listing,
-so the scan changes nothing and names the key until it is renamed (fail closed, never a partial listing).
+client itself refuses to list a key with an empty, '.' or '..' segment (`a//b`), and its listing stops there: such a
+key fails the whole listing, so the scan changes nothing and names the key until it is renamed (fail closed, never a
+partial listing), and the run fails (rag_pipeline.stages.discover records the failure for the staleness check).
 """
 
 from __future__ import annotations
@@ -305,7 +306,8 @@ class _Listed:
 
 
 # The labels a scan stored for objects, by key: (fingerprint, labels), for objects whose fingerprint did not change
-# (their metadata cannot have: a metadata change rewrites the object). Given by the discover stage.
+# (a metadata change rewrites the object) and that are not racily clean: a metadata copy keeps the ETag, and one
+# within the second the last scan listed the object keeps its listed time too. Given by the discover stage.
 KnownLabels = Callable[[Sequence[str]], dict[str, tuple[str, tuple[str, ...]]]]
 
 
@@ -566,10 +568,12 @@ def object_password(source: SourceConfig, key: str) -> str | None:
 
 
 def download_judged(source: SourceConfig, key: str, file_id: str | None, size: int, target: Path,
-                    counters: StoreCounters | None = None, store: Any = None) -> None:
+                    counters: StoreCounters | None = None, store: Any = None) -> str | None:
     """Write the object the scan judged to `target` (a private file), streamed: exactly its listed ETag
     (If-Match), exactly its listed size. A cut connection or a server error is retried with backoff; a newer
-    version raises ChangedSinceScanError (it waits for the next scan), a deleted object FileNotFoundError."""
+    version raises ChangedSinceScanError (it waits for the next scan), a deleted object FileNotFoundError.
+    Returns the object's Content-Encoding (None without one): `target` holds the bytes as stored, which the caller
+    decodes (rag_pipeline.parsing.limits.decode_content_encoding), bounded, before they are parsed."""
     obstore = _obstore()
     from obstore.exceptions import NotFoundError, PermissionDeniedError, PreconditionError
 
@@ -595,7 +599,7 @@ def download_judged(source: SourceConfig, key: str, file_id: str | None, size: i
             counters.bytes_read += written
             if written != size:
                 raise _ShortRead(f"{written} of {size} bytes arrived")
-            return
+            return result.attributes.get("Content-Encoding") or None
         except PreconditionError:
             raise ChangedSinceScanError("a newer version was written since the scan") from None
         except NotFoundError:

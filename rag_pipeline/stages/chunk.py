@@ -15,6 +15,7 @@ import psycopg
 
 from rag_pipeline import store
 from rag_pipeline.config import ConfigError, Settings
+from rag_pipeline.domain.refs import in_log
 from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.embedding.identity import cache_key, configured_identity, for_database, model_for_version
 from rag_pipeline.embedding.locations import max_sequence_length, resolve_model
@@ -131,7 +132,8 @@ def chunk_one(
             sentences = _llm_sentences(conn, doc, chunks, document_pages, prefixer, settings, stats)
         except PrefixError as exc:
             stats.prefix_failures += 1
-            log.warning("no contextual prefix for %s/%s, left for the next run: %s", doc.source, doc.rel_path, exc)
+            log.warning("no contextual prefix for %s, left for the next run: %s",
+                        *in_log(doc.source, doc.rel_path, doc.ref, exc))
             return
         prefixes = [f"{p}\n{sentences[c.content_hash]}" for p, c in zip(prefixes, chunks, strict=True)]
     prefixes = [truncate_to_tokens(chunker.tokenizer, p, budget) for p in prefixes]  # the LLM's sentence, cut

@@ -7,17 +7,19 @@ import functools
 import logging
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
 from rag_pipeline import store
 from rag_pipeline.config import SourceConfig
 from rag_pipeline.domain.refs import document_name, without_path
+from rag_pipeline.endpoints.redaction import redact_credentials
 from rag_pipeline.sources import kinds
 from rag_pipeline.sources.folders import DiscoveredFile, ScanProblem, ScanReport
 from rag_pipeline.sources.object_stores import StoreCounters
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
+from rag_pipeline.stages.erased import ErasedGate
 from rag_pipeline.store.database import connect
 from rag_pipeline.store.scans import ReconcileCounts
 
@@ -35,11 +37,24 @@ class DiscoverStats(StageStats):
     relabelled: int = 0
     deleted: int = 0
     held: int = 0  # newly held back: no labels, a bad sidecar, hard links
-    deletions_held: int = 0  # deletions a guarded scan refused (see DeletionGuard)
+    deletions_held: int = 0  # deletions a guarded scan refused (see DeletionGuard), holds of removed sources too
+    scans_failed: list[str] = field(default_factory=list)  # sources whose scan raised (each kept as it was)
     problems: list[dict[str, str]] = field(default_factory=list)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
     SUMMARY = ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held", "deletions_held",
-               "problems", "per_source")
+               "scans_failed", "problems", "per_source")
+
+
+# Why the documents of a source that left the configuration were not held: recorded as held deletions.
+REMOVED_HOLD_REASON = ("the source is not in the configuration any more; holding its documents (no longer served) "
+                       "waits for confirmation")
+# A file or object modified this close to (or after) the start of the scan that stored it may have been written
+# again within the same tick of its clock after the scan listed it: an object store lists times to the second (and
+# a metadata copy keeps an object's ETag), a file system stamps times from a clock that moves in ticks of a few
+# milliseconds (or whole seconds: see store.scans.apply_scan). Such a one is judged again, not taken from its
+# fingerprint (git's "racily clean" rule). An object store's margin also covers a second of clock skew.
+RACY_MARGIN = timedelta(seconds=2)
+FILE_CLOCK_TICK = timedelta(milliseconds=50)
 
 
 @dataclass(frozen=True)
@@ -64,11 +79,11 @@ def deletion_hold_reason(guard: DeletionGuard, seen: int, missing: int, judged: 
 
 
 def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredFile], report: ScanReport,
-              guard: DeletionGuard, adopt: bool = False) -> ReconcileCounts:
+              guard: DeletionGuard, adopt: bool = False, racy_since: datetime | None = None) -> ReconcileCounts:
     """Compare one scan of a source with the documents table, in this transaction: the store stages the scan and
     counts what is gone, the guard decides whether it may be deleted, then new, changed, relabelled and held
     documents are applied. Documents under paths the scan could not read (`report.unreadable`, complete once
-    `files` is consumed) are kept as they were."""
+    `files` is consumed) are kept as they were. Files modified at or after `racy_since` count as changed."""
     seen, duplicates = store.scans.stage_scan(conn, files)
     counts = ReconcileCounts(seen=seen)
     for name in duplicates:
@@ -89,7 +104,7 @@ def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredF
         counts.deletions_held, counts.deletions_held_reason = missing, reason
     elif missing:
         counts.deleted = store.scans.delete_gone(conn, source, unreadable)
-    store.scans.apply_scan(conn, source, counts)
+    store.scans.apply_scan(conn, source, counts, racy_since)
     counts.new += counts.adopted
     return counts
 
@@ -114,11 +129,34 @@ def discover(
             except Exception as exc:  # one source's failure (its transaction rolled back) never stops the others
                 log.exception("discovery of source %s failed", source.name)
                 stats.problems.append({"source": source.name, "path": ".", "problem": (
-                    f"scan failed, nothing of this source changed: {type(exc).__name__}: {exc}")})
-                progress(f"source {source.name}: scan failed ({type(exc).__name__}: {exc}); nothing changed")
+                    f"scan failed, nothing of this source changed: {type(exc).__name__}: {redact_credentials(str(exc))}")})
+                progress(f"source {source.name}: scan failed ({type(exc).__name__}: {redact_credentials(str(exc))}); "
+                         "nothing changed")
+                # Kept on the source's row (its own transaction is gone): staleness fails it at once, and the run
+                # fails through that check once the other sources are done.
+                with connect(db_url) as conn, conn.transaction():
+                    store.sources.record_scan_failure(
+                        conn, source.name, f"{type(exc).__name__}: {redact_credentials(str(exc))}"[:2000])
+                stats.scans_failed.append(source.name)
         for name in removed:
             with connect(db_url) as conn, conn.transaction():
-                held = store.sources.hold_source(conn, name)
+                store.sources.lock_source_scan(conn, name)
+                served = store.sources.documents_to_hold(conn, name)
+                if served and name not in confirm_deletions:
+                    # As an emptied root: a wrong configuration file or a misspelt name must not take a source's
+                    # documents out of search without a word. Nothing is held until someone confirms it.
+                    store.sources.record_hold_refused(conn, name, served, REMOVED_HOLD_REASON)
+                    stats.deletions_held += served
+                    stats.problems.append({"source": name, "path": ".", "problem": (
+                        f"not in the configuration: its {served} documents were NOT held, they are still served. "
+                        f"If the source was removed on purpose, run `rag-pipeline ingest --confirm-deletions {name}`; "
+                        "else check the configuration file (RAG_CONFIG) and the sources' names")})
+                    progress(f"source {name}: not in the configuration; holding its {served} documents needs "
+                             f"--confirm-deletions {name}; nothing held")
+                    continue
+                held = store.sources.hold_source(conn, name) if served else 0
+                if held:
+                    store.sources.record_hold_confirmed(conn, name)
             stats.held += held
             if held:
                 stats.problems.append({"source": name, "path": ".", "problem": (
@@ -129,11 +167,12 @@ def discover(
 
 
 def named_by_ref(problem: ScanProblem, ref: int | None) -> ScanProblem:
-    """The problem as a run reports it: a document named by its ref (see rag_pipeline.domain.refs)."""
+    """The problem as a run reports it: a document named by its ref (see rag_pipeline.domain.refs), no credential
+    (an object store's error names its endpoint URL)."""
     if ref is None:
-        return problem
+        return ScanProblem(problem.rel_path, redact_credentials(problem.problem))
     name = document_name(ref)
-    return ScanProblem(name, without_path(problem.problem, problem.rel_path, name))
+    return ScanProblem(name, redact_credentials(without_path(problem.problem, problem.rel_path, name)))
 
 
 def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, progress: Progress,
@@ -146,10 +185,16 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         stats.problems.append({"source": source.name, "path": str(source.root),
                                "problem": f"{missing}; nothing changed"})
         progress(f"source {source.name}: {missing}; skipped, nothing deleted")
+        with connect(db_url) as conn, conn.transaction():  # a scan that could not run: as loud as a failed one
+            store.sources.record_scan_failure(conn, source.name, missing)
+        stats.scans_failed.append(source.name)
         return
     counters = StoreCounters()
     with connect(db_url) as conn, conn.transaction():
         store.sources.lock_source_scan(conn, source.name)  # two scans of one source at once would race
+        previous_start = store.sources.last_scan_started(conn, source.name)
+        margin = RACY_MARGIN if source.store_scheme else FILE_CLOCK_TICK
+        racy_since = previous_start - margin if previous_start else None
         same_labelling = store.sources.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = DeletionGuard(source.max_deletion_share, confirmed)
@@ -157,9 +202,17 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
         # Autocommit: reads between network requests must not sit idle in a transaction for the whole listing.
         with connect(db_url, autocommit=True) as lookup:
             # Labels stored with unchanged objects stand only while what decides labels is as the last scan left it.
-            known = functools.partial(store.scans.stored_labels, lookup, source.name) if same_labelling else None
-            counts = reconcile(conn, source.name, kinds.scan(source, report, known, counters), report, guard,
-                               adopt=source.store_scheme in ("s3", "gs"))
+            # Racily clean objects (see RACY_MARGIN) are left out of them: their metadata is read again.
+            known = functools.partial(store.scans.stored_labels, lookup, source.name,
+                                      racy_since=racy_since) if same_labelling else None
+            # An erased document back at its source is held, not indexed again, until it is re-admitted.
+            held_if_erased = ErasedGate(lookup, source.name)
+            # A racily clean file may hold other bytes under the same size, time and inode: it is parsed again
+            # (content_hash spares the embedding). An object's new bytes have a new ETag.
+            counts = reconcile(conn, source.name, held_if_erased(kinds.scan(source, report, known, counters)),
+                               report, guard,
+                               adopt=source.store_scheme in ("s3", "gs"),
+                               racy_since=racy_since if source.store_scheme is None else None)
         store.sources.record_scan(conn, source.name, scan_started, counts)
         listed = report.problems[:MAX_PROBLEMS_SHOWN]
         refs = store.documents.refs_of(conn, [(source.name, p.rel_path) for p in listed])

@@ -20,7 +20,7 @@ import psycopg
 from rag_pipeline import store
 from rag_pipeline.config import Settings
 from rag_pipeline.domain import ids
-from rag_pipeline.domain.status import DocumentStatus
+from rag_pipeline.domain.status import DocumentStatus, VersionStatus
 from rag_pipeline.embedding.embedders import get_embedder, get_light_first_embedder
 from rag_pipeline.embedding.identity import cache_key, configured_identity, model_for_version
 from rag_pipeline.parsing.pages import parser_version
@@ -55,6 +55,8 @@ class IndexStats(StageStats):
     chunks_indexed: int = 0  # chunks of the documents indexed (the progress reports' rate)
     versions: list[str] = field(default_factory=list)
     tables_vacuumed: list[str] = field(default_factory=list)  # execution.vacuum_dead_share
+    # Indexed documents sent back to indexing because their groups or rows did not match (requeue_misindexed).
+    requeued_misindexed: int = 0
     SUMMARY = ("documents_indexed", "vectors_embedded", "vectors_reused", "near_duplicates", "dedup_rate")
 
 
@@ -130,6 +132,19 @@ def index_documents(
 
 # How long an index worker waiting for parse workers sleeps between looks at an empty queue.
 IDLE_POLL_SECONDS = 0.5
+
+
+def requeue_misindexed(conn: psycopg.Connection) -> int:
+    """Send back to indexing the indexed documents whose index state the index_drift check fails on (a chunk in
+    another label set's group, a row its chunk no longer backs, a group without a row in a version that must be
+    complete), in a transaction of its own: this run's index stage regroups them and writes their rows again in
+    every version (vectors from the embedding cache). Returns how many."""
+    with conn.transaction():
+        store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
+        versions = store.versions.writable_versions(conn)
+        return store.groups.requeue_misindexed(
+            conn, [v.table_name for v in versions],
+            [v.table_name for v in versions if v.status != VersionStatus.BUILDING])
 
 
 def index_document(
@@ -214,6 +229,15 @@ def write_document(
     doc = replace(doc, acl_labels=labels)
     store.groups.lock_assignment(conn)
     chunks = assign_groups(conn, stored_chunks, doc.acl_labels, dedup.lsh_params(settings.dedup.threshold))
+    if any(old.group_id and old.group_id != new.group_id for old, new in zip(stored_chunks, chunks, strict=True)):
+        # A chunk changed group (its labels changed since it was grouped): that holds in every version, so a write
+        # meant for some (a backfill's) must reach all, or the others keep rows keyed by the old group.
+        targets = [*targets, *(v for v in store.versions.writable_versions(conn)
+                               if v.version_id not in {t.version_id for t in targets})]
+        inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input for c in chunks}
+        vectors_by_version = {**{v.version_id: embed_inputs(conn, v, settings, inputs, stats, commit=False)
+                                 for v in targets if v.version_id not in vectors_by_version},
+                              **vectors_by_version}
     stats.occurrences += len(chunks)
     for version in targets:
         vectors = vectors_by_version[version.version_id]

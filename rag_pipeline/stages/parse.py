@@ -1,6 +1,8 @@
 """Stage 2: parse new and changed documents through the cascade, clean them, and gate on content_hash.
 
-A document whose cleaned text did not change goes straight back to `indexed` (no chunking, no embedding).
+A document whose cleaned text did not change goes straight back to `indexed` (no chunking, no embedding), unless
+its labels changed in the same scan: then it is chunked again from its pages, so that its chunks join the
+near-duplicate groups of their new label set (vectors from the embedding cache).
 Anything that cannot be parsed is dead-lettered with a specific reason; the run goes on.
 """
 
@@ -11,6 +13,7 @@ import logging
 import os
 import re
 import tempfile
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -19,14 +22,17 @@ import psycopg
 
 from rag_pipeline import store
 from rag_pipeline.config import SourceConfig
+from rag_pipeline.domain.refs import in_log
 from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.parsing.cascade import Cascade, parse_document
+from rag_pipeline.parsing.limits import decode_content_encoding
 from rag_pipeline.parsing.pages import DeadLetter
 from rag_pipeline.sources import kinds
 from rag_pipeline.sources.folders import ChangedSinceScanError, UnsafePathError, open_judged
 from rag_pipeline.sources.object_stores import SourceReadError, download_judged
 from rag_pipeline.stages.common import StageStats, count
 from rag_pipeline.store.queue import PendingDocument
+from rag_pipeline.text import dedup
 from rag_pipeline.text.cleaning import clean_parsed_pages, content_hash
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,7 @@ D = DocumentStatus
 class ParseStats(StageStats):
     parsed: int = 0
     content_unchanged: int = 0  # file changed, text did not: no chunking, no embedding
+    regrouped: int = 0  # of those, relabelled too: chunked again into their label set's groups (nothing embedded)
     dead_lettered: int = 0
     vanished: int = 0
     changed_since_scan: int = 0  # left for the next scan: the file is not the one it judged
@@ -69,7 +76,8 @@ def parse_one(
         # Exactly what the scan judged: a folder's file reached without following a link (a name swapped since
         # for a link, to a file with other labels, or for another file is left for the next scan to judge
         # again), an object at exactly its listed ETag.
-        with judged_copy(source, read_path, size, mtime_ns, doc.file_id, doc.file_links) as path:
+        with judged_copy(source, read_path, size, mtime_ns, doc.file_id, doc.file_links,
+                         max_file_bytes=cascade.config.max_file_bytes) as path:
             # Only page text is kept in memory (pdfplumber frees each page's objects as it goes), because
             # furniture is found by comparing pages.
             if source.store_scheme is not None:
@@ -83,19 +91,24 @@ def parse_one(
             if not store.queue.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint, doc.file_id):
                 stats.vanished += 1
                 return
+            # The labels read under the row lock: a scan that changed them with the bytes left the chunks in the
+            # groups of the old label set, which must not be kept (a same-text document of that set would join
+            # a group whose row speaks for these labels).
+            regroup = unchanged and store.groups.in_other_groups(
+                conn, doc.doc_id, dedup.acl_key(store.queue.current_labels(conn, doc.doc_id)))
             store.pages.replace_pages(conn, doc.doc_id, parsed, version)
             store.queue.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
-                                   D.INDEXED if unchanged else D.PENDING_CHUNK, removed)
+                                   D.INDEXED if unchanged and not regroup else D.PENDING_CHUNK, removed)
             store.pages.clear_dead_letter(conn, doc.doc_id)
     except UnsafePathError as exc:
         dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
         return
     except ChangedSinceScanError as exc:
-        log.info("%s/%s: %s; left for the next scan", doc.source, doc.rel_path, exc)
+        log.info("%s: %s; left for the next scan", *in_log(doc.source, doc.rel_path, doc.ref, exc))
         stats.changed_since_scan += 1
         return
     except SourceReadError as exc:
-        log.warning("%s/%s: %s; left for the next run", doc.source, doc.rel_path, exc)
+        log.warning("%s: %s; left for the next run", *in_log(doc.source, doc.rel_path, doc.ref, exc))
         stats.unreadable += 1
         return
     except FileNotFoundError:
@@ -105,11 +118,13 @@ def parse_one(
         dead_letter(conn, doc, exc, stats)
         return
     except Exception as exc:  # a parser bug must not stop the run or lose the document
-        log.exception("parser failed on %s/%s", doc.source, doc.rel_path)
+        log.error("parser failed on %s: %s",
+                  *in_log(doc.source, doc.rel_path, doc.ref, "".join(traceback.format_exception(exc))))
         dead_letter(conn, doc, DeadLetter("parser_error", f"{type(exc).__name__}: {exc}"), stats)
         return
     if unchanged:
         stats.content_unchanged += 1
+        stats.regrouped += int(regroup)
     else:
         stats.parsed += 1
     stats.pages += len(parsed)
@@ -130,10 +145,11 @@ PRIVATE_COPY_PREFIX = "rag-parse-"
 
 @contextlib.contextmanager
 def judged_copy(source: SourceConfig, read_path: str, size: int, mtime_ns: int, file_id: str | None,
-                file_links: int | None) -> Iterator[Path]:
+                file_links: int | None, *, max_file_bytes: int) -> Iterator[Path]:
     """The bytes the scan judged, in a private folder (mode 0700) named after this process (so that a worker
     killed mid-parse leaves nothing for long: remove_orphaned_copies), under the suffix the parsers dispatch on:
-    nothing at the source can change what the parsers read."""
+    nothing at the source can change what the parsers read. An object stored with a Content-Encoding (gzip,
+    deflate) is decoded, at most `max_file_bytes` of it, so it is parsed as its type, not as compressed bytes."""
     suffix = PurePosixPath(read_path).suffix
     suffix = suffix if re.fullmatch(r"\.[A-Za-z0-9]{1,16}", suffix) else ""
     with tempfile.TemporaryDirectory(prefix=f"{PRIVATE_COPY_PREFIX}{os.getpid()}-") as folder:
@@ -142,7 +158,9 @@ def judged_copy(source: SourceConfig, read_path: str, size: int, mtime_ns: int, 
             fd = open_judged(source.folder.resolve(), read_path, size, mtime_ns, file_id, file_links)
             copy_descriptor(fd, size, path)
         else:
-            download_judged(source, read_path, file_id, size, path)
+            encoding = download_judged(source, read_path, file_id, size, path)
+            if encoding:
+                decode_content_encoding(path, encoding, max_file_bytes)
         yield path
 
 
@@ -190,7 +208,7 @@ def dead_letter(conn: psycopg.Connection, doc: PendingDocument, exc: DeadLetter,
         store.scans.delete_derived_rows(conn, [doc.doc_id])
         store.pages.record_dead_letter(conn, doc.doc_id, exc.reason, exc.detail, doc.fingerprint)
         store.queue.mark_dead_letter(conn, doc.doc_id)
-    log.warning("dead-lettered %s/%s: %s", doc.source, doc.rel_path, exc)
+    log.warning("dead-lettered %s: %s", *in_log(doc.source, doc.rel_path, doc.ref, exc))
     stats.dead_lettered += 1
     count(stats.dead_letter_reasons, exc.reason)
     return True

@@ -27,6 +27,7 @@ import psycopg
 
 from rag_pipeline import store
 from rag_pipeline.config import Settings, SourceConfig
+from rag_pipeline.domain.refs import in_log
 from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.embedding.identity import adopt_model_identities
 from rag_pipeline.parsing.pages import DeadLetter
@@ -39,7 +40,7 @@ from rag_pipeline.stages.chunk import (
     sizing_model_location,
 )
 from rag_pipeline.stages.common import Progress, log_progress
-from rag_pipeline.stages.index import IndexStats, index_documents
+from rag_pipeline.stages.index import IndexStats, index_documents, requeue_misindexed
 from rag_pipeline.stages.parse import ParseStats, dead_letter, parse_one, remove_orphaned_copies
 from rag_pipeline.stages.progress import Reporter
 from rag_pipeline.store.database import connect, index_write_lock
@@ -222,6 +223,8 @@ def process_pending(
                 with conn.transaction():
                     store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
                     result.chunk.requeued_for_new_chunker = store.queue.requeue_for_chunker(conn, plan.version)
+            if index:  # what index_drift would fail on is written again in this run, not left for a hand re-queue
+                result.index.requeued_misindexed = requeue_misindexed(conn)
         with leases_kept(db_url, execution.lease_seconds) as lease:
             parsing, stop = threading.Event(), threading.Event()
             indexer = (_IndexThread(db_url, settings, lease, result.index, parsing.is_set, stop.is_set)
@@ -337,8 +340,8 @@ def _work_documents(
                         # The worker may have grown on earlier documents, or been killed from outside: the
                         # document gets one fresh worker before it is judged.
                         retried.add(event.key)
-                        log.warning("%s/%s: %s; retrying once in a fresh worker", task.doc.source,
-                                    task.doc.rel_path, event.detail)
+                        log.warning("%s: %s; retrying once in a fresh worker",
+                                    *in_log(task.doc.source, task.doc.rel_path, task.doc.ref, event.detail))
                         in_hand[event.key] = task
                         pool.submit(event.key, task)
                         continue
@@ -376,8 +379,8 @@ def _finish(conn: psycopg.Connection, task: DocumentTask, event: Finished | Fail
         result.chunk.seconds += outcome.chunk.seconds  # worker seconds spent chunking, summed over workers
         return
     if event.reason == "fatal":  # the database went away under a worker: the run stops, nothing is dead-lettered
-        raise psycopg.OperationalError(f"a worker lost the database on {task.doc.source}/{task.doc.rel_path}: "
-                                       f"{event.detail.splitlines()[0]}")
+        name, detail = in_log(task.doc.source, task.doc.rel_path, task.doc.ref, event.detail.splitlines()[0])
+        raise psycopg.OperationalError(f"a worker lost the database on {name}: {detail}")
     reason = event.reason if event.reason in BUDGET_REASONS else "parser_error"
-    log.warning("%s/%s: %s", task.doc.source, task.doc.rel_path, event.detail)
+    log.warning("%s: %s", *in_log(task.doc.source, task.doc.rel_path, task.doc.ref, event.detail))
     dead_letter(conn, task.doc, DeadLetter(reason, event.detail), result.parse)

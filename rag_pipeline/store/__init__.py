@@ -3,6 +3,7 @@ psycopg.sql and parameters. The database's own functions and views (the search, 
 top-level `sql/functions/`; the schema's history in `sql/migrations/`.
 
 - database     the server (embedded or external), connections, migrations, the index write lock
+- deadline     client-side deadlines on connections, which hold when the server is frozen
 - sources      the sources registry, scan locks and scan records
 - scans        a scan reconciled with the documents table: staged, what is gone counted and deleted, changes applied
 - queue        the work queue: pending documents, claims and status changes
@@ -27,6 +28,7 @@ rag_pipeline.domain.status, never written as literals.
 from rag_pipeline.store import (  # noqa: F401  (the submodules are the package's interface)
     chunks,
     database,
+    deadline,
     documents,
     erasure,
     evaluations,

@@ -11,6 +11,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from rag_pipeline.domain import ids as ids_module
+from rag_pipeline.domain.status import DOCUMENT_HELD, DocumentStatus
 from rag_pipeline.store import scans, versions
 from rag_pipeline.store.health import table_exists
 
@@ -18,15 +19,52 @@ from rag_pipeline.store.health import table_exists
 _BY_DOC_ID = ("dead_letters", "prefix_cache", "chunks", "document_pages", "deletion_log", "document_embedding_inputs")
 
 
-def documents_of(conn: psycopg.Connection, source: str, rel_path: str | None) -> list[str]:
-    """Ids of the document at source:rel_path (or of every document of the source), live or deleted."""
-    if rel_path is None:
-        query = """SELECT doc_id FROM documents WHERE source = %(source)s
-                   UNION SELECT doc_id FROM deletion_log WHERE source = %(source)s"""
-    else:
-        query = """SELECT doc_id FROM documents WHERE source = %(source)s AND rel_path = %(path)s
-                   UNION SELECT doc_id FROM deletion_log WHERE source = %(source)s AND rel_path = %(path)s"""
-    return [r[0] for r in conn.execute(query, {"source": source, "path": rel_path}).fetchall()]
+# A name is the same name whatever its Unicode normalisation (`café` typed as NFC, stored as NFD by a Mac): erasing
+# by a name erases every spelling of it (canonical equivalence, NFC; not NFKC, which would merge `ﬁ` with `fi`).
+_SAME_NAME = sql.SQL(" AND normalize(rel_path, NFC) = normalize(%(path)s, NFC)")
+
+
+def documents_of(conn: psycopg.Connection, source: str, rel_path: str | None) -> list[tuple[str, str]]:
+    """(id, path) of every document at source:rel_path in any Unicode normalisation (or of every document of the
+    source), live or deleted."""
+    where = sql.SQL("source = %(source)s") + (sql.SQL("") if rel_path is None else _SAME_NAME)
+    query = sql.SQL("""SELECT doc_id, rel_path FROM documents WHERE {where}
+                       UNION SELECT doc_id, rel_path FROM deletion_log WHERE {where}""").format(where=where)
+    return [(r[0], r[1]) for r in conn.execute(query, {"source": source, "path": rel_path}).fetchall()]
+
+
+def held_erased(conn: psycopg.Connection, source: str, rel_path: str | None) -> list[str]:
+    """Ids of the documents of the source (at rel_path in any normalisation) held because they were erased."""
+    query = sql.SQL("SELECT doc_id FROM documents WHERE source = %(source)s AND status = %(held)s{}").format(
+        sql.SQL("") if rel_path is None else _SAME_NAME)
+    return [r[0] for r in conn.execute(query, {"source": source, "path": rel_path,
+                                               "held": DocumentStatus.HELD_ERASED.value}).fetchall()]
+
+
+def refs_of_ids(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, int]:
+    return dict(conn.execute("SELECT doc_id, ref FROM documents WHERE doc_id = ANY(%s)", (list(doc_ids),)).fetchall())
+
+
+def held_erased_count(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT count(*) FROM documents WHERE status = %s",
+                        (DocumentStatus.HELD_ERASED.value,)).fetchone()[0]
+
+
+def known_ids(conn: psycopg.Connection, source: str) -> set[str]:
+    """Ids of the source's documents that are not held (a held one may be an erased one, back)."""
+    return {r[0] for r in conn.execute("SELECT doc_id FROM documents WHERE source = %s AND NOT status = ANY(%s)",
+                                       (source, list(DOCUMENT_HELD))).fetchall()}
+
+
+def refresh_statistics(conn: psycopg.Connection) -> list[str]:
+    """ANALYZE every table that holds (or held) documents' paths, text or rows: the planner's statistics
+    (pg_stats) keep sampled values, erased ones included, until the next ANALYZE. In the erasing transaction, the
+    rows it deleted are not sampled. Returns the tables analysed."""
+    tables = ["documents", *_BY_DOC_ID, "embedding_cache", "sources", "erasures"]
+    tables += [v.table_name for v in versions.index_versions(conn) if table_exists(conn, v.table_name)]
+    for table in tables:
+        conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
+    return tables
 
 
 def erase_documents(conn: psycopg.Connection, doc_ids: Sequence[str]) -> tuple[dict[str, int], list[str]]:
@@ -92,12 +130,20 @@ def record_erasures(conn: psycopg.Connection, subjects: Sequence[str], scope: st
 
 
 def erased_subjects(conn: psycopg.Connection) -> set[str]:
-    return {r[0] for r in conn.execute("SELECT DISTINCT subject FROM erasures").fetchall()}
+    """Subjects erased and not re-admitted since (a 'readmit' row after their latest erasure)."""
+    return {r[0] for r in conn.execute(
+        """SELECT subject FROM (SELECT DISTINCT ON (subject) subject, scope FROM erasures ORDER BY subject, id DESC) s
+           WHERE scope <> 'readmit'""").fetchall()}
 
 
 def ids_anywhere(conn: psycopg.Connection) -> set[str]:
-    """Every doc_id that has a row in any document table or index version."""
-    parts = [sql.SQL("SELECT doc_id FROM {}").format(sql.Identifier(t))
+    """Every doc_id that has a row in any document table or index version; a document held as erased (its row,
+    and the embedding inputs it is remembered by) is not counted: holding it is what erasure asks for."""
+    held = sql.SQL("(SELECT doc_id FROM documents WHERE status = {})").format(
+        sql.Literal(DocumentStatus.HELD_ERASED.value))
+    parts = [sql.SQL("SELECT doc_id FROM {} WHERE doc_id NOT IN {}").format(sql.Identifier(t), held)
+             if t in ("documents", "document_embedding_inputs") else
+             sql.SQL("SELECT doc_id FROM {}").format(sql.Identifier(t))
              for t in ("documents", *_BY_DOC_ID)]
     parts += [sql.SQL("SELECT doc_id FROM {}").format(sql.Identifier(v.table_name))
               for v in versions.index_versions(conn) if table_exists(conn, v.table_name)]

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import psycopg
+from psycopg import sql
+
+from rag_pipeline.domain.status import DocumentStatus
 
 _ASSIGNMENT_LOCK = "rag_pipeline.group_assignment"
 
@@ -66,3 +69,60 @@ def open_group(
             "INSERT INTO chunk_group_bands (bucket, band, group_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
             [(bucket, band, group_id) for band, bucket in enumerate(buckets)],
         )
+
+
+# --- groups that follow labels -----------------------------------------------------------------------
+
+# rag_pipeline.text.dedup.acl_key in SQL: the distinct labels in code point order (UTF-8 bytes under "C"), joined
+# by U+001F. Computed once per distinct label set, not per chunk.
+_LABEL_SETS = """label_sets AS MATERIALIZED (
+    SELECT s.labels, array_to_string(ARRAY(SELECT DISTINCT l COLLATE "C" FROM unnest(s.labels) AS l ORDER BY 1),
+                                     chr(31)) AS acl_key
+    FROM (SELECT DISTINCT acl_labels AS labels FROM documents WHERE status = %(indexed)s) s)"""
+
+# Chunks of indexed documents outside a group of their document's label set (in none, or in another set's).
+_MISGROUPED = sql.SQL("""WITH """ + _LABEL_SETS + """
+    SELECT c.doc_id FROM chunks c JOIN documents d USING (doc_id) JOIN label_sets k ON k.labels = d.acl_labels
+    LEFT JOIN chunk_groups g ON g.group_id = c.group_id
+    WHERE d.status = %(indexed)s AND g.acl_key IS DISTINCT FROM k.acl_key""")
+
+
+def in_other_groups(conn: psycopg.Connection, doc_id: str, labels_key: str) -> bool:
+    """Whether any chunk of the document is outside a group keyed `labels_key` (its labels changed since it was
+    grouped, or it was re-chunked and never indexed): its rows cannot be kept as they are."""
+    return conn.execute(
+        """SELECT EXISTS (SELECT 1 FROM chunks c LEFT JOIN chunk_groups g ON g.group_id = c.group_id
+                          WHERE c.doc_id = %s AND g.acl_key IS DISTINCT FROM %s)""",
+        (doc_id, labels_key),
+    ).fetchone()[0]
+
+
+def misgrouped_chunks(conn: psycopg.Connection) -> int:
+    """Chunks of indexed documents whose group is not of their document's label set (index_drift)."""
+    return conn.execute(sql.SQL("SELECT count(*) FROM ({}) m").format(_MISGROUPED),
+                        {"indexed": DocumentStatus.INDEXED}).fetchone()[0]
+
+
+def requeue_misindexed(conn: psycopg.Connection, row_tables: Sequence[str], complete_tables: Sequence[str]) -> int:
+    """Send back to indexing every indexed document whose index state the index_drift check would fail: a chunk
+    outside its label set's group, a row in `row_tables` its chunk no longer backs, or a chunk whose group has no
+    row in one of `complete_tables` (versions that must hold every group). The index stage then regroups it and
+    rewrites its rows in every version, and the groups it leaves get rows of their own (vectors from the cache).
+    Inside the caller's transaction, which holds the assignment lock. Returns how many documents."""
+    parts: list[sql.Composable] = [_MISGROUPED]
+    for table in row_tables:
+        parts.append(sql.SQL(
+            """SELECT t.doc_id FROM {} t
+               WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.chunk_id = t.owner_chunk_id AND c.doc_id = t.doc_id
+                                   AND coalesce(c.group_id, c.chunk_id) = t.chunk_id)""").format(sql.Identifier(table)))
+    for table in complete_tables:
+        parts.append(sql.SQL(
+            """SELECT c.doc_id FROM chunks c
+               WHERE c.group_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = c.group_id)"""
+        ).format(sql.Identifier(table)))
+    return conn.execute(
+        sql.SQL("""UPDATE documents SET status = %(pending_index)s
+                   WHERE status = %(indexed)s AND doc_id IN ({})""").format(
+            sql.SQL(" UNION ").join(sql.SQL("({})").format(part) for part in parts)),
+        {"indexed": DocumentStatus.INDEXED, "pending_index": DocumentStatus.PENDING_INDEX},
+    ).rowcount

@@ -32,14 +32,16 @@ def table_exists(conn: psycopg.Connection, table_name: str) -> bool:
 # --- staleness -------------------------------------------------------------------------------------
 
 
-def source_freshness(conn: psycopg.Connection, now: datetime) -> list[tuple[str, int, Any, Any, int, int, Any]]:
+def source_freshness(conn: psycopg.Connection, now: datetime
+                     ) -> list[tuple[str, int, Any, Any, int, int, Any, Any]]:
     """Per registered source: SLA, seconds since the last completed scan, age of the oldest queued change,
-    how many changes are queued, and the deletions its latest scan held back (with why)."""
+    how many changes are queued, the deletions its latest scan held back (with why), and why its latest scan
+    failed (None: it did not)."""
     return conn.execute(
         """SELECT s.name, s.freshness_sla_seconds,
                   extract(epoch FROM %(now)s - s.last_scan_completed_at),
                   extract(epoch FROM %(now)s - min(d.changed_at)),
-                  count(d.doc_id), coalesce(latest.deletions_held, 0), latest.held_reason
+                  count(d.doc_id), coalesce(latest.deletions_held, 0), latest.held_reason, s.last_scan_failure
            FROM sources s
            LEFT JOIN documents d ON d.source = s.name AND d.status = ANY(%(queued)s)
            LEFT JOIN LATERAL (SELECT deletions_held, held_reason FROM source_scans

@@ -30,17 +30,18 @@ class PendingDocument:
     file_id: str | None = None
     file_links: int | None = None
     read_path: str | None = None
+    ref: int | None = None  # how logs name it (rag_pipeline.domain.refs): never by path
 
 
 PENDING_COLUMN_NAMES = ("doc_id", "source", "rel_path", "fingerprint", "content_hash", "indexed_content_hash",
-                        "title", "acl_labels", "chunker_version", "file_id", "file_links", "read_path")
+                        "title", "acl_labels", "chunker_version", "file_id", "file_links", "read_path", "ref")
 
 
 _PENDING_COLUMNS = sql.SQL(", ").join(map(sql.Identifier, PENDING_COLUMN_NAMES))
 
 
 def pending_from_rows(rows: list[tuple[Any, ...]]) -> list[PendingDocument]:
-    return [PendingDocument(*r[:7], tuple(r[7]), *r[8:12]) for r in rows]
+    return [PendingDocument(*r[:7], tuple(r[7]), *r[8:13]) for r in rows]
 
 
 def count_shard_documents(conn: psycopg.Connection, shard: int, shards: int) -> int:

@@ -30,7 +30,7 @@ class ReconcileCounts:
     changed: int = 0
     released: int = 0  # held before, admissible now
     retitled: int = 0
-    relabelled: int = 0  # ACL-only change: labels updated in place, nothing re-embedded
+    relabelled: int = 0  # labels changed (updated in place on every row at once), alone or with other changes
     held: int = 0  # newly held back (no labels, a bad sidecar, hard links)
     deleted: int = 0
     deletions_held: int = 0  # what a guarded scan would have deleted, and did not
@@ -151,13 +151,16 @@ def array_literal(items: Sequence[str]) -> str:
     return "{" + ",".join('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items) + "}"
 
 
-def stored_labels(conn: psycopg.Connection, source: str, rel_paths: Sequence[str]
-                  ) -> dict[str, tuple[str, tuple[str, ...]]]:
+def stored_labels(conn: psycopg.Connection, source: str, rel_paths: Sequence[str],
+                  racy_since: datetime | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
     """(fingerprint, labels) of the source's documents at these paths that are not held: an object whose
-    fingerprint is unchanged keeps the labels its metadata gave, without reading the metadata again."""
+    fingerprint is unchanged keeps the labels its metadata gave, without reading the metadata again. Not those
+    modified at or after `racy_since` (racily clean: rewritten, metadata and all, within the second the scan
+    that stored them listed them, their fingerprint says nothing)."""
     rows = conn.execute(
         "SELECT rel_path, fingerprint, acl_labels FROM documents WHERE source = %s AND rel_path = ANY(%s)"
-        " AND NOT status = ANY(%s)", (source, list(rel_paths), list(DOCUMENT_HELD)),
+        " AND NOT status = ANY(%s) AND (%s::timestamptz IS NULL OR modified_at < %s::timestamptz)",
+        (source, list(rel_paths), list(DOCUMENT_HELD), racy_since, racy_since),
     ).fetchall()
     return {rel_path: (fingerprint, tuple(labels)) for rel_path, fingerprint, labels in rows}
 
@@ -241,11 +244,14 @@ def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]
     return len(deleted)
 
 
-def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts) -> None:
+def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
+               racy_since: datetime | None = None) -> None:
     """Insert the new documents of the staged scan and classify every changed one (counted into `counts`):
     changed files go back to parsing, relabelled ones get their labels on every index row at once, newly held
-    ones lose everything served from them (their parsed pages stay, never served). Drops the staged scan."""
-    params = {"source": source, "held": list(DOCUMENT_HELD), **_STATUS}
+    ones lose everything served from them (their parsed pages stay, never served). A file modified at or after
+    `racy_since` is changed whatever its fingerprint says (rewritten within one tick of the file system's clock,
+    its size, time and inode can stay the same). Drops the staged scan."""
+    params = {"source": source, "held": list(DOCUMENT_HELD), "racy_since": racy_since, **_STATUS}
     inserted = conn.execute(
         """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
                                   acl_labels, title, metadata, status, held_reason, file_id, file_links, read_path)
@@ -266,16 +272,23 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts) -
     conn.execute(
         """CREATE TEMP TABLE scan_changes ON COMMIT DROP AS
            SELECT s.*, d.status AS old_status, d.acl_labels AS old_labels,
-                  (d.fingerprint <> s.fingerprint OR d.file_id IS DISTINCT FROM s.file_id) AS file_changed,
+                  (d.fingerprint <> s.fingerprint OR d.file_id IS DISTINCT FROM s.file_id OR s.racy) AS file_changed,
                   CASE WHEN s.hold_status IS NOT NULL THEN 'hold'
                        WHEN d.fingerprint <> s.fingerprint OR d.file_id <> s.file_id
-                            OR (d.file_id IS NOT NULL AND d.read_path IS DISTINCT FROM s.read_path) THEN 'changed'
+                            OR (d.file_id IS NOT NULL AND d.read_path IS DISTINCT FROM s.read_path)
+                            OR s.racy THEN 'changed'
                        WHEN d.status = ANY(%(held)s) THEN 'released'
                        WHEN d.title IS DISTINCT FROM s.title THEN 'retitled'
                        WHEN d.acl_labels <> s.acl_labels THEN 'relabelled'
                        ELSE 'metadata' END AS change
-           FROM scan_files s JOIN documents d USING (doc_id)
-           WHERE d.fingerprint <> s.fingerprint OR d.acl_labels <> s.acl_labels
+           FROM (SELECT *,
+                        -- Racily clean (see apply_scan); a file system that keeps whole seconds: in that second.
+                        coalesce(modified_at >= %(racy_since)s
+                                 OR (modified_at = date_trunc('second', modified_at)
+                                     AND modified_at >= date_trunc('second', %(racy_since)s::timestamptz)),
+                                 false) AS racy
+                 FROM scan_files) s JOIN documents d USING (doc_id)
+           WHERE d.fingerprint <> s.fingerprint OR d.acl_labels <> s.acl_labels OR s.racy
               OR d.file_id IS DISTINCT FROM s.file_id OR d.file_links IS DISTINCT FROM s.file_links
               OR d.read_path IS DISTINCT FROM s.read_path
               OR d.title IS DISTINCT FROM s.title OR d.metadata <> s.metadata
@@ -293,8 +306,10 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts) -
         delete_derived_rows(conn, holds, keep_pages=True)
     # Pages kept for a cheap release are those of the file judged before: a file that changed while (or as) it is
     # held loses them, so that its release parses the new bytes instead of serving the old ones under new labels.
+    # An erased document back at its source keeps no text either: what was erased stays erased until re-admitted.
     stale = [r[0] for r in conn.execute(
-        "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND file_changed").fetchall()]
+        "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND (file_changed OR hold_status = %s)",
+        (DocumentStatus.HELD_ERASED.value,)).fetchall()]
     if stale:
         delete_derived_rows(conn, stale)
     conn.execute(
@@ -317,13 +332,14 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts) -
         params,
     )
     for change, number in conn.execute("SELECT change, count(*) FROM scan_changes GROUP BY change").fetchall():
-        if change in ("changed", "released", "retitled", "relabelled"):
+        if change in ("changed", "released", "retitled"):
             setattr(counts, change, number)
     # Labels change on the rows at once, whatever else changed: a narrowed ACL must not wait for re-parsing
-    # (which may fail, or run later) to take effect.
+    # (which may fail, or run later) to take effect. Counted as relabelled whatever else changed with them.
     relabelled = [r[0] for r in conn.execute(
         "SELECT doc_id FROM scan_changes WHERE change <> 'hold' AND acl_labels <> old_labels"
     ).fetchall()]
+    counts.relabelled = len(relabelled)
     if relabelled:
         relabel_index_rows(conn, relabelled)
     conn.execute("DROP TABLE scan_changes")
@@ -385,7 +401,9 @@ def remember_embedding_inputs(conn: psycopg.Connection, doc_ids: Sequence[str]) 
 def relabel_index_rows(conn: psycopg.Connection, doc_ids: Sequence[str]) -> None:
     """ACL-only change: copy the documents' labels onto their rows in every version at once (a narrowed
     ACL must not wait for anything), then regroup them: near-duplicate groups never span label sets.
-    Regrouping takes vectors from the embedding cache, so nothing is re-embedded."""
+    Regrouping takes vectors from the embedding cache, so nothing is re-embedded. Only an indexed document is
+    queued here: one queued for parsing is regrouped when parsed (text unchanged, chunks in another label set's
+    groups: chunked again, rag_pipeline.stages.parse), one queued for chunking gets new chunks anyway."""
     for version in versions.index_versions(conn):
         versions.copy_document_labels(conn, version, doc_ids)
     conn.execute(

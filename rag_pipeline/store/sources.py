@@ -88,8 +88,44 @@ def record_scan(conn: psycopg.Connection, source: str, started_at: datetime, cou
          counts.deletions_held_reason),
     )
     conn.execute(
-        "UPDATE sources SET last_scan_started_at = %s, last_scan_completed_at = now() WHERE name = %s",
+        """UPDATE sources SET last_scan_started_at = %s, last_scan_completed_at = now(), last_scan_failed_at = NULL,
+                              last_scan_failure = NULL WHERE name = %s""",
         (started_at, source),
     )
+
+
+def last_scan_started(conn: psycopg.Connection, source: str) -> datetime | None:
+    """When the latest completed scan of the source started: what it stored was listed after that moment."""
+    row = conn.execute("SELECT last_scan_started_at FROM sources WHERE name = %s", (source,)).fetchone()
+    return row[0] if row else None
+
+
+def record_scan_failure(conn: psycopg.Connection, source: str, reason: str) -> None:
+    """Keep why a scan of the source failed (its own transaction was rolled back), until a scan completes. A
+    source never registered gets no row: the staleness check fails it as never scanned."""
+    conn.execute("UPDATE sources SET last_scan_failed_at = now(), last_scan_failure = %s WHERE name = %s",
+                 (reason, source))
+
+
+def documents_to_hold(conn: psycopg.Connection, source: str) -> int:
+    """How many documents of a source that left the configuration are still served (not held yet)."""
+    return conn.execute("SELECT count(*) FROM documents WHERE source = %s AND status <> %s",
+                        (source, D.HELD_SOURCE_REMOVED)).fetchone()[0]
+
+
+def record_hold_refused(conn: psycopg.Connection, source: str, documents: int, reason: str) -> None:
+    """A source that left the configuration whose documents were not held (unconfirmed): recorded as a scan that
+    held deletions back, which the staleness check reports until it is confirmed or the source comes back."""
+    conn.execute(
+        """INSERT INTO source_scans (source, started_at, finished_at, files_seen, deletions_held, held_reason)
+           VALUES (%s, now(), now(), 0, %s, %s)""",
+        (source, documents, reason),
+    )
+
+
+def record_hold_confirmed(conn: psycopg.Connection, source: str) -> None:
+    """The documents of a source that left the configuration were held as confirmed: no deletions wait any more."""
+    conn.execute("INSERT INTO source_scans (source, started_at, finished_at, files_seen) VALUES (%s, now(), now(), 0)",
+                 (source,))
 
 

@@ -201,13 +201,15 @@ def mark_ready(conn: psycopg.Connection, version_id: int) -> bool:
     ).rowcount == 1
 
 
-def last_retired_with_table(conn: psycopg.Connection) -> int | None:
-    """The most recently retired version that was once active and still has its table (the rollback target)."""
+def rollback_target(conn: psycopg.Connection, current: int) -> int | None:
+    """The rollback target: of the versions older than `current` that were once active and still have their table,
+    the one retired last (the one active before `current`). Never a newer one: a second rollback goes further
+    back, not forward again to the version the first one left."""
     row = conn.execute(
         """SELECT version_id FROM index_versions
-           WHERE status = %s AND promoted_at IS NOT NULL AND dropped_at IS NULL
-           ORDER BY retired_at DESC LIMIT 1""",
-        (V.RETIRED,),
+           WHERE status = %s AND promoted_at IS NOT NULL AND dropped_at IS NULL AND version_id < %s
+           ORDER BY retired_at DESC, version_id DESC LIMIT 1""",
+        (V.RETIRED, current),
     ).fetchone()
     return row[0] if row else None
 

@@ -210,7 +210,7 @@ class WorkerPool:
         try:
             self._inline_events.append(Finished(key, self.runner.run(self._inline_state, item)))
         except Exception as exc:
-            log.exception("work on %s failed", key)
+            log.exception("work on an item failed (the caller names it)")  # a key may be a hash of a path
             kind = "fatal" if isinstance(exc, getattr(self.runner, "fatal", ())) else "error"
             self._inline_events.append(Failed(key, kind, f"{type(exc).__name__}: {exc}"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -85,6 +86,25 @@ def _check_url(url: str) -> None:
         raise ValueError(f"the service URL must be http(s)://host[:port], got {parts.scheme or 'no'} scheme")
     if parts.username is not None or parts.password is not None:
         raise ValueError("the service URL must not carry a user or password: the API token is the credential")
+
+
+# Arguments a caller might expect a search to take that the service decides: refused by name, never dropped.
+DECIDED_BY_THE_SERVICE = {
+    "labels": "a search's labels come from its API token (the service maps the token to labels)",
+    "acl_labels": "a search's labels come from its API token (the service maps the token to labels)",
+    "index_version": "the service searches its active index version",
+    "version": "the service searches its active index version",
+}
+
+
+def refuse_arguments(arguments: Mapping[str, Any], where: str) -> None:
+    """A TypeError naming each of `arguments` (what a retriever was given and would not use): a retriever must
+    not seem to honour an argument it ignores, least of all one that narrows what a caller may read."""
+    if not arguments:
+        return
+    reasons = "; ".join(f"{name!r}: {DECIDED_BY_THE_SERVICE.get(name, 'not an argument of this retriever')}"
+                        for name in sorted(arguments))
+    raise TypeError(f"{where} does not take {', '.join(repr(n) for n in sorted(arguments))} ({reasons})")
 
 
 def metadata_of(result: dict[str, Any]) -> dict[str, Any]:

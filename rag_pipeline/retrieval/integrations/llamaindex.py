@@ -13,7 +13,10 @@ import httpx
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-from rag_pipeline.retrieval.integrations.client import SearchClient, metadata_of
+from rag_pipeline.retrieval.integrations.client import SearchClient, metadata_of, refuse_arguments
+
+# what llama_index's BaseRetriever.__init__ takes; anything else is refused here, by name and with the reason
+_BASE_ARGUMENTS = ("callback_manager", "object_map", "objects", "verbose")
 
 
 class RagPipelineRetriever(BaseRetriever):
@@ -23,6 +26,8 @@ class RagPipelineRetriever(BaseRetriever):
     def __init__(self, url: str = "http://127.0.0.1:8000", token: str | None = None, *, k: int = 10,
                  mode: str = "hybrid", timeout: float = 30.0, http_client: httpx.Client | None = None,
                  **kwargs: Any) -> None:
+        refuse_arguments({name: value for name, value in kwargs.items() if name not in _BASE_ARGUMENTS},
+                         type(self).__name__)
         self._client = SearchClient(url, token, timeout=timeout, http_client=http_client)
         self._k, self._mode = k, mode
         super().__init__(**kwargs)

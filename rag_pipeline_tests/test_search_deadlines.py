@@ -1,0 +1,282 @@
+"""Search under a slow, throttling or failing reranker and a frozen database (issue 47, cases 3 and 9), on the real
+service (uvicorn), the real database and a real local HTTP reranker: a search answers within its deadline in the
+fused order, holds no database connection while it waits, and leaves /readyz ready; a Retry-After longer than the
+time left is not waited for; a circuit breaker stops calling a reranker that keeps failing, then tries it once. A
+frozen (SIGSTOPped) database, a server of this test's own, holds no service thread past the query timeout. The
+retrievers refuse the arguments they would ignore."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from rag_pipeline.config import RerankerConfig, ServiceConfig, ServiceToken
+from rag_pipeline.retrieval.search import SearchOptions, search
+from rag_pipeline.retrieval.service import create_app
+from rag_pipeline.store.database import EmbeddedPostgres, ensure_database, migrate
+from rag_pipeline.store.deadline import WATCHDOG, DatabaseDeadlineExceeded
+from rag_pipeline_tests.conftest import serving
+
+TOKEN = "staff-token-" + "d" * 20
+QUERY = "how far ahead should flights be booked"
+DEADLINE = 1.5  # retrieval.search_deadline_seconds in these tests
+SLACK = 2.5  # what a loaded two-core test machine may add to a request
+COOL_DOWN = 3.0  # retrieval.reranker.breaker_cooldown_seconds
+
+
+class ScriptedReranker:
+    """POST /rerank on 127.0.0.1, answering as `mode` says: ok (passages holding `favourite` first), slow (after
+    `delay` seconds), throttle (429 with `Retry-After: retry_after`), fail (500). `calls` counts what it received."""
+
+    def __init__(self, favourite: str = "flights") -> None:
+        self.mode, self.delay, self.retry_after, self.favourite = "ok", 15.0, 25, favourite
+        self.calls = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                """Quiet: the test reads the counter."""
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server._lock:
+                    server.calls += 1
+                if server.mode == "slow":
+                    server._stopped.wait(server.delay)
+                elif server.mode in ("throttle", "fail"):
+                    self.send_response(429 if server.mode == "throttle" else 500)
+                    if server.mode == "throttle":
+                        self.send_header("Retry-After", str(server.retry_after))
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                results = [{"index": i, "relevance_score": 1.0 if server.favourite in text else 0.1 / (i + 1)}
+                           for i, text in enumerate(body["texts"])]
+                data = json.dumps({"results": results}).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up waiting
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def reranked_service(clone) -> Iterator[tuple[str, ScriptedReranker, object, object]]:
+    """The service with an endpoint reranker (its breaker opens after three failed searches, for COOL_DOWN s), two
+    database connections and a DEADLINE-second search deadline."""
+    conn, settings = clone
+    reranker = ScriptedReranker()
+    retrieval = settings.retrieval.model_copy(update={
+        "search_deadline_seconds": DEADLINE,
+        "reranker": RerankerConfig(endpoint=reranker.url, top_n=10, breaker_failures=3, breaker_cooldown_seconds=COOL_DOWN)})
+    service = ServiceConfig(connections=2, database_timeout_seconds=2.0, tokens=(
+        ServiceToken(name="bot", sha256=hashlib.sha256(TOKEN.encode()).hexdigest(), labels=["staff"]),))
+    settings = settings.model_copy(update={"retrieval": retrieval, "service": service})
+    try:
+        with serving(create_app(settings, conn.info.dsn)) as base:
+            deadline = time.monotonic() + 180  # the query model loads before the service says ready
+            while httpx.get(f"{base}/readyz", timeout=30).status_code != 200:
+                assert time.monotonic() < deadline, "the service never became ready"
+                time.sleep(0.2)
+            yield base, reranker, conn, settings
+    finally:
+        reranker.stop()
+
+
+def _search(base: str, query: str = QUERY, timeout: float = 20) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = httpx.post(f"{base}/search", json={"query": query, "k": 5}, timeout=timeout,
+                          headers={"Authorization": f"Bearer {TOKEN}"})
+    return response, time.monotonic() - started
+
+
+def _fused(conn, settings, query: str = QUERY) -> list[str]:
+    """The order without a reranker, from the same query model the service uses."""
+    options = SearchOptions.from_settings(settings, light_query_model=False,
+                                          reranker=RerankerConfig())
+    return [hit.chunk_id for hit in search(conn, query, ["staff"], k=5, options=options)]
+
+
+def _metric(base: str, outcome: str) -> int:
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    found = re.search(rf'^rag_search_rerank_total{{outcome="{outcome}"}} (\d+)$', text, re.MULTILINE)
+    assert found, text
+    return int(found.group(1))
+
+
+def test_a_slow_reranker_is_skipped_by_the_deadline_and_starves_no_caller_of_connections(reranked_service):
+    base, reranker, conn, settings = reranked_service
+    expected = _fused(conn, settings)
+    reranker.mode = "slow"  # 15 s: each search took 3 x 10 s, a database connection in hand
+    with ThreadPoolExecutor(8) as pool:
+        searches = [pool.submit(_search, base) for _ in range(6)]  # three times the pool's two connections
+        time.sleep(0.5)
+        ready = httpx.get(f"{base}/readyz", timeout=20)  # asked while six searches wait on the reranker
+        answers = [future.result() for future in searches]
+    assert ready.status_code == 200, ready.text
+    for response, took in answers:
+        assert response.status_code == 200, response.text
+        assert took < DEADLINE + SLACK, f"a search took {took:.1f} s"
+        body = response.json()
+        assert [hit["chunk_id"] for hit in body["results"]] == expected  # the fused order
+        assert all(hit["rerank_score"] is None for hit in body["results"])
+        assert body["rerank"] in ("skipped_deadline", "skipped_breaker_open")
+    assert _metric(base, "skipped_deadline") >= 1
+    assert _metric(base, "skipped_deadline") + _metric(base, "skipped_breaker_open") == 6
+
+
+def test_a_retry_after_longer_than_the_time_left_is_not_waited_for(reranked_service, caplog):
+    base, reranker, conn, settings = reranked_service
+    reranker.mode = "throttle"  # 429 with Retry-After: 25 made one search take 50 s
+    with caplog.at_level(logging.WARNING, logger="rag_pipeline"):
+        response, took = _search(base)
+    assert "reranker skipped (throttled), the fused order stands" in caplog.text and "HTTP 429" in caplog.text
+    assert response.status_code == 200 and took < DEADLINE + SLACK, f"{response.status_code} after {took:.1f} s"
+    assert response.json()["rerank"] == "skipped_throttled"
+    assert [hit["chunk_id"] for hit in response.json()["results"]] == _fused(conn, settings)
+    assert reranker.calls == 1  # not retried inline
+    # and honoured across searches: nothing is sent before the 25 s it asked for are over
+    assert _search(base)[0].json()["rerank"] == "skipped_breaker_open"
+    assert reranker.calls == 1
+
+
+def test_the_breaker_stops_calling_a_failing_reranker_then_tries_it_once(reranked_service):
+    base, reranker, _, _ = reranked_service
+    reranker.mode = "fail"
+    for _ in range(3):  # breaker_failures: three searches in a row get no ranking
+        response, _took = _search(base)
+        assert response.status_code == 200 and response.json()["rerank"] in ("skipped_failed", "skipped_deadline")
+    called = reranker.calls
+    assert called >= 3
+    assert "rag_search_reranker_breaker_open 1" in httpx.get(f"{base}/metrics", timeout=30).text
+    for _ in range(3):  # open: not called at all
+        response, took = _search(base)
+        assert response.json()["rerank"] == "skipped_breaker_open" and took < DEADLINE + SLACK
+    assert reranker.calls == called
+    time.sleep(COOL_DOWN + 0.2)  # the cool-down is over; the endpoint is well again
+    reranker.mode = "ok"
+    response, _took = _search(base)
+    assert response.json()["rerank"] == "reranked" and reranker.calls == called + 1  # one trial call
+    assert "flights" in response.json()["results"][0]["text"] and response.json()["results"][0]["rerank_score"] == 1.0
+    assert "rag_search_reranker_breaker_open 0" in httpx.get(f"{base}/metrics", timeout=30).text
+    assert _search(base)[0].json()["rerank"] == "reranked" and reranker.calls == called + 2  # closed again
+    assert _metric(base, "skipped_breaker_open") == 3 and _metric(base, "reranked") == 2
+
+
+def _server_processes(pgdata: Path) -> list[int]:
+    """The postmaster of `pgdata` and its children (every backend)."""
+    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
+                children.append(int(entry))
+    return [postmaster, *children]
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedPostgres]:
+    """A server of this test's own, to freeze: never the session's."""
+    workdir = Path(tempfile.mkdtemp(prefix="ragpg-frozen-"))  # short path: socket names are length-limited
+    server = EmbeddedPostgres(workdir / "pg")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_frozen_database_holds_no_service_thread_past_the_query_timeout(own_server, clone):
+    _, settings = clone
+    ensure_database(own_server.url("postgres"), "rag")
+    url = own_server.url("rag")
+    migrate(url)  # prepared, with no index version yet: every request reaches the database and says "not ready"
+    query_timeout = 2.0
+    service = ServiceConfig(connections=2, database_timeout_seconds=1.0, query_timeout_seconds=query_timeout,
+                            tokens=(ServiceToken(name="bot", sha256=hashlib.sha256(TOKEN.encode()).hexdigest(),
+                                                 labels=["staff"]),))
+    with serving(create_app(settings.model_copy(update={"service": service}), url)) as base, \
+            psycopg.connect(url, autocommit=True) as held:
+        assert httpx.get(f"{base}/readyz", timeout=20).json()["error"]["message"] == \
+            "there is no active index version yet"  # the database answers
+        processes = _server_processes(own_server.pgdata)
+        for pid in processes:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(DatabaseDeadlineExceeded, match="did not answer within 1 s"):
+                with WATCHDOG.guard(held, 1.0):
+                    held.execute("SELECT 1")  # mid-query on a Unix socket: statement_timeout never fires
+            assert time.monotonic() - started < 1.0 + SLACK
+            with ThreadPoolExecutor(6) as pool:
+                searches = [pool.submit(_search, base, QUERY, 8) for _ in range(4)]
+                readies = [pool.submit(httpx.get, f"{base}/readyz", timeout=8) for _ in range(2)]
+                started = time.monotonic()
+                for response, took in (future.result() for future in searches):
+                    assert response.status_code == 503 and response.json()["error"]["code"] == \
+                        "database_unavailable", response.text
+                    assert took < query_timeout + SLACK, f"a search was held {took:.1f} s"
+                for future in readies:
+                    assert future.result().status_code == 503
+                assert time.monotonic() - started < query_timeout + SLACK
+        finally:
+            for pid in processes:
+                os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30  # thawed, it serves again by itself
+        while httpx.get(f"{base}/readyz", timeout=20).json()["error"]["message"] != \
+                "there is no active index version yet":
+            assert time.monotonic() < deadline, "the service did not recover"
+            time.sleep(0.3)
+
+
+def test_the_retrievers_refuse_the_arguments_they_would_ignore():
+    from rag_pipeline.retrieval.integrations.langchain import RagPipelineRetriever as LangChainRetriever
+    from rag_pipeline.retrieval.integrations.llamaindex import RagPipelineRetriever as LlamaIndexRetriever
+
+    never_called = httpx.Client(base_url="http://127.0.0.1:9")  # a refusal comes before any request
+    for retriever in (LangChainRetriever, LlamaIndexRetriever):
+        with pytest.raises(TypeError, match="'labels'.*come from its API token"):
+            retriever(token=TOKEN, http_client=never_called, labels=["hr"])
+        with pytest.raises(TypeError, match="'index_version'.*active index version"):
+            retriever(token=TOKEN, http_client=never_called, index_version=2)
+    langchain = LangChainRetriever(token=TOKEN, http_client=never_called)
+    with pytest.raises(TypeError, match="invoke does not take 'labels'"):
+        langchain.invoke(QUERY, labels=["hr"])
+    with pytest.raises(TypeError, match="invoke does not take 'index_version'"):
+        langchain.invoke(QUERY, index_version=2)
