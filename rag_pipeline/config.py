@@ -569,7 +569,11 @@ class RerankerConfig(_Section):
                                   "is not called for breaker_cooldown_seconds (the fused order stands), then tried "
                                   "by one search")
     breaker_cooldown_seconds: float = Field(30.0, gt=0, le=3600, description="how long an endpoint the breaker "
-                                            "opened on is left alone (longer when its Retry-After asks for more)")
+                                            "opened on is left alone (longer when its Retry-After asks for more, "
+                                            "up to 300 s or this, whichever is longer)")
+    max_concurrent: int = Field(16, ge=1, le=32, description="searches that may wait on the endpoint at once; "
+                                "the others skip it at once (skipped_busy): the service's 40 worker threads are "
+                                "never all held by a slow reranker")
 
     _resolve_model = field_validator("model", mode="before")(_relative_to_file)
 

@@ -310,7 +310,7 @@ def test_the_scan_failure_migration_upgrades_the_sources_the_previous_main_left(
         with connect(url, autocommit=True) as conn:
             assert conn.execute("SELECT last_scan_failed_at, last_scan_failure FROM sources").fetchone() == (None, None)
             assert staleness(conn, [source]).passed
-            store.sources.record_scan_failure(conn, "s", "PermissionDenied: access denied")
+            store.sources.record_scan_failure(conn, source, "PermissionDenied: access denied")
             failed = staleness(conn, [source])
             assert not failed.passed and failed.error and "s: its latest scan failed (PermissionDenied" in failed.summary
             store.sources.record_scan(conn, "s", datetime.now(UTC), ReconcileCounts())
@@ -321,7 +321,7 @@ def test_the_scan_failure_migration_upgrades_the_sources_the_previous_main_left(
 
 
 def test_the_erased_documents_migration_upgrades_the_database_the_previous_main_left(pg_admin_url, tmp_path):
-    """Migration 007 on a database at 004 (the schema main left at b988343) with documents and an erasure: the rows
+    """Migration 006 on a database at 004 (the schema main left at b988343) with documents and an erasure: the rows
     are kept, `held_erased` is a status with exactly the transitions status.py lists, and 'readmit' an audit scope."""
     from rag_pipeline.domain.status import DOCUMENT_TRANSITIONS
     from rag_pipeline.store.database import ensure_database
@@ -346,7 +346,7 @@ def test_the_erased_documents_migration_upgrades_the_database_the_previous_main_
             conn.execute("INSERT INTO erasures (subject, scope, removed) VALUES ('ab', 'document', '{}')")
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute("UPDATE documents SET status = 'held_erased' WHERE doc_id = 'indexed'")
-        assert "007_erased_documents_held.sql" in migrate(url)
+        assert "006_erased_documents_held.sql" in migrate(url)
         with connect(url, autocommit=True) as conn:
             assert dict(conn.execute("SELECT doc_id, status FROM documents").fetchall()) == {
                 "indexed": "indexed", "held_bad_sidecar": "held_bad_sidecar"}

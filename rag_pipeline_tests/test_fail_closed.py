@@ -6,10 +6,13 @@ scan, a link inside the root took the link's labels, and an empty root deleted e
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 from dagster import DagsterInstance
+from psycopg import sql
 
 from rag_pipeline import store
 from rag_pipeline.config import ChecksConfig, SourceConfig
@@ -410,6 +413,29 @@ def test_erase_removes_a_document_everywhere_and_records_it_without_its_path(clo
     assert conn.execute("SELECT count(*) FROM index_v1").fetchone()[0] == 0
 
 
+def test_an_erasure_whose_statistics_cannot_be_refreshed_is_refused_whole(clone, monkeypatch):
+    """A role that may write the tables but not ANALYZE them (not their owner, no MAINTAIN): PostgreSQL would skip
+    the ANALYZE with a warning and pg_stats keep samples of what was erased. The erasure is refused, nothing gone."""
+    from rag_pipeline.lifecycle.erasure import ErasureError, erase
+
+    conn, settings = clone
+    monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", "k" * 32)
+    role = f"writer_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {r}; "
+                             "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {r}; "
+                             "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {r}").format(
+            r=sql.Identifier(role)))
+        writer_url = psycopg.conninfo.make_conninfo(settings.database_url, user=role)
+        with pytest.raises(ErasureError, match="may not ANALYZE"):
+            erase(writer_url, "sample", "finance/q3-report.pdf")
+        assert _status(conn, "finance/q3-report.pdf")[0] == "indexed"
+        assert conn.execute("SELECT count(*) FROM erasures").fetchone()[0] == 0
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(role)))
+
+
 def test_a_source_removed_from_the_configuration_is_not_served_until_it_comes_back(make_settings, tmp_path, db):
     root = _corpus(tmp_path / "docs")
     other = tmp_path / "other"
@@ -470,15 +496,36 @@ def test_an_ingest_with_another_configuration_holds_nothing_until_confirmed(make
 def test_a_file_rewritten_in_the_clock_tick_its_scan_began_is_parsed_again(make_settings, tmp_path, db):
     """Issue 47, case 1, for folders, on b988343: a file rewritten in place (same inode, same size) within one tick
     of the file system's clock after a scan listed it keeps the fingerprint that scan stored, and its new text was
-    never read. Deterministic: the file's time is set after the scan's start and set back after the rewrite."""
+    never read. Deterministic: the scan is held on its source's lock once it has begun, the file's time is set then
+    (inside the window in which that scan lists it, as a write in the tick it listed the file in) and set back to
+    it after the rewrite."""
+    from concurrent.futures import ThreadPoolExecutor
+
     root = tmp_path / "docs"
     root.mkdir()
     path = root / "rota.md"
     path.write_text("# Rota\n\nThe night shift starts at ten.\n")
-    stamp = time.time_ns() + 5 * 10**9  # not older than the scan's start, as a write in the tick it began in
-    os.utime(path, ns=(stamp, stamp))
     settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
-    _ingest(settings)
+    # The source's scan lock (store.sources.lock_source_scan), held here by a session: the run's scan begins, then
+    # waits for it. Not in a transaction, which would hold up the run before its scan begins.
+    lock = ("rag_pipeline.scan:docs",)
+    with ThreadPoolExecutor(1) as pool:
+        db.execute("SELECT pg_advisory_lock(hashtext(%s))", lock)
+        try:
+            first = pool.submit(_ingest, settings)
+            deadline = time.monotonic() + 600
+            while not db.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE "
+                                 "a.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted"
+                                 ).fetchone()[0]:
+                assert time.monotonic() < deadline and not first.done(), "the scan never waited for its lock"
+                time.sleep(0.05)
+            stamp = time.time_ns()  # after the scan began, before it lists the file
+            os.utime(path, ns=(stamp, stamp))
+        finally:
+            db.execute("SELECT pg_advisory_unlock(hashtext(%s))", lock)
+        first.result(timeout=600)
+    started, completed = db.execute("SELECT last_scan_started_at, last_scan_completed_at FROM sources").fetchone()
+    assert started.timestamp() * 10**9 <= stamp <= completed.timestamp() * 10**9
     inode = path.stat().st_ino
     with open(path, "r+") as handle:  # in place: same inode, same size
         handle.write("# Rota\n\nThe night shift starts at six.\n")
@@ -489,6 +536,52 @@ def test_a_file_rewritten_in_the_clock_tick_its_scan_began_is_parsed_again(make_
     texts = [r[0] for r in db.execute("SELECT c.text FROM chunks c JOIN documents d USING (doc_id) "
                                       "WHERE d.rel_path = 'rota.md'").fetchall()]
     assert any("starts at six" in t for t in texts) and not any("starts at ten" in t for t in texts)
+    summary = _ingest(settings)  # this scan listed it long after its time: clean now, not parsed again
+    assert (summary["changed"], summary["pages"], summary["content_unchanged"]) == (0, 0, 0)
+
+
+def test_a_file_dated_in_the_future_is_parsed_once_not_at_every_scan(make_settings, tmp_path, db):
+    """A file whose time is ahead of every scan (a file server's clock ahead, `touch -d`, an unpacked archive) is no
+    write a scan could have missed. Before the racy window had an end (1c65a1b) it counted as racily clean at every
+    scan and was parsed again each time (OCR and VLM cost every run)."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    path = root / "plan.md"
+    path.write_text("# Plan\n\nThe move to the new building is planned for the spring.\n")
+    ahead = time.time_ns() + 3600 * 10**9
+    os.utime(path, ns=(ahead, ahead))
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    assert _ingest(settings)["parsed"] == 1
+    for _ in range(2):
+        summary = _ingest(settings)  # not read again: no page parsed, even to find the text unchanged
+        assert (summary["changed"], summary["unchanged"], summary["pages"], summary["content_unchanged"]) == (0, 1, 0, 0)
+    assert _status(db, "plan.md") == ("indexed", None)
+
+
+def test_a_new_source_whose_first_scan_fails_fails_the_run_and_staleness_at_once(make_settings, tmp_path, db):
+    """Issue 47, case 5, for a source never scanned before (on 1c65a1b): its failure was kept by updating a sources
+    row that its rolled-back scan had never left, so staleness only warned of a source never scanned and the run
+    succeeded. Now the failed scan registers the source: the run fails, staleness with ERROR, at once."""
+    docs = {"name": "docs", "root": str(_corpus(tmp_path / "docs")), "acl_labels": ["staff"]}
+    archive = tmp_path / "archive"  # not mounted yet
+    settings = make_settings([docs, {"name": "archive", "root": str(archive), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        summary = run_ingest(settings, instance=instance)
+    assert not summary["success"] and summary["scans_failed"] == ["archive"]
+    assert summary["new"] == 2  # the other source was scanned all the same
+    staleness = summary["checks"]["staleness"]
+    assert not staleness["passed"] and staleness["severity"] == "ERROR"
+    assert "archive: its latest scan failed" in staleness["summary"]
+    outcome = checks.staleness(db, settings.sources)
+    assert not outcome.passed and outcome.error and outcome.numbers["failed_scans"] == 1
+    assert db.execute("SELECT origin, last_scan_completed_at, labelling FROM sources WHERE name = 'archive'"
+                      ).fetchone() == ("config", None, None)  # registered, never scanned, its labelling unknown
+    # A mistake taken back (the source leaves the configuration): nothing of it is left to fail every later run.
+    fixed = make_settings([docs])
+    summary = _ingest(fixed)
+    assert summary["checks"]["staleness"]["passed"] and summary["deletions_held"] == 0
+    assert db.execute("SELECT count(*) FROM sources WHERE name = 'archive'").fetchone()[0] == 0
+    assert checks.staleness(db, fixed.sources).passed
 
 
 def test_sidecars_that_cannot_be_stored_or_misname_labels_hold_and_links_to_sidecars_are_skipped(db_url, tmp_path, db):
@@ -979,8 +1072,11 @@ def test_erasing_a_configured_source_needs_confirming_and_what_comes_back_is_hel
     # Without the key erased documents cannot be recognised: a new document is held too, until a scan with the key.
     (root / "public" / "new.md").write_text("# New\n\nThe executive shuttle leaves at six.\n")
     monkeypatch.delenv("RAG_PIPELINE_ERASURE_KEY")
-    _ingest(settings)
+    summary = _ingest(settings)
     assert _status(db, "public/new.md")[0] == "held_erased" and "not checked" in _status(db, "public/new.md")[1]
+    # and says so: a hold nobody is told about would read as a document that never arrived
+    assert any("documents held, not served" in p["problem"] and "RAG_PIPELINE_ERASURE_KEY" in p["problem"]
+               for p in summary["problems"]), summary["problems"]
     assert _status(db, "hr/salaries.md")[0] == "held_erased"
     monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", key)
     _ingest(settings)

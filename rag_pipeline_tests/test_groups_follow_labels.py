@@ -16,6 +16,7 @@ from rag_pipeline.defs.runs import run_index_build, run_ingest
 from rag_pipeline.embedding.locations import resolve_model
 from rag_pipeline.lifecycle import blue_green, checks
 from rag_pipeline.retrieval.search import search
+from rag_pipeline.store.database import connect
 from rag_pipeline.text import dedup
 
 NOTICE = ("# Retention notice\n\nPersonnel files of the Okapi works council are kept for seven years after the end "
@@ -119,21 +120,45 @@ def _left_by_the_previous_main(db, root: Path, settings, instance) -> None:
     assert _group_keys(db, "a.md") == {dedup.acl_key(["staff"])}
 
 
+def _status(db, rel_path: str) -> str:
+    return db.execute("SELECT status FROM documents WHERE rel_path = %s", (rel_path,)).fetchone()[0]
+
+
+def _fails_once_and_requeues(settings, instance, db, rel_path: str) -> dict:
+    """An ingest whose index_drift check finds the drift: the run fails, the check re-queues the document (committed,
+    seen from another connection) and says so."""
+    summary = run_ingest(settings, instance=instance)
+    assert not summary["success"]
+    drift = summary["checks"]["index_drift"]
+    assert not drift["passed"] and drift["severity"] == "ERROR", drift
+    assert "1 indexed documents re-queued: the next ingest writes them again" in drift["summary"], drift
+    assert _status(db, rel_path) == "pending_index"
+    return summary
+
+
 def test_index_drift_counts_chunks_in_another_label_sets_group_and_the_next_ingest_repairs_them(make_settings,
                                                                                                  tmp_path, db):
+    """No refresh pays for a full-table repair: the ingest's own index_drift check finds the chunk in another label
+    set's group, fails and re-queues its document; the next ingest writes it again and the check passes (no hand
+    re-queue)."""
     root = tmp_path / "docs"
     root.mkdir()
     settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
     with DagsterInstance.ephemeral() as instance:
         _left_by_the_previous_main(db, root, settings, instance)
-        drift = checks.index_drift(db)
-        assert not drift.passed and drift.numbers["misgrouped_chunks"] == 1
+        drift = checks.index_drift(db)  # as a script calls it: it only reads
+        assert not drift.passed and drift.numbers["misgrouped_chunks"] == 1 and drift.numbers["requeued"] == 0
         assert "1 chunks of indexed documents are in a near-duplicate group of another label set" in drift.summary
+        assert _status(db, "a.md") == "indexed"
 
-        # The same text under staff arrives; the ingest re-queues a.md by itself (no hand re-queue).
+        # The same text under staff arrives: this run's ingest leaves a.md where it was and its check re-queues it.
         (root / "b.md").write_text(NOTICE)
+        failed = _fails_once_and_requeues(settings, instance, db, "a.md")
+        assert failed["documents_indexed"] == 1  # b.md only: the routine path regrouped nothing else
+        assert _group_keys(db, "a.md") == {dedup.acl_key(["staff"])}
         summary = _ingest(settings, instance)
         assert all(summary["checks"][name]["passed"] for name in ("index_drift", "acl_coverage")), summary["checks"]
+        assert (summary["documents_indexed"], summary["vectors_embedded"]) == (1, 0)
         assert _group_keys(db, "a.md") == {dedup.acl_key(["hr"])}
         assert _group_keys(db, "b.md") == {dedup.acl_key(["staff"])}
         assert _readers_find(db, ["staff"]) == {"b.md"} and _readers_find(db, ["hr"]) == {"a.md"}
@@ -141,7 +166,7 @@ def test_index_drift_counts_chunks_in_another_label_sets_group_and_the_next_inge
 
 
 def test_an_index_built_after_the_previous_main_breaks_no_version_and_a_broken_one_is_repaired(make_settings,
-                                                                                                tmp_path, db):
+                                                                                                tmp_path, db, db_url):
     root = tmp_path / "docs"
     root.mkdir()
     settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
@@ -156,7 +181,8 @@ def test_an_index_built_after_the_previous_main_breaks_no_version_and_a_broken_o
         assert _group_keys(db, "a.md") == {dedup.acl_key(["hr"])}
 
         # What the previous main's build left: the chunk in the hr group in the new version only, the active
-        # version with a row no chunk backs and a group without a vector. The next ingest repairs it.
+        # version with a row no chunk backs and a group without a vector. The check re-queues a.md, the next ingest
+        # repairs it.
         v1 = store.versions.active_version(db)
         table = sql.Identifier(v1.table_name)
         a_group = db.execute("SELECT group_id FROM chunks JOIN documents USING (doc_id) WHERE rel_path = 'a.md'"
@@ -166,6 +192,17 @@ def test_an_index_built_after_the_previous_main_breaks_no_version_and_a_broken_o
         drift = checks.index_drift(db)
         assert not drift.passed and "1 rows belong to no chunk" in drift.summary
         assert "1 chunk groups of indexed documents have no vector" in drift.summary
+        # The registry's run (what each ingest, `rag-pipeline checks` and index_health run) re-queues, committed
+        # by the check itself on a connection outside autocommit, as the Dagster check's is.
+        index_drift = next(check for check in checks.CHECKS if check.name == "index_drift")
+        conn = connect(db_url)
+        try:
+            outcome = checks.run_check(conn, index_drift, settings)
+        finally:
+            conn.rollback()
+            conn.close()
+        assert not outcome.passed and outcome.numbers["requeued"] == 1, outcome.summary
+        assert _status(db, "a.md") == "pending_index"
         summary = _ingest(settings, instance)
         assert summary["checks"]["index_drift"]["passed"], summary["checks"]["index_drift"]
         assert summary["vectors_embedded"] == 0

@@ -1,7 +1,10 @@
 """Search under a slow, throttling or failing reranker and a frozen database (issue 47, cases 3 and 9), on the real
 service (uvicorn), the real database and a real local HTTP reranker: a search answers within its deadline in the
 fused order, holds no database connection while it waits, and leaves /readyz ready; a Retry-After longer than the
-time left is not waited for; a circuit breaker stops calling a reranker that keeps failing, then tries it once. A
+time left is not waited for; a circuit breaker stops calling a reranker that keeps failing, then tries it once. The
+deadline holds against an endpoint that trickles its answer, answers over the size cap are refused, a search out of
+time sends nothing and charges nothing, a Retry-After opens the breaker for minutes at most, and at most
+max_concurrent searches wait on the endpoint while the others skip it at once. A
 frozen (SIGSTOPped) database, a server of this test's own, holds no service thread past the query timeout. The
 retrievers refuse the arguments they would ignore."""
 
@@ -19,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -27,6 +31,12 @@ import psycopg
 import pytest
 
 from rag_pipeline.config import RerankerConfig, ServiceConfig, ServiceToken
+from rag_pipeline.endpoints.rerank import (
+    MAX_ANSWER_BYTES,
+    MAX_RETRY_AFTER_OPEN,
+    EndpointReranker,
+    RerankUnavailable,
+)
 from rag_pipeline.retrieval.search import SearchOptions, search
 from rag_pipeline.retrieval.service import create_app
 from rag_pipeline.store.database import EmbeddedPostgres, ensure_database, migrate
@@ -42,7 +52,9 @@ COOL_DOWN = 3.0  # retrieval.reranker.breaker_cooldown_seconds
 
 class ScriptedReranker:
     """POST /rerank on 127.0.0.1, answering as `mode` says: ok (passages holding `favourite` first), slow (after
-    `delay` seconds), throttle (429 with `Retry-After: retry_after`), fail (500). `calls` counts what it received."""
+    `delay` seconds), throttle (429 with `Retry-After: retry_after`), fail (500), trickle (the headers at once, then
+    the answer a byte every 0.3 s), trickle_head (the whole response so), huge (an answer of 5 MiB), huge_unsized
+    (the same without Content-Length). `calls` counts what it received."""
 
     def __init__(self, favourite: str = "flights") -> None:
         self.mode, self.delay, self.retry_after, self.favourite = "ok", 15.0, 25, favourite
@@ -70,13 +82,25 @@ class ScriptedReranker:
                     return
                 results = [{"index": i, "relevance_score": 1.0 if server.favourite in text else 0.1 / (i + 1)}
                            for i, text in enumerate(body["texts"])]
-                data = json.dumps({"results": results}).encode()
+                answer: dict[str, object] = {"results": results}
+                if server.mode.startswith("huge"):
+                    answer["padding"] = "x" * (5 * 1024 * 1024)
+                data = json.dumps(answer).encode()
+                head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n"
+                if server.mode != "huge_unsized":
+                    head += f"Content-Length: {len(data)}\r\n".encode()
+                head += b"\r\n"
                 try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    if server.mode.startswith("trickle"):
+                        if server.mode == "trickle":
+                            self.wfile.write(head)
+                            head = b""
+                        for byte in head + data:
+                            if server._stopped.wait(0.3):
+                                return
+                            self.wfile.write(bytes([byte]))
+                    else:
+                        self.wfile.write(head + data)
                 except OSError:  # the client gave up waiting
                     pass
 
@@ -95,19 +119,26 @@ class ScriptedReranker:
 def reranked_service(clone) -> Iterator[tuple[str, ScriptedReranker, object, object]]:
     """The service with an endpoint reranker (its breaker opens after three failed searches, for COOL_DOWN s), two
     database connections and a DEADLINE-second search deadline."""
+    with _reranked_service(clone, DEADLINE) as served:
+        yield served
+
+
+@contextmanager
+def _reranked_service(clone, deadline: float, **reranker_settings) -> Iterator[tuple[str, ScriptedReranker, object, object]]:
     conn, settings = clone
     reranker = ScriptedReranker()
     retrieval = settings.retrieval.model_copy(update={
-        "search_deadline_seconds": DEADLINE,
-        "reranker": RerankerConfig(endpoint=reranker.url, top_n=10, breaker_failures=3, breaker_cooldown_seconds=COOL_DOWN)})
+        "search_deadline_seconds": deadline,
+        "reranker": RerankerConfig(endpoint=reranker.url, top_n=10, breaker_failures=3, breaker_cooldown_seconds=COOL_DOWN,
+                                   **reranker_settings)})
     service = ServiceConfig(connections=2, database_timeout_seconds=2.0, tokens=(
         ServiceToken(name="bot", sha256=hashlib.sha256(TOKEN.encode()).hexdigest(), labels=["staff"]),))
     settings = settings.model_copy(update={"retrieval": retrieval, "service": service})
     try:
         with serving(create_app(settings, conn.info.dsn)) as base:
-            deadline = time.monotonic() + 180  # the query model loads before the service says ready
+            ready_by = time.monotonic() + 180  # the query model loads before the service says ready
             while httpx.get(f"{base}/readyz", timeout=30).status_code != 200:
-                assert time.monotonic() < deadline, "the service never became ready"
+                assert time.monotonic() < ready_by, "the service never became ready"
                 time.sleep(0.2)
             yield base, reranker, conn, settings
     finally:
@@ -192,6 +223,105 @@ def test_the_breaker_stops_calling_a_failing_reranker_then_tries_it_once(reranke
     assert "rag_search_reranker_breaker_open 0" in httpx.get(f"{base}/metrics", timeout=30).text
     assert _search(base)[0].json()["rerank"] == "reranked" and reranker.calls == called + 2  # closed again
     assert _metric(base, "skipped_breaker_open") == 3 and _metric(base, "reranked") == 2
+
+
+@pytest.mark.parametrize("mode", ["trickle", "trickle_head"])
+def test_a_reranker_that_trickles_its_answer_is_cut_at_the_deadline(reranked_service, mode):
+    base, reranker, conn, settings = reranked_service
+    reranker.mode = mode  # a byte every 0.3 s: each byte reset httpx's read timeout, so no timeout ever fired
+    response, took = _search(base)
+    assert response.status_code == 200 and took < DEADLINE + SLACK, f"{response.status_code} after {took:.1f} s"
+    assert response.json()["rerank"] == "skipped_deadline"
+    assert [hit["chunk_id"] for hit in response.json()["results"]] == _fused(conn, settings)
+    assert reranker.calls == 1  # no time was left for a retry
+
+
+@pytest.mark.parametrize("mode", ["huge", "huge_unsized"])
+def test_a_reranker_answer_over_the_size_cap_is_refused(reranked_service, mode, caplog):
+    base, reranker, conn, settings = reranked_service
+    reranker.mode = mode  # 5 MiB of valid JSON, with and without a Content-Length to refuse it by
+    with caplog.at_level(logging.WARNING, logger="rag_pipeline"):
+        response, took = _search(base)
+    assert response.status_code == 200 and response.json()["rerank"] == "skipped_failed", response.text
+    assert f"an answer over {MAX_ANSWER_BYTES} bytes, refused" in caplog.text
+    assert [hit["chunk_id"] for hit in response.json()["results"]] == _fused(conn, settings)
+    assert reranker.calls == 1  # refused, not retried
+
+
+def test_a_search_out_of_time_before_its_reranker_neither_calls_nor_charges_it():
+    reranker = ScriptedReranker()
+    try:
+        endpoint = EndpointReranker(RerankerConfig(endpoint=reranker.url, breaker_failures=2,
+                                                   breaker_cooldown_seconds=COOL_DOWN))
+        passages = ["flights are booked ahead", "hotel rooms"]
+        for _ in range(4):  # the database or the query model used the search's time: twice breaker_failures
+            with pytest.raises(RerankUnavailable) as caught:
+                endpoint.scores(QUERY, passages, deadline=time.monotonic() - 0.01)
+            assert caught.value.reason == "deadline"
+        assert reranker.calls == 0 and endpoint.breaker.state == "closed"
+        assert not caught.value.called  # what tells the breaker the endpoint was not asked
+        reranker.mode = "fail"  # now two real failures open it
+        for _ in range(2):
+            with pytest.raises(RerankUnavailable):
+                endpoint.scores(QUERY, passages, deadline=time.monotonic() + DEADLINE)
+        called = reranker.calls
+        time.sleep(COOL_DOWN + 0.2)
+        assert endpoint.breaker.state == "half_open"
+        with pytest.raises(RerankUnavailable, match="deadline"):  # does not spend the trial
+            endpoint.scores(QUERY, passages, deadline=time.monotonic() - 0.01)
+        assert endpoint.breaker.state == "half_open" and reranker.calls == called
+        reranker.mode = "ok"
+        assert endpoint.scores(QUERY, passages, deadline=time.monotonic() + DEADLINE)[0] == 1.0  # the trial
+        assert endpoint.breaker.state == "closed" and reranker.calls == called + 1
+        endpoint.close()
+    finally:
+        reranker.stop()
+
+
+def test_a_retry_after_of_a_year_opens_the_breaker_for_minutes_only(caplog):
+    reranker = ScriptedReranker()
+    try:
+        reranker.mode, reranker.retry_after = "throttle", 31536000
+        endpoint = EndpointReranker(RerankerConfig(endpoint=reranker.url, breaker_cooldown_seconds=COOL_DOWN))
+        with caplog.at_level(logging.WARNING, logger="rag_pipeline"), \
+                pytest.raises(RerankUnavailable, match="Retry-After 3.1536e"):
+            endpoint.scores(QUERY, ["flights", "hotels"], deadline=time.monotonic() + DEADLINE)
+        assert f"not called for {MAX_RETRY_AFTER_OPEN:.0f} s" in caplog.text
+        assert MAX_RETRY_AFTER_OPEN - 5 < endpoint.breaker.seconds_open() <= MAX_RETRY_AFTER_OPEN == 300
+        assert endpoint.breaker.longest_open == MAX_RETRY_AFTER_OPEN  # a cool-down under the cap: the cap
+        longer = EndpointReranker(RerankerConfig(endpoint=reranker.url, breaker_cooldown_seconds=1800))
+        with pytest.raises(RerankUnavailable):
+            longer.scores(QUERY, ["flights", "hotels"], deadline=time.monotonic() + DEADLINE)
+        assert 1795 < longer.breaker.seconds_open() <= 1800  # a longer cool-down: the cool-down
+        endpoint.close()
+        longer.close()
+    finally:
+        reranker.stop()
+
+
+CAPPED_DEADLINE = 4.0  # long enough that every search below arrives while the two slots are held
+
+
+def test_at_most_max_concurrent_searches_wait_on_a_slow_reranker(clone):
+    with _reranked_service(clone, CAPPED_DEADLINE, max_concurrent=2) as (base, reranker, conn, settings):
+        expected = _fused(conn, settings)
+        reranker.mode = "slow"
+        with ThreadPoolExecutor(10) as pool:
+            searches = [pool.submit(_search, base) for _ in range(8)]
+            time.sleep(0.5)
+            probe_started = time.monotonic()
+            ready, healthy = httpx.get(f"{base}/readyz", timeout=20), httpx.get(f"{base}/healthz", timeout=20)
+            probes_took = time.monotonic() - probe_started
+            answers = [future.result() for future in searches]
+        assert ready.status_code == 200 and healthy.status_code == 200 and probes_took < SLACK
+        outcomes = sorted(response.json()["rerank"] for response, _ in answers)
+        assert outcomes == ["skipped_busy"] * 6 + ["skipped_deadline"] * 2, outcomes
+        assert reranker.calls == 2  # the server counts: only the two slots' searches reached it
+        busy = [took for response, took in answers if response.json()["rerank"] == "skipped_busy"]
+        waited = [took for response, took in answers if response.json()["rerank"] == "skipped_deadline"]
+        assert max(busy) < min(waited) and max(busy) < CAPPED_DEADLINE - 1, (busy, waited)  # at once, not at the deadline
+        assert all([hit["chunk_id"] for hit in response.json()["results"]] == expected for response, _ in answers)
+        assert _metric(base, "skipped_busy") == 6 and _metric(base, "skipped_deadline") == 2
 
 
 def _server_processes(pgdata: Path) -> list[int]:

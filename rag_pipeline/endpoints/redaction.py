@@ -91,10 +91,16 @@ def redact_credentials(text: str) -> str:
     (`keep_secret`). Everything else (hosts, paths, what failed) stays: an operator must still see what went wrong."""
     if not text:
         return text
-    text = _URL_RE.sub(lambda match: _without_credentials(match.group()), text)
-    text = _ASSIGNMENT_RE.sub(_masked, text)
-    text = _QUOTED_KEY_RE.sub(_masked, text)
-    text = _AUTHORIZATION_RE.sub(lambda match: f"{match['name']}{match['sep']}{REDACTED}", text)
+    # Every log record passes here: a pattern runs only where its anchor is (a long record with no URL must not
+    # pay for the URL pattern's attempt at every position).
+    if "://" in text:
+        text = _URL_RE.sub(lambda match: _without_credentials(match.group()), text)
+    if "=" in text:
+        text = _ASSIGNMENT_RE.sub(_masked, text)
+    if ":" in text:
+        text = _QUOTED_KEY_RE.sub(_masked, text)
+    if "authorization" in text.lower():
+        text = _AUTHORIZATION_RE.sub(lambda match: f"{match['name']}{match['sep']}{REDACTED}", text)
     for secret in _known_secrets():
         text = text.replace(secret, REDACTED)
     return text

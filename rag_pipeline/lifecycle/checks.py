@@ -3,8 +3,9 @@
 Every check returns a `CheckOutcome`: whether it passed, one line saying why, numbers, and tables of the
 worst offenders. Dagster runs them as asset checks (rag_pipeline.defs.checks); they are equally callable
 from a script or a test. All of them only read, except `retrieval_quality`, which records its evaluations
-(and the first one as the baseline); `record` keeps each outcome as the check's latest (the search service's
-readiness report shows them).
+(and the first one as the baseline), and `index_drift` as the registry runs it, which re-queues the documents whose
+rows or groups drifted; `record` keeps each outcome as the check's latest (the search service's readiness report
+shows them).
 """
 
 from __future__ import annotations
@@ -212,14 +213,19 @@ def acl_coverage(conn: psycopg.Connection) -> CheckOutcome:
 # --- index drift -------------------------------------------------------------------------------------
 
 
-def index_drift(conn: psycopg.Connection) -> CheckOutcome:
+def index_drift(conn: psycopg.Connection, *, requeue: bool = False) -> CheckOutcome:
     """One model and dimension per version, every chunk group with exactly one vector, no orphan rows, BM25
     structures in step with their table, every chunk of an indexed document in a group of its document's label set,
-    and the active alias on an active, existing version."""
+    and the active alias on an active, existing version.
+
+    With `requeue` (the registry's run: each ingest's, `rag-pipeline checks`, index_health), drift the pipeline can
+    repair (a misgrouped chunk, a row no chunk backs, a group without a vector) re-queues the indexed documents
+    concerned, committed: the check still fails, the next ingest writes them again and it passes. The full-table
+    repair runs only here, when drift was found, never on a refresh's routine path."""
     problems: list[str] = []
     per_version: list[tuple[Any, ...]] = []
-    # A chunk in another label set's group: that group's row speaks for other labels than its readers' (the next
-    # refresh re-queues the document: store.groups.requeue_misindexed).
+    repairable = 0
+    # A chunk in another label set's group: that group's row speaks for other labels than its readers'.
     misgrouped = store.groups.misgrouped_chunks(conn)
     if misgrouped:
         problems.append(f"{misgrouped} chunks of indexed documents are in a near-duplicate group of another label "
@@ -250,6 +256,7 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
             problems.append(f"{label}: {orphans} rows belong to no chunk")
         if missing:
             problems.append(f"{label}: {missing} chunk groups of indexed documents have no vector")
+        repairable += orphans + missing
         per_version.append((label, version.status, version.embedding_model, column_type,
                             version.row_count, foreign, orphans, missing))
     alias = store.health.alias_target(conn)
@@ -259,15 +266,31 @@ def index_drift(conn: psycopg.Connection) -> CheckOutcome:
     elif alias.status != VersionStatus.ACTIVE or alias.dropped or not store.health.table_exists(conn, alias.table_name):
         problems.append(f"the active alias points at v{alias.version_id}, which is "
                         f"{'dropped' if alias.dropped else alias.status}")
+    requeued = _requeue_misindexed(conn) if requeue and (misgrouped or repairable) else 0
+    repair = (f"; {requeued} indexed documents re-queued: the next ingest writes them again in every version"
+              if requeued else "")
     return CheckOutcome(
         passed=not problems,
-        summary="; ".join(problems)
+        summary=("; ".join(problems) + repair)
         or f"{len(per_version)} versions consistent; alias on v{alias.version_id if alias else '-'}",
         numbers={"versions": len(per_version), "problems": len(problems), "misgrouped_chunks": misgrouped,
-                 "active_version": alias.version_id if alias else "none"},
+                 "requeued": requeued, "active_version": alias.version_id if alias else "none"},
         tables={"per_version": Table(("version", "status", "model", "vector type", "rows", "foreign vectors",
                                       "orphan rows", "groups without vector"), per_version)},
     )
+
+
+def _requeue_misindexed(conn: psycopg.Connection) -> int:
+    """Send the indexed documents whose groups or rows drifted back to indexing (store.groups.requeue_misindexed),
+    in a transaction of its own that commits whatever the caller does next: the check's reads are ended first, so
+    the assignment lock is held only for the update. Returns how many."""
+    conn.commit()  # as `record` does: the caller is a check run, never inside a transaction block
+    with conn.transaction():
+        store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
+        versions = store.versions.writable_versions(conn)
+        return store.groups.requeue_misindexed(
+            conn, [v.table_name for v in versions],
+            [v.table_name for v in versions if v.status != VersionStatus.BUILDING])
 
 
 # --- parse health ------------------------------------------------------------------------------------
@@ -444,8 +467,9 @@ CHECKS: tuple[IndexCheck, ...] = (
                lambda conn, settings: acl_coverage(conn)),
     IndexCheck("index_drift", "search_index", True, True,
                "One model and dimension per version, one vector per chunk group, no orphan rows, every chunk in a "
-               "group of its document's label set, and the active alias on an active version.",
-               lambda conn, settings: index_drift(conn)),
+               "group of its document's label set, and the active alias on an active version. Documents whose "
+               "groups or rows drifted are re-queued (`requeued`): the next ingest writes them again.",
+               lambda conn, settings: index_drift(conn, requeue=True)),
     IndexCheck("parse_health", "parsed_documents", False, False,
                "Near-empty pages, documents without text, tier mix and dead letters against the thresholds in the "
                "`checks` configuration.",

@@ -138,7 +138,8 @@ class SearchResult:
     rerank: str | None = None
 
 
-RERANK_SKIPS = tuple(f"skipped_{reason}" for reason in ("deadline", "throttled", "failed", "breaker_open"))
+RERANK_SKIPS = tuple(f"skipped_{reason}"
+                     for reason in ("deadline", "throttled", "failed", "breaker_open", "busy"))
 
 
 def _checked(query: str, labels: Sequence[str] | str, k: int, mode: str) -> tuple[str, ...]:
@@ -244,7 +245,9 @@ def rerank_within(query: str, hits: list[SearchHit], reranker: RerankerConfig,
         try:
             scores = get_endpoint_reranker(reranker).scores(query, passages, deadline)
         except RerankUnavailable as exc:
-            if exc.reason != "breaker_open":  # the breaker logged when it opened; each search it spares would flood
+            # the breaker logged when it opened, and a busy skip is a load signal (GET /metrics counts both): a line
+            # for each search they spare would flood the log
+            if exc.reason not in ("breaker_open", "busy"):
                 log.warning("reranker skipped (%s), the fused order stands: %s", exc.reason, exc)
             return hits, f"skipped_{exc.reason}"
         except EndpointError as exc:

@@ -4,6 +4,8 @@
     GET  /healthz  the process answers
     GET  /readyz   the database answers, an active version exists and its query model is loaded; with a token,
                    also the version and the latest index checks (a reranker never makes it unready)
+                   (the probes and /metrics never queue behind searches: they run on the event loop and /readyz's
+                   database part on threads of its own, not AnyIO's 40 shared by every search)
     GET  /metrics  counters in Prometheus' text format: searches, and what the reranker did (reranked or skipped,
                    and why), the reranker's circuit breaker
     GET  /docs     OpenAPI documentation (/openapi.json)
@@ -25,6 +27,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -128,7 +131,8 @@ class SearchResponse(BaseModel):
     model: str = Field(description="the active version's model identity (backend and weights digest)")
     took_ms: float
     rerank: str | None = Field(None, description="what the reranker did: reranked, or skipped_deadline, "
-                               "skipped_throttled, skipped_failed, skipped_breaker_open (the fused order stands); "
+                               "skipped_throttled, skipped_failed, skipped_breaker_open, skipped_busy (the fused order "
+                               "stands); "
                                "null: no reranker configured")
 
 
@@ -310,6 +314,9 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
                           configure=configure, check=check)
     warmup = QueryModelWarmup(options)
     counters = SearchCounters()
+    # /readyz's database part runs here, not on AnyIO's worker threads (40, shared by every search): a probe must
+    # answer while searches hold them all. A few threads suffice: each probe ends within the database deadlines.
+    probe_threads = ThreadPoolExecutor(4, thread_name_prefix="readyz")
 
     @contextmanager
     def database() -> Iterator[psycopg.Connection]:
@@ -334,6 +341,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
         try:
             yield
         finally:
+            probe_threads.shutdown(wait=False, cancel_futures=True)
             pool.close()
 
     app = FastAPI(title="rag_pipeline search", version="1", lifespan=lifespan,
@@ -408,7 +416,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
                 "rerank": result.rerank}
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics() -> PlainTextResponse:
+    async def metrics() -> PlainTextResponse:  # nothing here blocks: answered on the event loop
         breaker = None
         if options.reranker.endpoint:
             from rag_pipeline.endpoints.rerank import get_endpoint_reranker
@@ -417,16 +425,18 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
         return PlainTextResponse(counters.prometheus(breaker), media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:  # on the event loop: it answers while every worker thread is busy
         return {"status": "ok"}
 
+    def database_state() -> tuple[store.versions.IndexVersion | None, list[Any]]:
+        with database() as conn:
+            return store.versions.active_version(conn), store.health.latest_checks(conn)
+
     @app.get("/readyz", responses={503: {}})
-    def readyz(request: Request) -> JSONResponse:
+    async def readyz(request: Request) -> JSONResponse:
         """Ready or not for anyone (a load balancer's probe); the version and the checks only for a token holder."""
         try:
-            with database() as conn:
-                version = store.versions.active_version(conn)
-                checks = store.health.latest_checks(conn)
+            version, checks = await asyncio.get_running_loop().run_in_executor(probe_threads, database_state)
         except Exception as exc:  # any failure to reach the database means not ready; the log says which
             log.warning("search service not ready: %s", type(exc).__name__)
             return _error(503, "not_ready", "the index database does not answer",

@@ -19,7 +19,7 @@ from rag_pipeline.sources import kinds
 from rag_pipeline.sources.folders import DiscoveredFile, ScanProblem, ScanReport
 from rag_pipeline.sources.object_stores import StoreCounters
 from rag_pipeline.stages.common import Progress, StageStats, locked_stage, log_progress
-from rag_pipeline.stages.erased import ErasedGate
+from rag_pipeline.stages.erased import NOT_CHECKED_REASON, ErasedGate
 from rag_pipeline.store.database import connect
 from rag_pipeline.store.scans import ReconcileCounts
 
@@ -48,11 +48,12 @@ class DiscoverStats(StageStats):
 # Why the documents of a source that left the configuration were not held: recorded as held deletions.
 REMOVED_HOLD_REASON = ("the source is not in the configuration any more; holding its documents (no longer served) "
                        "waits for confirmation")
-# A file or object modified this close to (or after) the start of the scan that stored it may have been written
-# again within the same tick of its clock after the scan listed it: an object store lists times to the second (and
-# a metadata copy keeps an object's ETag), a file system stamps times from a clock that moves in ticks of a few
-# milliseconds (or whole seconds: see store.scans.apply_scan). Such a one is judged again, not taken from its
-# fingerprint (git's "racily clean" rule). An object store's margin also covers a second of clock skew.
+# A file or object modified between the start and the end of the scan that stored it, give or take this margin,
+# may have been written again within the same tick of its clock after the scan listed it: an object store lists
+# times to the second (and a metadata copy keeps an object's ETag), a file system stamps times from a clock that
+# moves in ticks of a few milliseconds (or whole seconds: see store.scans.apply_scan). Such a one is judged again,
+# not taken from its fingerprint (git's "racily clean" rule). An object store's margin also covers a second of skew
+# between its clock and this host's, which times the scans.
 RACY_MARGIN = timedelta(seconds=2)
 FILE_CLOCK_TICK = timedelta(milliseconds=50)
 
@@ -79,11 +80,12 @@ def deletion_hold_reason(guard: DeletionGuard, seen: int, missing: int, judged: 
 
 
 def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredFile], report: ScanReport,
-              guard: DeletionGuard, adopt: bool = False, racy_since: datetime | None = None) -> ReconcileCounts:
+              guard: DeletionGuard, adopt: bool = False,
+              racy: tuple[datetime, datetime] | None = None) -> ReconcileCounts:
     """Compare one scan of a source with the documents table, in this transaction: the store stages the scan and
     counts what is gone, the guard decides whether it may be deleted, then new, changed, relabelled and held
     documents are applied. Documents under paths the scan could not read (`report.unreadable`, complete once
-    `files` is consumed) are kept as they were. Files modified at or after `racy_since` count as changed."""
+    `files` is consumed) are kept as they were. Files modified within `racy` (since, until) count as changed."""
     seen, duplicates = store.scans.stage_scan(conn, files)
     counts = ReconcileCounts(seen=seen)
     for name in duplicates:
@@ -104,7 +106,7 @@ def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredF
         counts.deletions_held, counts.deletions_held_reason = missing, reason
     elif missing:
         counts.deleted = store.scans.delete_gone(conn, source, unreadable)
-    store.scans.apply_scan(conn, source, counts, racy_since)
+    store.scans.apply_scan(conn, source, counts, racy)
     counts.new += counts.adopted
     return counts
 
@@ -136,11 +138,13 @@ def discover(
                 # fails through that check once the other sources are done.
                 with connect(db_url) as conn, conn.transaction():
                     store.sources.record_scan_failure(
-                        conn, source.name, f"{type(exc).__name__}: {redact_credentials(str(exc))}"[:2000])
+                        conn, source, f"{type(exc).__name__}: {redact_credentials(str(exc))}"[:2000], origin)
                 stats.scans_failed.append(source.name)
         for name in removed:
             with connect(db_url) as conn, conn.transaction():
                 store.sources.lock_source_scan(conn, name)
+                if store.sources.forget_never_scanned(conn, name):
+                    continue  # registered by failed scans only: nothing to hold, no failure to keep reporting
                 served = store.sources.documents_to_hold(conn, name)
                 if served and name not in confirm_deletions:
                     # As an emptied root: a wrong configuration file or a misspelt name must not take a source's
@@ -186,15 +190,17 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
                                "problem": f"{missing}; nothing changed"})
         progress(f"source {source.name}: {missing}; skipped, nothing deleted")
         with connect(db_url) as conn, conn.transaction():  # a scan that could not run: as loud as a failed one
-            store.sources.record_scan_failure(conn, source.name, missing)
+            store.sources.record_scan_failure(conn, source, missing, origin)
         stats.scans_failed.append(source.name)
         return
     counters = StoreCounters()
     with connect(db_url) as conn, conn.transaction():
         store.sources.lock_source_scan(conn, source.name)  # two scans of one source at once would race
-        previous_start = store.sources.last_scan_started(conn, source.name)
+        previous = store.sources.last_scan_window(conn, source.name)
         margin = RACY_MARGIN if source.store_scheme else FILE_CLOCK_TICK
-        racy_since = previous_start - margin if previous_start else None
+        # Racily clean: modified while the previous scan ran, give or take the margin. A time past its end (a clock
+        # ahead, `touch -d`, an unpacked archive) is no write that scan could have missed: judged once, not forever.
+        racy = (previous[0] - margin, previous[1] + margin) if previous else None
         same_labelling = store.sources.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = DeletionGuard(source.max_deletion_share, confirmed)
@@ -204,7 +210,7 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
             # Labels stored with unchanged objects stand only while what decides labels is as the last scan left it.
             # Racily clean objects (see RACY_MARGIN) are left out of them: their metadata is read again.
             known = functools.partial(store.scans.stored_labels, lookup, source.name,
-                                      racy_since=racy_since) if same_labelling else None
+                                      racy=racy) if same_labelling else None
             # An erased document back at its source is held, not indexed again, until it is re-admitted.
             held_if_erased = ErasedGate(lookup, source.name)
             # A racily clean file may hold other bytes under the same size, time and inode: it is parsed again
@@ -212,8 +218,11 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
             counts = reconcile(conn, source.name, held_if_erased(kinds.scan(source, report, known, counters)),
                                report, guard,
                                adopt=source.store_scheme in ("s3", "gs"),
-                               racy_since=racy_since if source.store_scheme is None else None)
+                               racy=racy if source.store_scheme is None else None)
         store.sources.record_scan(conn, source.name, scan_started, counts)
+        if held_if_erased.not_checked:
+            report.problem(".", f"{held_if_erased.not_checked} documents held, not served: "
+                           + NOT_CHECKED_REASON.format(len(held_if_erased.erased)))
         listed = report.problems[:MAX_PROBLEMS_SHOWN]
         refs = store.documents.refs_of(conn, [(source.name, p.rel_path) for p in listed])
     shown = [named_by_ref(p, refs.get((source.name, p.rel_path))) for p in listed]

@@ -24,6 +24,7 @@ class ErasedGate:
         self.erased = store.erasure.erased_subjects(conn)
         self.key: bytes | None = None
         self.known: set[str] = set()
+        self.not_checked = 0  # held for want of the key: the scan reports them (a silent hold would look like a bug)
         if self.erased:
             try:
                 self.key = erasure_key()
@@ -39,7 +40,10 @@ class ErasedGate:
     def reason(self, doc_id: str) -> str | None:
         if self.key is not None:
             return ERASED_REASON if subject(self.key, doc_id) in self.erased else None
-        return None if doc_id in self.known else NOT_CHECKED_REASON.format(len(self.erased))
+        if doc_id in self.known:
+            return None
+        self.not_checked += 1
+        return NOT_CHECKED_REASON.format(len(self.erased))
 
 
 ERASED_REASON = ("erased on request and back at its source: held, nothing of it parsed or served, until "

@@ -20,7 +20,7 @@ import psycopg
 from rag_pipeline import store
 from rag_pipeline.config import Settings
 from rag_pipeline.domain import ids
-from rag_pipeline.domain.status import DocumentStatus, VersionStatus
+from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.embedding.embedders import get_embedder, get_light_first_embedder
 from rag_pipeline.embedding.identity import cache_key, configured_identity, model_for_version
 from rag_pipeline.parsing.pages import parser_version
@@ -55,8 +55,6 @@ class IndexStats(StageStats):
     chunks_indexed: int = 0  # chunks of the documents indexed (the progress reports' rate)
     versions: list[str] = field(default_factory=list)
     tables_vacuumed: list[str] = field(default_factory=list)  # execution.vacuum_dead_share
-    # Indexed documents sent back to indexing because their groups or rows did not match (requeue_misindexed).
-    requeued_misindexed: int = 0
     SUMMARY = ("documents_indexed", "vectors_embedded", "vectors_reused", "near_duplicates", "dedup_rate")
 
 
@@ -132,19 +130,6 @@ def index_documents(
 
 # How long an index worker waiting for parse workers sleeps between looks at an empty queue.
 IDLE_POLL_SECONDS = 0.5
-
-
-def requeue_misindexed(conn: psycopg.Connection) -> int:
-    """Send back to indexing the indexed documents whose index state the index_drift check fails on (a chunk in
-    another label set's group, a row its chunk no longer backs, a group without a row in a version that must be
-    complete), in a transaction of its own: this run's index stage regroups them and writes their rows again in
-    every version (vectors from the embedding cache). Returns how many."""
-    with conn.transaction():
-        store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
-        versions = store.versions.writable_versions(conn)
-        return store.groups.requeue_misindexed(
-            conn, [v.table_name for v in versions],
-            [v.table_name for v in versions if v.status != VersionStatus.BUILDING])
 
 
 def index_document(

@@ -40,7 +40,7 @@ from rag_pipeline.stages.chunk import (
     sizing_model_location,
 )
 from rag_pipeline.stages.common import Progress, log_progress
-from rag_pipeline.stages.index import IndexStats, index_documents, requeue_misindexed
+from rag_pipeline.stages.index import IndexStats, index_documents
 from rag_pipeline.stages.parse import ParseStats, dead_letter, parse_one, remove_orphaned_copies
 from rag_pipeline.stages.progress import Reporter
 from rag_pipeline.store.database import connect, index_write_lock
@@ -223,8 +223,6 @@ def process_pending(
                 with conn.transaction():
                     store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
                     result.chunk.requeued_for_new_chunker = store.queue.requeue_for_chunker(conn, plan.version)
-            if index:  # what index_drift would fail on is written again in this run, not left for a hand re-queue
-                result.index.requeued_misindexed = requeue_misindexed(conn)
         with leases_kept(db_url, execution.lease_seconds) as lease:
             parsing, stop = threading.Event(), threading.Event()
             indexer = (_IndexThread(db_url, settings, lease, result.index, parsing.is_set, stop.is_set)

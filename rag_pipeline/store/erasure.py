@@ -11,6 +11,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from rag_pipeline.domain import ids as ids_module
+from rag_pipeline.domain.erasure import ErasureError
 from rag_pipeline.domain.status import DOCUMENT_HELD, DocumentStatus
 from rag_pipeline.store import scans, versions
 from rag_pipeline.store.health import table_exists
@@ -62,6 +63,18 @@ def refresh_statistics(conn: psycopg.Connection) -> list[str]:
     rows it deleted are not sampled. Returns the tables analysed."""
     tables = ["documents", *_BY_DOC_ID, "embedding_cache", "sources", "erasures"]
     tables += [v.table_name for v in versions.index_versions(conn) if table_exists(conn, v.table_name)]
+    # ANALYZE of a table the role may not maintain is skipped with a mere WARNING: pg_stats would keep what was
+    # erased while the erasure reported success. Refused instead (the erasure's transaction rolls back).
+    refused = [r[0] for r in conn.execute(
+        """SELECT c.relname FROM unnest(%s::text[]) AS t(name) JOIN pg_class c ON c.oid = to_regclass(t.name)
+           WHERE NOT pg_has_role(c.relowner, 'USAGE')
+             AND NOT CASE WHEN current_setting('server_version_num')::int >= 170000
+                          THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END""",
+        (tables,)).fetchall()]
+    if refused:
+        raise ErasureError(f"this database role may not ANALYZE {', '.join(refused)}, so the planner's statistics "
+                              "would keep samples of what is erased: run erase as the tables' owner (or grant it "
+                              "MAINTAIN); nothing was erased")
     for table in tables:
         conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
     return tables

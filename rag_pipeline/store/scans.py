@@ -152,15 +152,17 @@ def array_literal(items: Sequence[str]) -> str:
 
 
 def stored_labels(conn: psycopg.Connection, source: str, rel_paths: Sequence[str],
-                  racy_since: datetime | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
+                  racy: tuple[datetime, datetime] | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
     """(fingerprint, labels) of the source's documents at these paths that are not held: an object whose
     fingerprint is unchanged keeps the labels its metadata gave, without reading the metadata again. Not those
-    modified at or after `racy_since` (racily clean: rewritten, metadata and all, within the second the scan
+    modified within `racy` (since, until: racily clean, rewritten, metadata and all, within the second the scan
     that stored them listed them, their fingerprint says nothing)."""
+    since, until = racy or (None, None)
     rows = conn.execute(
         "SELECT rel_path, fingerprint, acl_labels FROM documents WHERE source = %s AND rel_path = ANY(%s)"
-        " AND NOT status = ANY(%s) AND (%s::timestamptz IS NULL OR modified_at < %s::timestamptz)",
-        (source, list(rel_paths), list(DOCUMENT_HELD), racy_since, racy_since),
+        " AND NOT status = ANY(%s)"
+        " AND NOT coalesce(modified_at BETWEEN %s::timestamptz AND %s::timestamptz, false)",
+        (source, list(rel_paths), list(DOCUMENT_HELD), since, until),
     ).fetchall()
     return {rel_path: (fingerprint, tuple(labels)) for rel_path, fingerprint, labels in rows}
 
@@ -245,13 +247,14 @@ def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]
 
 
 def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
-               racy_since: datetime | None = None) -> None:
+               racy: tuple[datetime, datetime] | None = None) -> None:
     """Insert the new documents of the staged scan and classify every changed one (counted into `counts`):
     changed files go back to parsing, relabelled ones get their labels on every index row at once, newly held
-    ones lose everything served from them (their parsed pages stay, never served). A file modified at or after
-    `racy_since` is changed whatever its fingerprint says (rewritten within one tick of the file system's clock,
-    its size, time and inode can stay the same). Drops the staged scan."""
-    params = {"source": source, "held": list(DOCUMENT_HELD), "racy_since": racy_since, **_STATUS}
+    ones lose everything served from them (their parsed pages stay, never served). A file modified within `racy`
+    (since, until: while the scan that stored it ran) is changed whatever its fingerprint says (rewritten within
+    one tick of the file system's clock, its size, time and inode can stay the same). Drops the staged scan."""
+    since, until = racy or (None, None)
+    params = {"source": source, "held": list(DOCUMENT_HELD), "racy_since": since, "racy_until": until, **_STATUS}
     inserted = conn.execute(
         """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
                                   acl_labels, title, metadata, status, held_reason, file_id, file_links, read_path)
@@ -283,9 +286,11 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
                        ELSE 'metadata' END AS change
            FROM (SELECT *,
                         -- Racily clean (see apply_scan); a file system that keeps whole seconds: in that second.
-                        coalesce(modified_at >= %(racy_since)s
-                                 OR (modified_at = date_trunc('second', modified_at)
-                                     AND modified_at >= date_trunc('second', %(racy_since)s::timestamptz)),
+                        -- Not after the window: a time in the future would count as racy at every scan.
+                        coalesce((modified_at >= %(racy_since)s::timestamptz
+                                  OR (modified_at = date_trunc('second', modified_at)
+                                      AND modified_at >= date_trunc('second', %(racy_since)s::timestamptz)))
+                                 AND modified_at <= %(racy_until)s::timestamptz,
                                  false) AS racy
                  FROM scan_files) s JOIN documents d USING (doc_id)
            WHERE d.fingerprint <> s.fingerprint OR d.acl_labels <> s.acl_labels OR s.racy

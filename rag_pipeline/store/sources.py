@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -80,31 +80,60 @@ def registered_sources(conn: psycopg.Connection, origin: str | None = None) -> l
 
 
 def record_scan(conn: psycopg.Connection, source: str, started_at: datetime, counts: ReconcileCounts) -> None:
+    # Completed now by the clock that stamped `started_at` (not the transaction's now(), which is its start): the
+    # pair bounds when the scan listed what it stored (see last_scan_window).
+    completed_at = datetime.now(UTC)
     conn.execute(
         """INSERT INTO source_scans (source, started_at, finished_at, files_seen, new_docs, changed, deleted,
                                      deletions_held, held_reason)
-           VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s)""",
-        (source, started_at, counts.seen, counts.new, counts.changed, counts.deleted, counts.deletions_held,
-         counts.deletions_held_reason),
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+        (source, started_at, completed_at, counts.seen, counts.new, counts.changed, counts.deleted,
+         counts.deletions_held, counts.deletions_held_reason),
     )
     conn.execute(
-        """UPDATE sources SET last_scan_started_at = %s, last_scan_completed_at = now(), last_scan_failed_at = NULL,
+        """UPDATE sources SET last_scan_started_at = %s, last_scan_completed_at = %s, last_scan_failed_at = NULL,
                               last_scan_failure = NULL WHERE name = %s""",
-        (started_at, source),
+        (started_at, completed_at, source),
     )
 
 
-def last_scan_started(conn: psycopg.Connection, source: str) -> datetime | None:
-    """When the latest completed scan of the source started: what it stored was listed after that moment."""
-    row = conn.execute("SELECT last_scan_started_at FROM sources WHERE name = %s", (source,)).fetchone()
-    return row[0] if row else None
+def last_scan_window(conn: psycopg.Connection, source: str) -> tuple[datetime, datetime] | None:
+    """When the latest completed scan of the source started and completed: it listed what it stored in between."""
+    row = conn.execute("SELECT last_scan_started_at, last_scan_completed_at FROM sources WHERE name = %s",
+                       (source,)).fetchone()
+    return (row[0], row[1]) if row and row[0] and row[1] else None
 
 
-def record_scan_failure(conn: psycopg.Connection, source: str, reason: str) -> None:
+def record_scan_failure(conn: psycopg.Connection, source: SourceConfig, reason: str, origin: str = "config") -> None:
     """Keep why a scan of the source failed (its own transaction was rolled back), until a scan completes. A
-    source never registered gets no row: the staleness check fails it as never scanned."""
-    conn.execute("UPDATE sources SET last_scan_failed_at = now(), last_scan_failure = %s WHERE name = %s",
-                 (reason, source))
+    configured source never registered is registered here, never scanned (and its labelling unknown: its first scan
+    reads every label), so that the staleness check fails it at once with ERROR rather than warning of a source
+    never scanned; it is forgotten if it leaves the configuration unscanned (forget_never_scanned). Not one given on
+    a command line: every later run would scan it again, and a mistyped one fail them all (its command exits 1)."""
+    if origin != "config":
+        conn.execute("UPDATE sources SET last_scan_failed_at = now(), last_scan_failure = %s WHERE name = %s",
+                      (reason, source.name))
+        return
+    conn.execute(
+        """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds, origin,
+                                last_scan_failed_at, last_scan_failure)
+           VALUES (%s, %s, %s, %s, %s, %s, now(), %s)
+           ON CONFLICT (name) DO UPDATE SET last_scan_failed_at = EXCLUDED.last_scan_failed_at,
+               last_scan_failure = EXCLUDED.last_scan_failure""",
+        (source.name, str(source.root), list(source.include), list(source.acl_labels), source.freshness_sla_seconds,
+         origin, reason),
+    )
+
+
+def forget_never_scanned(conn: psycopg.Connection, source: str) -> bool:
+    """Remove a source that left the configuration without a scan ever completing and with no document (registered
+    by its failed scans only: a misspelt name, a root never mounted), and its failure with it, which staleness
+    would report for ever. Returns whether it was removed."""
+    return conn.execute(
+        """DELETE FROM sources s WHERE name = %s AND last_scan_completed_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM documents d WHERE d.source = s.name) RETURNING name""",
+        (source,),
+    ).fetchone() is not None
 
 
 def documents_to_hold(conn: psycopg.Connection, source: str) -> int:
@@ -124,8 +153,10 @@ def record_hold_refused(conn: psycopg.Connection, source: str, documents: int, r
 
 
 def record_hold_confirmed(conn: psycopg.Connection, source: str) -> None:
-    """The documents of a source that left the configuration were held as confirmed: no deletions wait any more."""
+    """The documents of a source that left the configuration were held as confirmed: no deletions wait any more,
+    and a scan that failed before it left is no longer a failure of the index (it is not served)."""
     conn.execute("INSERT INTO source_scans (source, started_at, finished_at, files_seen) VALUES (%s, now(), now(), 0)",
                  (source,))
+    conn.execute("UPDATE sources SET last_scan_failed_at = NULL, last_scan_failure = NULL WHERE name = %s", (source,))
 
 
