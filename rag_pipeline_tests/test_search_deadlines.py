@@ -254,9 +254,11 @@ def test_a_search_out_of_time_before_its_reranker_neither_calls_nor_charges_it()
         endpoint = EndpointReranker(RerankerConfig(endpoint=reranker.url, breaker_failures=2,
                                                    breaker_cooldown_seconds=COOL_DOWN))
         passages = ["flights are booked ahead", "hotel rooms"]
-        for _ in range(4):  # the database or the query model used the search's time: twice breaker_failures
+        # The database or the query model used the search's time, all of it or all but too little to be answered:
+        # twice breaker_failures.
+        for left in (-0.01, 0.05, -0.01, 0.05):
             with pytest.raises(RerankUnavailable) as caught:
-                endpoint.scores(QUERY, passages, deadline=time.monotonic() - 0.01)
+                endpoint.scores(QUERY, passages, deadline=time.monotonic() + left)
             assert caught.value.reason == "deadline"
         assert reranker.calls == 0 and endpoint.breaker.state == "closed"
         assert not caught.value.called  # what tells the breaker the endpoint was not asked
@@ -410,3 +412,26 @@ def test_the_retrievers_refuse_the_arguments_they_would_ignore():
         langchain.invoke(QUERY, labels=["hr"])
     with pytest.raises(TypeError, match="invoke does not take 'index_version'"):
         langchain.invoke(QUERY, index_version=2)
+
+
+def test_a_reranker_behind_the_environments_proxy_keeps_httpxs_transport(monkeypatch):
+    """httpx speaks to a proxy the environment names only through its own transport: the deadline transport, which
+    would go straight to the endpoint past the proxy (and its egress policy), is used only where no proxy applies."""
+    from rag_pipeline.endpoints.deadline_transport import DeadlineTransport
+
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "all_proxy",
+                 "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    config = RerankerConfig(endpoint="http://reranker.internal:8080")
+    direct = EndpointReranker(config)
+    assert isinstance(direct._client._transport, DeadlineTransport)
+    direct.close()
+    monkeypatch.setenv("http_proxy", "http://proxy.internal:3128")
+    proxied = EndpointReranker(config)
+    assert not isinstance(proxied._client._transport, DeadlineTransport)
+    assert proxied._client._mounts  # httpx mounted the proxy
+    proxied.close()
+    monkeypatch.setenv("no_proxy", "reranker.internal")
+    bypassed = EndpointReranker(config)
+    assert isinstance(bypassed._client._transport, DeadlineTransport)
+    bypassed.close()

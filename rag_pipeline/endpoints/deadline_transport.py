@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -83,8 +85,22 @@ class DeadlineTransport(httpx.HTTPTransport):
     """httpx's own transport (its error mapping, pooling and TLS) over a connection pool whose sockets honour
     `within()`. httpx takes no network backend, so the pool it made is replaced by one that does."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_connections: int = 100) -> None:
         super().__init__()
         if not isinstance(self._pool, httpcore.ConnectionPool):  # an httpx whose internals moved: say so, never go unbounded
             raise TypeError(f"httpx.HTTPTransport holds a {type(self._pool).__name__}, not a ConnectionPool")
-        self._pool = httpcore.ConnectionPool(ssl_context=httpx.create_ssl_context(), network_backend=_Backend())
+        # httpx's own limits (httpx.Limits' defaults), with room for every caller allowed at once: a caller waiting
+        # for a pooled connection would wait out its deadline instead of being refused at once.
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(), max_connections=max(max_connections, 100),
+            max_keepalive_connections=20, keepalive_expiry=5.0, network_backend=_Backend())
+
+
+def proxied(url: str) -> bool:
+    """Whether the environment routes requests to `url` through a proxy (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, less
+    NO_PROXY): httpx uses such a proxy only with its own transport, so a DeadlineTransport must not replace it."""
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")

@@ -29,7 +29,7 @@ import httpx
 
 from rag_pipeline.config import RerankerConfig
 from rag_pipeline.endpoints.chat import RETRYABLE_STATUS, EndpointError
-from rag_pipeline.endpoints.deadline_transport import DeadlineTransport, within
+from rag_pipeline.endpoints.deadline_transport import DeadlineTransport, proxied, within
 from rag_pipeline.endpoints.http_client import json_client
 from rag_pipeline.endpoints.http_retry import retry_after_seconds
 from rag_pipeline.endpoints.redaction import redact, redact_url
@@ -47,6 +47,7 @@ MAX_RETRY_WAIT = 30.0  # seconds: a Retry-After longer than this is not waited f
 # A Retry-After opens the breaker for at most this long (or breaker_cooldown_seconds, if longer): one header, or a
 # proxy's mistake, must not turn reranking off for a year; a trial after it costs one fast skipped search.
 MAX_RETRY_AFTER_OPEN = 300.0
+MIN_ATTEMPT_SECONDS = 0.1  # a request sent with less time left would time out and be charged to the breaker
 MAX_ANSWER_BYTES = 4 * 1024 * 1024  # a rerank or chat answer for top_n passages is kilobytes; more is refused
 SKIP_REASONS = ("deadline", "throttled", "failed", "breaker_open", "busy")
 
@@ -136,8 +137,12 @@ class EndpointReranker:
         self.endpoint = config.endpoint.rstrip("/")
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_seconds)
         self._slots = threading.BoundedSemaphore(config.max_concurrent)
+        # Behind a proxy the environment names, httpx's own transport (which speaks to it) is kept: then only the
+        # checks between chunks bound the request, not every socket wait.
+        if transport is None and not proxied(self.endpoint):
+            transport = DeadlineTransport(config.max_concurrent)
         self._client = json_client(self.endpoint, api_key_env=config.api_key_env,
-                                   timeout_seconds=config.timeout_seconds, transport=transport or DeadlineTransport())
+                                   timeout_seconds=config.timeout_seconds, transport=transport)
         self._client.headers["Accept-Encoding"] = "identity"  # the size cap counts what is held, not a gzip bomb
 
     def close(self) -> None:
@@ -204,7 +209,7 @@ class EndpointReranker:
 
         for attempt in range(self.config.max_retries + 1):
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= MIN_ATTEMPT_SECONDS:  # too little time to be answered: not sent, and not the endpoint's fault
                 raise unavailable("deadline", f"no answer within the search's deadline; last: {last_error}")
             wait = delay
             try:

@@ -121,7 +121,8 @@ def requeue_misindexed(conn: psycopg.Connection, row_tables: Sequence[str], comp
                WHERE c.group_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = c.group_id)"""
         ).format(sql.Identifier(table)))
     return conn.execute(
-        sql.SQL("""UPDATE documents SET status = %(pending_index)s
+        # changed_at: queued now, for staleness (an old one would read as a change waiting for weeks)
+        sql.SQL("""UPDATE documents SET status = %(pending_index)s, changed_at = now()
                    WHERE status = %(indexed)s AND doc_id IN ({})""").format(
             sql.SQL(" UNION ").join(sql.SQL("({})").format(part) for part in parts)),
         {"indexed": DocumentStatus.INDEXED, "pending_index": DocumentStatus.PENDING_INDEX},
