@@ -53,9 +53,11 @@ REMOVED_HOLD_REASON = ("the source is not in the configuration any more; holding
 # times to the second (and a metadata copy keeps an object's ETag), a file system stamps times from a clock that
 # moves in ticks of a few milliseconds (or whole seconds: see store.scans.apply_scan). Such a one is judged again,
 # not taken from its fingerprint (git's "racily clean" rule). An object store's margin also covers a second of skew
-# between its clock and this host's, which times the scans.
+# between its clock and this host's, which times the scans. A file's margin is two ticks of Linux's coarse clock at
+# its slowest (HZ=100): wider, and a file written just before a scan (as tools and tests do) is parsed again at the
+# next one for nothing.
 RACY_MARGIN = timedelta(seconds=2)
-FILE_CLOCK_TICK = timedelta(milliseconds=50)
+FILE_CLOCK_TICK = timedelta(milliseconds=20)
 
 
 @dataclass(frozen=True)
