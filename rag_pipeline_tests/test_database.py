@@ -4,6 +4,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -282,15 +284,10 @@ def test_the_file_identity_migration_upgrades_documents_the_previous_main_left(p
             assert status == "indexed" and file_id == f"{info.st_dev}:{info.st_ino}" and links == 1
 
 
-def test_the_scan_failure_migration_upgrades_the_sources_the_previous_main_left(pg_admin_url, tmp_path):
-    """Migration 005 on a database at 004 (the schema main left at b988343): a registered source keeps its scans and
-    gains no failure; a failed scan is kept on its row and fails staleness at once, a completed scan clears it."""
-    from datetime import UTC, datetime
-
-    from rag_pipeline.config import SourceConfig
-    from rag_pipeline.lifecycle.checks import staleness
+@contextmanager
+def _database_at_b988343(pg_admin_url: str, tmp_path: Path) -> Iterator[str]:
+    """A new database migrated as far as main went at b988343 (004), dropped afterwards: the upgrades' start."""
     from rag_pipeline.store.database import ensure_database
-    from rag_pipeline.store.scans import ReconcileCounts
 
     previous = tmp_path / "sql"
     shutil.copytree(SQL_DIR, previous)
@@ -302,6 +299,22 @@ def test_the_scan_failure_migration_upgrades_the_sources_the_previous_main_left(
     url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
     try:
         assert migrate(url, previous)[-1] == "004_source_labelling.sql"
+        yield url
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_the_scan_failure_migration_upgrades_the_sources_the_previous_main_left(pg_admin_url, tmp_path):
+    """Migration 005 on a database at 004 (the schema main left at b988343): a registered source keeps its scans and
+    gains no failure; a failed scan is kept on its row and fails staleness at once, a completed scan clears it."""
+    from datetime import UTC, datetime
+
+    from rag_pipeline.config import SourceConfig
+    from rag_pipeline.lifecycle.checks import staleness
+    from rag_pipeline.store.scans import ReconcileCounts
+
+    with _database_at_b988343(pg_admin_url, tmp_path) as url:
         with connect(url, autocommit=True) as conn:
             conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds, "
                          "last_scan_started_at, last_scan_completed_at) VALUES ('s', '/x', '{}', 86400, now(), now())")
@@ -315,27 +328,14 @@ def test_the_scan_failure_migration_upgrades_the_sources_the_previous_main_left(
             assert not failed.passed and failed.error and "s: its latest scan failed (PermissionDenied" in failed.summary
             store.sources.record_scan(conn, "s", datetime.now(UTC), ReconcileCounts())
             assert staleness(conn, [source]).passed
-    finally:
-        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_the_erased_documents_migration_upgrades_the_database_the_previous_main_left(pg_admin_url, tmp_path):
     """Migration 006 on a database at 004 (the schema main left at b988343) with documents and an erasure: the rows
     are kept, `held_erased` is a status with exactly the transitions status.py lists, and 'readmit' an audit scope."""
     from rag_pipeline.domain.status import DOCUMENT_TRANSITIONS
-    from rag_pipeline.store.database import ensure_database
 
-    previous = tmp_path / "sql"
-    shutil.copytree(SQL_DIR, previous)
-    for path in (previous / "migrations").glob("*.sql"):
-        if path.name >= "005":
-            path.unlink()
-    name = f"upgrade_{uuid.uuid4().hex[:10]}"
-    ensure_database(pg_admin_url, name)
-    url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
-    try:
-        assert migrate(url, previous)[-1] == "004_source_labelling.sql"
+    with _database_at_b988343(pg_admin_url, tmp_path) as url:
         with connect(url, autocommit=True) as conn:
             conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) "
                          "VALUES ('s', '/x', '{}', 60)")
@@ -358,6 +358,3 @@ def test_the_erased_documents_migration_upgrades_the_database_the_previous_main_
                 conn.execute("UPDATE documents SET status = 'indexed' WHERE doc_id = 'held_bad_sidecar'")
             conn.execute("INSERT INTO erasures (subject, scope, removed) VALUES ('ab', 'readmit', '{}')")
             assert [r[0] for r in conn.execute("SELECT scope FROM erasures ORDER BY id")] == ["document", "readmit"]
-    finally:
-        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import psycopg
@@ -83,11 +83,9 @@ def _cut(conn: psycopg.Connection) -> None:
         descriptor = os.dup(conn.pgconn.socket)
     except (OSError, psycopg.OperationalError):  # closed meanwhile: nothing to cut
         return
-    with socket.socket(fileno=descriptor) as sock:  # the duplicate is closed; shutdown acts on the shared socket
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+    # The duplicate is closed; shutdown acts on the shared socket. A socket the server already shut needs nothing.
+    with socket.socket(fileno=descriptor) as sock, suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 WATCHDOG = Watchdog()  # one thread per process, for every pool
