@@ -245,14 +245,21 @@ def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError(f"doc: a ref is a number as the UI shows it (#123), got {args.refs[refs.index(None)]!r}")
     with connect(_index_url(settings)) as conn:
         found = store.documents.paths_of(conn, refs)
-    rows = [{"ref": ref, "source": found[ref][0], "path": found[ref][1]} if ref in found else
-            {"ref": ref, "source": None, "path": None} for ref in refs]
+        identities = store.documents.identities_of(conn, refs)
+    rows = [{"ref": ref, "source": found[ref][0], "path": found[ref][1], "identity": identities.get(ref, {})}
+            if ref in found else {"ref": ref, "source": None, "path": None} for ref in refs]
     if args.json:
         _print_json(rows)
     else:
         for row in rows:
             print(f"#{row['ref']}  {row['source']}:{row['path']}" if row["path"] else
                   f"#{row['ref']}  no such document (deleted or erased)")
+            known = row.get("identity") or {}
+            found_in = known.get("found", {})
+            for key in ("title", "organisation", "kind", "year", "quarter", "period_end"):
+                if known.get(key) is not None:
+                    where = found_in.get("period" if key in ("year", "quarter", "period_end") else key)
+                    print(f"    {key}: {known[key]}" + (f"  ({where})" if where else ""))
     return EXIT_OK if len(found) == len(set(refs)) else EXIT_FAILED
 
 
@@ -413,7 +420,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings | None) -> int:
                          f"{SEARCH_URL_VARIABLE}) to ask a running rag-pipeline serve with your token")
     else:
         from rag_pipeline import store
-        from rag_pipeline.retrieval.search import SearchOptions, fetch, finish, plan
+        from rag_pipeline.retrieval.search import SearchOptions, abstention_of, fetch, finish, plan
         from rag_pipeline.store.database import connect
 
         assert settings is not None  # loaded for every search of the database (main)
@@ -425,8 +432,16 @@ def cmd_search(args: argparse.Namespace, settings: Settings | None) -> int:
             planned = plan(args.query, args.labels, k=args.k or settings.retrieval.k, mode=args.mode,
                            version=version, options=SearchOptions.from_settings(settings))
             fetched = fetch(conn, planned)
+            abstained = None if fetched else abstention_of(conn, planned)
         # The connection is closed before a reranker is asked: it may take until the search's deadline.
-        hits = [hit.to_dict() for hit in finish(planned, fetched).hits]
+        result = finish(planned, fetched, abstained)
+        hits = [hit.to_dict() for hit in result.hits]
+        if result.note:
+            print(f"note: {result.note}", file=sys.stderr)
+        if result.abstained:
+            print(f"no evidence: {result.abstained}", file=sys.stderr)
+    from rag_pipeline.text.identity import label as document_label
+
     if args.json:
         _print_json(hits)
         return 0
@@ -438,6 +453,8 @@ def cmd_search(args: argparse.Namespace, settings: Settings | None) -> int:
         similarity = "" if hit["similarity"] is None else f"similarity {hit['similarity']:.3f}  "
         print(f"{rank:>2}. {similarity}(rank score {hit['score']:.4f})  {hit['source']}:{hit['path']} {pages}  "
               f"[{hit['section_path']}]")
+        if hit.get("document"):
+            print(f"    {document_label(hit['document'], hit['path'])}")
         print("    " + " ".join(hit["text"].split())[:200])
     return 0
 

@@ -29,6 +29,27 @@ from pydantic import (
     model_validator,
 )
 
+# What kind a document is, from its first pages (rag_pipeline.text.identity; parsing.document_kinds).
+DEFAULT_DOCUMENT_KINDS: dict[str, tuple[str, ...]] = {
+    # first match wins, in this order; patterns are case-insensitive regular expressions over the cover
+    "annual report": (r"\bform\s+10-?k\b", r"\bform\s+20-?f\b", r"\bannual\s+report\s+pursuant\b",
+                      r"\bannual\s+(?:financial\s+)?report\b", r"\bintegrated\s+report\b"),
+    "quarterly report": (r"\bform\s+10-?q\b", r"\bquarterly\s+report\b", r"\binterim\s+(?:financial\s+)?report\b",
+                         r"\bhalf[- ]year(?:ly)?\s+report\b"),
+    "current report": (r"\bform\s+8-?k\b", r"\bcurrent\s+report\s+pursuant\b"),
+    "earnings release": (r"\bearnings\s+release\b", r"\b(?:reports?|announces?)\s+\w+(?:\s+\w+)?\s+quarter\b.{0,60}"
+                         r"\bresults\b"),
+    "proxy statement": (r"\bproxy\s+statement\b",),
+    "prospectus": (r"\bprospectus\b",),
+    "protocol": (r"\b(?:study|trial|clinical)\s+protocol\b", r"^\W*protocol\b"),
+    "manual": (r"\buser'?s?\s+(?:manual|guide)\b", r"\bhelp\s+guide\b", r"\bowner'?s\s+manual\b",
+               r"\binstruction\s+manual\b", r"\boperating\s+instructions\b", r"\breference\s+manual\b"),
+    "handbook": (r"\bhandbook\b", r"\bguidebook\b"),
+    "brochure": (r"\bbrochure\b",),
+    "court filing": (r"\bcase\s+(?:no\.?|number)\s*:?\s*[\w:-]+", r"\bplaintiffs?\b.{0,200}\bdefendants?\b"),
+    "paper": (r"^\W*abstract\b", r"\barxiv\b", r"\bproceedings\s+of\b", r"\bjournal\s+of\b"),
+    "report": (r"\breport\b", r"\bpolicy\s+brief\b", r"\bwhite\s*paper\b"),
+}
 DEFAULT_INCLUDE = ("*.pdf", "*.docx", "*.pptx", "*.xlsx", "*.html", "*.htm", "*.md", "*.txt")
 SOURCE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 DEFAULT_CONFIG_NAME = "rag_pipeline.yaml"
@@ -452,6 +473,24 @@ class ParsingConfig(_Section):
     ocr_engine: Literal["rapidocr", "none"] = "rapidocr"
     ocr_dpi: int = Field(200, ge=72, le=600)
     vlm: VlmConfig = Field(default_factory=VlmConfig)
+    document_kinds: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: dict(DEFAULT_DOCUMENT_KINDS),
+        description="a document's kind (rag_pipeline.text.identity): kind -> regular expressions (case-insensitive) "
+        "over its first pages; the kind whose pattern matches earliest wins. Replaces the shipped list: copy it from "
+        "docs/configuration.md to extend it")
+
+    @field_validator("document_kinds")
+    @classmethod
+    def _compiles(cls, kinds: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for kind, patterns in kinds.items():
+            if not kind.strip() or not patterns:
+                raise ValueError(f"kind {kind!r} needs a name and at least one pattern")
+            for pattern in patterns:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"{kind}: {pattern!r} is not a regular expression: {exc}") from exc
+        return kinds
 
 
 class RetentionConfig(_Section):
@@ -542,6 +581,19 @@ class RoutingConfig(_Section):
         0.5, description="share of a word's strongest chunks that must lie in the documents it names")
     ratio: Fraction = Field(0.75, description="documents scoring at least this share of the best are named too")
     max_documents: int = Field(5, ge=1, le=100)
+    max_share: Fraction = Field(0.5, description="share of a search's top k that one document the query does not "
+                                "name may hold; its further hits come after the other documents' (1: no cap)")
+
+
+class AbstentionConfig(_Section):
+    """When a search answers "no evidence" (an empty result, with the reason) instead of the nearest text
+    (docs/retrieval.md: abstention). The score floor, min_similarity, is the third way."""
+
+    unknown_names: bool = Field(True, description="abstain when the query names something (a capitalised word, not "
+                                "opening a sentence) that nothing the caller may read holds")
+    period_lookback_years: int | None = Field(2, ge=0, le=50, description="abstain when the query names documents "
+                                              "and a year and none of them is of that year or of this many years "
+                                              "after it (a report states its year and the years before); null: off")
 
 
 class RerankerConfig(_Section):
@@ -670,6 +722,7 @@ class RetrievalConfig(_Section):
                                   "best chunk in it); a hit's score is this share of its page's fused score and the "
                                   "rest its own: 0 ranks chunks alone, 1 ranks pages")
     query: QueryConfig = Field(default_factory=QueryConfig)
+    abstention: AbstentionConfig = Field(default_factory=AbstentionConfig)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     search_deadline_seconds: float = Field(5.0, gt=0, le=600, description="a search's time for its reranker, "
                                            "counted from the search's start: an endpoint reranker that has not "

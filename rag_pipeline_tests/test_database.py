@@ -287,18 +287,26 @@ def test_the_file_identity_migration_upgrades_documents_the_previous_main_left(p
 @contextmanager
 def _database_at_b988343(pg_admin_url: str, tmp_path: Path) -> Iterator[str]:
     """A new database migrated as far as main went at b988343 (004), dropped afterwards: the upgrades' start."""
+    with _database_at(pg_admin_url, tmp_path, "004_source_labelling.sql") as url:
+        yield url
+
+
+@contextmanager
+def _database_at(pg_admin_url: str, tmp_path: Path, last: str) -> Iterator[str]:
+    """A new database migrated up to and including migration `last` (with this checkout's functions), dropped
+    afterwards."""
     from rag_pipeline.store.database import ensure_database
 
     previous = tmp_path / "sql"
     shutil.copytree(SQL_DIR, previous)
     for path in (previous / "migrations").glob("*.sql"):
-        if path.name >= "005":
+        if path.name > last:
             path.unlink()
     name = f"upgrade_{uuid.uuid4().hex[:10]}"
     ensure_database(pg_admin_url, name)
     url = psycopg.conninfo.make_conninfo(pg_admin_url, dbname=name)
     try:
-        assert migrate(url, previous)[-1] == "004_source_labelling.sql"
+        assert migrate(url, previous)[-1] == last
         yield url
     finally:
         with psycopg.connect(pg_admin_url, autocommit=True) as conn:
@@ -358,3 +366,34 @@ def test_the_erased_documents_migration_upgrades_the_database_the_previous_main_
                 conn.execute("UPDATE documents SET status = 'indexed' WHERE doc_id = 'held_bad_sidecar'")
             conn.execute("INSERT INTO erasures (subject, scope, removed) VALUES ('ab', 'readmit', '{}')")
             assert [r[0] for r in conn.execute("SELECT scope FROM erasures ORDER BY id")] == ["document", "readmit"]
+
+
+def test_the_document_identity_migration_upgrades_the_database_the_previous_main_left(pg_admin_url, tmp_path):
+    """Migration 007 on a database at 006 (the schema main left at 124999c): documents keep their rows and names and
+    gain an empty identity; once parsing writes one, the document is also named by it (its organisation, its
+    initials, its fiscal year)."""
+    with _database_at(pg_admin_url, tmp_path, "006_erased_documents_held.sql") as url:
+        with connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) "
+                         "VALUES ('s', '/x', '{}', 60)")
+            conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                                   acl_labels, status, title)
+                            VALUES ('d', 's', '3f9a1c77.pdf', 'f', 1, now(), '{staff}', 'indexed', 'Fleet review')""")
+            names_before = conn.execute("SELECT name_terms FROM documents").fetchone()[0]
+        assert "007_document_identity.sql" in migrate(url)
+        with connect(url, autocommit=True) as conn:
+            assert conn.execute("SELECT identity, name_terms FROM documents").fetchone() == ({}, names_before)
+
+            def named_by(words: str) -> bool:
+                return conn.execute("SELECT name_terms @> rag.name_term_ids(%s) FROM documents", (words,)).fetchone()[0]
+
+            assert not named_by("Harbourline")
+            conn.execute("""UPDATE documents SET identity = '{"organisation": "Harbourline Marine Logistics Inc.",
+                                                           "kind": "annual report", "year": 2022}'""")
+            assert named_by("Harbourline") and named_by("HML") and named_by("FY2022") and named_by("Fleet review")
+            # a sidecar's word is over the document's: the title column, and metadata keys
+            conn.execute("""UPDATE documents SET metadata = '{"organisation": "Northwind", "year": "2021"}'""")
+            identity = conn.execute("SELECT rag.document_identity(title, metadata, identity) FROM documents").fetchone()[0]
+            assert (identity["organisation"], identity["year"], identity["title"]) == ("Northwind", 2021, "Fleet review")
+            assert identity["found"] == {"organisation": "sidecar", "year": "sidecar", "title": "sidecar"}
+            assert named_by("Northwind FY2021") and not named_by("Harbourline")

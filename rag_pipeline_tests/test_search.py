@@ -7,9 +7,11 @@ from dagster import DagsterInstance
 from psycopg import sql
 
 from rag_pipeline import store
+from rag_pipeline.config import RoutingConfig
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.embedding.locations import ModelUnavailableError
 from rag_pipeline.retrieval.search import SearchError, SearchOptions, search
+from rag_pipeline.text.identity import label as document_label
 
 
 @pytest.fixture
@@ -48,14 +50,16 @@ def test_labels_decide_what_is_visible(indexed):
 
 
 def test_hybrid_finds_the_answer_and_reports_both_ranks(indexed):
+    # each chunk alone, and no document routing (the FAQ's title names the robot): its score is its lists' RRF
     hits = search(indexed, "how long does the robot battery last", ["staff"], k=3,
-                  options=SearchOptions(page_weight=0.0))  # each chunk alone: its score is its lists' RRF
+                  options=SearchOptions(page_weight=0.0, routing=RoutingConfig(enabled=False)))
     assert hits[0].path == "products/nw200-faq.html"
     assert "nine hours" in hits[0].text
     assert hits[0].dense_rank is not None and hits[0].sparse_rank is not None
     assert hits[0].score == pytest.approx(1 / (60 + hits[0].dense_rank) + 1 / (60 + hits[0].sparse_rank))
     assert hits == sorted(hits, key=lambda h: -h.score)
-    assert hits[0].prefix.startswith("nw200-faq")  # contextual prefix returned apart from the text
+    # the contextual prefix, returned apart from the text, names the document as it says it is
+    assert hits[0].document["title"] and hits[0].prefix.startswith(document_label(hits[0].document, "-"))
 
 
 def test_there_is_no_unlabelled_search(indexed):

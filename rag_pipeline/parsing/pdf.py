@@ -271,6 +271,7 @@ def parse_pdf(path: Path, password: str | None, limits: ParseLimits = ParseLimit
             raise _pdf_failure(path, exc) from exc
         if page_count > limits.max_pages:
             raise DeadLetter("too_large", f"{page_count:,} pages; parsing.max_pages is {limits.max_pages:,}")
+        metadata = document_metadata(pdf)
         for number in range(page_count):
             started = time.perf_counter()
             check_page_content_size(pdf.pages[number].page_obj, limits.max_page_content_bytes)
@@ -280,8 +281,31 @@ def parse_pdf(path: Path, password: str | None, limits: ParseLimits = ParseLimit
                 page.close()  # drop pdfplumber's per-page caches: bounded memory on long files
             except Exception as exc:
                 raise _pdf_failure(path, exc) from exc
+            if number == 0 and metadata:
+                signals["pdf_metadata"] = metadata  # what the document says it is (rag_pipeline.text.identity)
             yield ParsedPage(number + 1, "pdfplumber", markdown, time.perf_counter() - started, tables, signals,
                              text_layer)
+
+
+METADATA_KEYS = ("Title", "Author", "Subject", "Company", "Keywords")
+MAX_METADATA_CHARS = 300
+
+
+def document_metadata(pdf: Any) -> dict[str, str]:
+    """The document-information fields that say what a PDF is, as text, each cut to 300 characters: untrusted
+    input kept small. A dictionary pdfminer cannot read gives nothing, not a failed parse."""
+    try:
+        info = pdf.metadata or {}
+    except Exception:  # a malformed info dictionary is not the page text's problem
+        return {}
+    kept = {}
+    for key in METADATA_KEYS:
+        value = info.get(key)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if isinstance(value, str) and value.strip():
+            kept[key] = " ".join(value.split())[:MAX_METADATA_CHARS]
+    return kept
 
 
 # --- Office and HTML (Docling) ---------------------------------------------------------------------

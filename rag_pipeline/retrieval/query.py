@@ -96,15 +96,17 @@ def _instruction_patterns(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], .
     return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
 
 
-def _alias_names(query: str, aliases: Mapping[str, Sequence[str]]) -> list[str]:
-    """The names of every alias the query says as a whole word; an alias with capitals must match its case ("KO"
-    is not "ko")."""
+def _alias_names(query: str, aliases: Mapping[str, Sequence[str]]) -> tuple[list[str], str]:
+    """The names of every alias the query says as a whole word (an alias with capitals must match its case: "KO" is
+    not "ko"), and the query with those aliases in lower case: an alias the configuration resolves is not a name
+    the index must hold (abstention reads capitalised words)."""
     names: list[str] = []
     for alias, stands_for in aliases.items():
         pattern = _phrase_pattern([alias], case_sensitive=alias != alias.lower())
         if pattern.search(query):
             names.extend(n for n in stands_for if n not in names)
-    return names
+            query = pattern.sub(lambda m: m.group(0).lower(), query)
+    return names, query
 
 
 def prepare(query: str, config: QueryConfig) -> PreparedQuery:
@@ -115,11 +117,14 @@ def prepare(query: str, config: QueryConfig) -> PreparedQuery:
     kept = [s for s in sentences if not any(p.search(s) for p in patterns)]
     dropped = tuple(s for s in sentences if s not in kept)
     question = " ".join(kept) if kept else query.strip()
-    names = _alias_names(query, config.aliases)
+    names = _alias_names(query, config.aliases)[0]
+    resolved = _alias_names(question, config.aliases)[1]
     expansions: list[str] = []
     for entry in synonyms_of(config):
         if entry.pattern.search(question):
             expansions.extend(a for a in entry.add if a not in expansions)
-    lexical = " ".join([question, *names, *expansions])
+    # what is added is lower-cased: a capitalised word of the question names something (abstention reads it), an
+    # alias's or a synonym's added words do not (BM25 and routing ignore case)
+    lexical = " ".join([resolved, *(n.lower() for n in names), *(e.lower() for e in expansions)])
     dense = " ".join([question, *names, *expansions]) if config.expand_dense else " ".join([question, *names])
     return PreparedQuery(query, question, lexical, dense, tuple(names), tuple(expansions), dropped)

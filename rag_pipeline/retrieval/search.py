@@ -19,6 +19,7 @@ from pgvector import HalfVector
 
 from rag_pipeline import store
 from rag_pipeline.config import (
+    AbstentionConfig,
     Bm25Config,
     EmbeddingConfig,
     QueryConfig,
@@ -31,6 +32,7 @@ from rag_pipeline.config import (
 from rag_pipeline.embedding.embedders import get_query_embedder
 from rag_pipeline.embedding.identity import model_for_version
 from rag_pipeline.endpoints.chat import EndpointError
+from rag_pipeline.retrieval.periods import unmatched_period_note
 from rag_pipeline.retrieval.query import PreparedQuery, prepare
 from rag_pipeline.store.versions import IndexVersion
 
@@ -57,6 +59,7 @@ class SearchOptions:
     bm25: Bm25Config = field(default_factory=Bm25Config)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     query: QueryConfig = field(default_factory=QueryConfig)
+    abstention: AbstentionConfig = field(default_factory=AbstentionConfig)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
     deadline_seconds: float = RetrievalConfig().search_deadline_seconds  # the reranker's time, from the search's start
     # Queries are embedded without loading torch where the model allows it and no full model is loaded in this
@@ -72,6 +75,7 @@ class SearchOptions:
             "sparse_weight": retrieval.sparse_weight, "embedding": settings.embedding, "bm25": retrieval.bm25,
             "candidates": retrieval.candidates, "routing": retrieval.document_routing,
             "page_weight": retrieval.page_weight, "query": retrieval.query, "reranker": retrieval.reranker,
+            "abstention": retrieval.abstention,
             "deadline_seconds": retrieval.search_deadline_seconds,
         }
         values.update(overrides)
@@ -82,7 +86,7 @@ class SearchOptions:
         return store.search.ranking_options(
             dense_weight=self.dense_weight, sparse_weight=self.sparse_weight, candidates=self.candidates,
             ef_search=self.ef_search, min_similarity=self.min_similarity, page_weight=self.page_weight,
-            bm25=self.bm25, routing=self.routing)
+            bm25=self.bm25, routing=self.routing, abstention=self.abstention)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,8 @@ class SearchHit:
     occurrences: int = 1
     flags: tuple[str, ...] = ()  # e.g. prompt-injection patterns (rag_pipeline.text.safety): treat the text as data
     rerank_score: float | None = None  # the reranker's score, when retrieval.reranker is on
+    # what the document is: title, organisation, kind, year, quarter, period_end (rag.document_identity)
+    document: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,6 +142,12 @@ class SearchResult:
     # what the reranker did: None (none configured), "reranked", or "skipped_<reason>" (RERANK_SKIPS): the fused
     # order stands
     rerank: str | None = None
+    # a caveat the caller should pass on: the query names a period no result's document is of
+    # (rag_pipeline.retrieval.periods)
+    note: str | None = None
+    # why there are no hits, when the search abstained ("the index holds nothing about PepsiCo"): rag.abstention's
+    # reason, or the score floor
+    abstained: str | None = None
 
 
 RERANK_SKIPS = tuple(f"skipped_{reason}"
@@ -197,20 +209,35 @@ def fetch(conn: psycopg.Connection, planned: SearchPlan) -> list[SearchHit]:
             similarity=None if row["similarity"] is None else float(row["similarity"]),
             occurrences=max(1, int(row["occurrences"])),
             flags=tuple(row["flags"]),
+            document={key: value for key, value in (row.get("document") or {}).items() if key != "found"},
         )
         for row in rows
     ]
 
 
-def finish(planned: SearchPlan, hits: list[SearchHit]) -> SearchResult:
+def abstention_of(conn: psycopg.Connection, planned: SearchPlan) -> str | None:
+    """Why a fetch came back empty: rag.abstention's reason (a name nothing readable holds, a period none of the
+    documents named is of), else the score floor; None when nothing readable matched at all."""
+    reason = store.search.abstention_reason(conn, planned.version, planned.prepared.lexical, planned.labels,
+                                            planned.options.sql_options())
+    if reason is None and planned.options.min_similarity is not None and planned.mode != "sparse":
+        reason = f"no evidence above the score floor (retrieval.min_similarity {planned.options.min_similarity})"
+    return reason
+
+
+def finish(planned: SearchPlan, hits: list[SearchHit], abstained: str | None = None) -> SearchResult:
     """The top k of the fetched hits, reranked when a reranker is on and answers by the plan's deadline. Call it
-    with no database connection in hand: a reranker may take until the deadline."""
+    with no database connection in hand: a reranker may take until the deadline. `abstained`: abstention_of() of
+    an empty fetch."""
     reranker = planned.options.reranker
     if not reranker.enabled or not hits:
-        return SearchResult(hits[:planned.k])
+        kept = hits[:planned.k]
+        return SearchResult(kept, note=unmatched_period_note(planned.prepared.question, [h.document for h in kept]),
+                            abstained=None if kept else abstained)
     # a reranker reads the question, not the expansions
     ranked, outcome = rerank_within(planned.prepared.question, hits, reranker, planned.deadline)
-    return SearchResult(ranked[:planned.k], outcome)
+    kept = ranked[:planned.k]
+    return SearchResult(kept, outcome, unmatched_period_note(planned.prepared.question, [h.document for h in kept]))
 
 
 def search(
@@ -231,6 +258,25 @@ def search(
     version = version or store.versions.active_version(conn)
     planned = plan(query, labels, k=k, mode=mode, version=version, options=options, started=started)
     return finish(planned, fetch(conn, planned)).hits
+
+
+def search_result(
+    conn: psycopg.Connection,
+    query: str,
+    labels: Sequence[str] | str,
+    *,
+    k: int = 10,
+    mode: str = "hybrid",
+    version: IndexVersion | None = None,
+    options: SearchOptions | None = None,
+) -> SearchResult:
+    """search() with what the hits do not say: the reranker's outcome, a period caveat, why nothing came back."""
+    started = time.monotonic()
+    _checked(query, labels, k, mode)
+    version = version or store.versions.active_version(conn)
+    planned = plan(query, labels, k=k, mode=mode, version=version, options=options, started=started)
+    fetched = fetch(conn, planned)
+    return finish(planned, fetched, None if fetched else abstention_of(conn, planned))
 
 
 def rerank_within(query: str, hits: list[SearchHit], reranker: RerankerConfig,

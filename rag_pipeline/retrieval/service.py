@@ -49,6 +49,7 @@ from rag_pipeline.retrieval.search import (
     SearchError,
     SearchHit,
     SearchOptions,
+    abstention_of,
     fetch,
     finish,
     plan,
@@ -134,6 +135,11 @@ class SearchResponse(BaseModel):
                                "skipped_throttled, skipped_failed, skipped_breaker_open, skipped_busy (the fused order "
                                "stands); "
                                "null: no reranker configured")
+    note: str | None = Field(None, description="a caveat to pass on with the results: the query names a period "
+                             "(FY2022, Q3 2022) that no result's document is of")
+    abstained: str | None = Field(None, description="why there are no results, when the search abstained (a name "
+                                  "the index does not hold, a period none of the documents named is of, the score "
+                                  "floor); null otherwise")
 
 
 class ApiError(Exception):
@@ -400,6 +406,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
                            started=deadline_start)
             with database() as conn:
                 fetched = fetch(conn, planned)
+                abstained = None if fetched else abstention_of(conn, planned)
         except SearchError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None
         except (PoolTimeout, psycopg.OperationalError) as exc:  # fail fast: a client can retry elsewhere
@@ -409,11 +416,11 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
         except ModelUnavailableError as exc:
             log.error("search service: %s", exc)
             raise ApiError(503, "model_unavailable", "the query model is not available here") from None
-        result = finish(planned, fetched)  # the reranker, within the search's deadline; the fused order otherwise
+        result = finish(planned, fetched, abstained)  # the reranker, within the search's deadline; the fused order otherwise
         counters.count(result.rerank)
         return {"results": [hit.to_dict() for hit in result.hits], "version": version.label,
                 "model": version.model_identity or "", "took_ms": round((time.perf_counter() - started) * 1000, 2),
-                "rerank": result.rerank}
+                "rerank": result.rerank, "note": result.note, "abstained": result.abstained}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:  # nothing here blocks: answered on the event loop

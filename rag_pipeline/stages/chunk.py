@@ -22,6 +22,7 @@ from rag_pipeline.embedding.locations import max_sequence_length, resolve_model
 from rag_pipeline.stages.common import StageStats
 from rag_pipeline.store.queue import PendingDocument
 from rag_pipeline.text.chunking import Chunk, Chunker, chunker_version, fitted_prefix, truncate_to_tokens
+from rag_pipeline.text.identity import label as document_label
 from rag_pipeline.text.language import text_search_config
 from rag_pipeline.text.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.text.safety import injection_flags
@@ -117,9 +118,11 @@ def chunk_one(
 ) -> None:
     document_pages = store.pages.document_pages(conn, doc.doc_id)
     table_reach = store.pages.table_continuations(conn, doc.doc_id)
+    known = store.queue.document_identity(conn, doc.doc_id)
     conn.commit()  # end the read: the write below must be a transaction of its own
     chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
-    title = doc.title or PurePosixPath(doc.rel_path).stem
+    # what the document is (its title, organisation and period), so a chunk that says "revenue" says whose and when
+    title = document_label(known, doc.title or PurePosixPath(doc.rel_path).stem)
     budget = settings.chunking.prefix_token_budget or 0
     # with an LLM sentence to follow, the template keeps to half the budget so the sentence is not cut away
     template_budget = budget // 2 if prefixer is not None else budget

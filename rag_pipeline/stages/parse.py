@@ -32,7 +32,7 @@ from rag_pipeline.sources.folders import ChangedSinceScanError, UnsafePathError,
 from rag_pipeline.sources.object_stores import SourceReadError, download_judged
 from rag_pipeline.stages.common import StageStats, count
 from rag_pipeline.store.queue import PendingDocument
-from rag_pipeline.text import dedup
+from rag_pipeline.text import dedup, identity
 from rag_pipeline.text.cleaning import clean_parsed_pages, content_hash
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class ParseStats(StageStats):
     parsed: int = 0
     content_unchanged: int = 0  # file changed, text did not: no chunking, no embedding
     regrouped: int = 0  # of those, relabelled too: chunked again into their label set's groups (nothing embedded)
+    reidentified: int = 0  # of those, read as another title, organisation, kind or period: chunked again (prefixes)
     dead_lettered: int = 0
     vanished: int = 0
     changed_since_scan: int = 0  # left for the next scan: the file is not the one it judged
@@ -87,6 +88,9 @@ def parse_one(
         removed = clean_parsed_pages(parsed)
         new_hash = content_hash([page.markdown for page in parsed])
         unchanged = new_hash == doc.indexed_content_hash
+        derived = identity.derive(parsed[0].signals.get("pdf_metadata", {}) if parsed else {},
+                                  [page.markdown for page in parsed[:identity.COVER_PAGES]], doc.rel_path,
+                                  cascade.config.document_kinds).to_json()
         with conn.transaction():
             if not store.queue.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint, doc.file_id):
                 stats.vanished += 1
@@ -96,9 +100,13 @@ def parse_one(
             # a group whose row speaks for these labels).
             regroup = unchanged and store.groups.in_other_groups(
                 conn, doc.doc_id, dedup.acl_key(store.queue.current_labels(conn, doc.doc_id)))
+            # what the document says it is goes into every chunk's prefix: a new reading is chunked again
+            # (vectors come from the embedding cache where a prefix did not change)
+            renamed = unchanged and store.queue.stored_identity(conn, doc.doc_id) != derived
             store.pages.replace_pages(conn, doc.doc_id, parsed, version)
             store.queue.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
-                                   D.INDEXED if unchanged and not regroup else D.PENDING_CHUNK, removed)
+                                     D.INDEXED if unchanged and not regroup and not renamed else D.PENDING_CHUNK,
+                                     removed, derived)
             store.pages.clear_dead_letter(conn, doc.doc_id)
     except UnsafePathError as exc:
         dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
@@ -125,6 +133,7 @@ def parse_one(
     if unchanged:
         stats.content_unchanged += 1
         stats.regrouped += int(regroup)
+        stats.reidentified += int(renamed and not regroup)
     else:
         stats.parsed += 1
     stats.pages += len(parsed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import psycopg
 
@@ -26,6 +27,14 @@ def paths_of(conn: psycopg.Connection, refs: Iterable[int]) -> dict[int, tuple[s
     rows = conn.execute("SELECT ref, source, rel_path FROM documents WHERE ref = ANY(%s)",
                         (sorted(set(refs)),)).fetchall()
     return {ref: (source, rel_path) for ref, source, rel_path in rows}
+
+
+def identities_of(conn: psycopg.Connection, refs: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """What the documents with these refs are (rag.document_identity: title, organisation, kind, period, and where
+    each was read)."""
+    rows = conn.execute("SELECT ref, rag.document_identity(title, metadata, identity) FROM documents "
+                        "WHERE ref = ANY(%s)", (sorted(set(refs)),)).fetchall()
+    return dict(rows)
 
 
 def status_counts(conn: psycopg.Connection) -> dict[str, int]:

@@ -20,7 +20,7 @@ from pgvector import HalfVector
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from rag_pipeline.config import Bm25Config, RetrievalConfig, RoutingConfig
+from rag_pipeline.config import AbstentionConfig, Bm25Config, RetrievalConfig, RoutingConfig
 from rag_pipeline.store.versions import IndexVersion
 
 # Callers whose labels (or named documents) reach fewer rows than this are ranked over exactly those rows.
@@ -80,11 +80,28 @@ def run(conn: psycopg.Connection, version: IndexVersion, query: SearchQuery) -> 
     if not query.labels:
         raise ValueError("a search needs the caller's labels")
     with conn.cursor(row_factory=dict_row) as cur:
+        # each hit with what its document is (rag.document_identity), in the ranking's order
         return cur.execute(
-            "SELECT * FROM rag.search_version(%s, %s, %s, %s, %s, %s, %s)",
+            """SELECT s.*, rag.document_identity(d.title, d.metadata, d.identity) AS document
+               FROM rag.search_version(%s, %s, %s, %s, %s, %s, %s) WITH ORDINALITY AS s
+               LEFT JOIN documents d ON d.doc_id = s.doc_id
+               ORDER BY s.ordinality""",
             (version.version_id, query.vector, query.text, list(query.labels), query.k, query.mode,
              Jsonb(query.options)),
         ).fetchall()
+
+
+def abstention_reason(conn: psycopg.Connection, version: IndexVersion, text: str, labels: tuple[str, ...],
+                      options: dict[str, Any]) -> str | None:
+    """Why rag.search_version answered nothing because of rag.abstention (the same rule, asked again for its
+    reason: only searches that came back empty pay for it), or None."""
+    routing = options["routing"]
+    named = (named_documents(conn, version, text, labels, min_score=routing["min_score"], ratio=routing["ratio"],
+                             max_documents=routing["max_documents"], min_terms=routing["min_terms"],
+                             min_concentration=routing["min_concentration"]) if routing["enabled"] else [])
+    return conn.execute("SELECT rag.abstention(%s, %s, %s, %s, %s, %s)",
+                        (version.version_id, text, list(labels), named, options["abstain_unknown_names"],
+                         options["abstain_period_lookback"])).fetchone()[0]
 
 
 def record_settings(conn: psycopg.Connection, options: dict[str, Any]) -> None:
@@ -95,16 +112,17 @@ def record_settings(conn: psycopg.Connection, options: dict[str, Any]) -> None:
 
 def ranking_options(*, dense_weight: float, sparse_weight: float, candidates: int | None, ef_search: int | None,
                     min_similarity: float | None, page_weight: float, bm25: Bm25Config,
-                    routing: RoutingConfig) -> dict[str, Any]:
+                    routing: RoutingConfig, abstention: AbstentionConfig) -> dict[str, Any]:
     """A ranking as rag.search_version takes its options (and rag.search_settings keeps them): the one mapping from
     the configuration's names to the SQL's (rag_pipeline.retrieval.search.SearchOptions.sql_options uses it too)."""
     return {
         "dense_weight": dense_weight, "sparse_weight": sparse_weight, "candidates": candidates,
         "ef_search": ef_search, "min_similarity": min_similarity, "page_weight": page_weight, "bm25_depth": bm25.depth,
-        "bm25_max_terms": bm25.max_query_terms,
+        "bm25_max_terms": bm25.max_query_terms, "abstain_unknown_names": abstention.unknown_names,
+        "abstain_period_lookback": abstention.period_lookback_years,
         "routing": {"enabled": routing.enabled, "weight": routing.weight, "min_score": routing.min_score,
                     "ratio": routing.ratio, "max_documents": routing.max_documents, "min_terms": routing.min_terms,
-                    "min_concentration": routing.min_concentration},
+                    "min_concentration": routing.min_concentration, "max_share": routing.max_share},
     }
 
 
@@ -112,7 +130,8 @@ def configured_ranking(retrieval: RetrievalConfig) -> dict[str, Any]:
     """A `retrieval` configuration section as ranking options."""
     return ranking_options(dense_weight=retrieval.dense_weight, sparse_weight=retrieval.sparse_weight,
                            candidates=retrieval.candidates, ef_search=None, min_similarity=retrieval.min_similarity,
-                           page_weight=retrieval.page_weight, bm25=retrieval.bm25, routing=retrieval.document_routing)
+                           page_weight=retrieval.page_weight, bm25=retrieval.bm25, routing=retrieval.document_routing,
+                           abstention=retrieval.abstention)
 
 
 def record_default_settings(conn: psycopg.Connection) -> None:

@@ -1,4 +1,5 @@
--- What a document is called: its title, its path and its sidecar metadata values, as term ids (rag_lexemes under
+-- What a document is called: its title, its path, its sidecar metadata values and what it says it is (its
+-- identity: title, organisation and the organisation's initials, kind, year, quarter), as term ids (rag_lexemes under
 -- the English and the neutral configuration), kept in documents.name_terms by the documents_name_terms trigger.
 -- Queries that name a document ("3M", "FY2018", "10-K") find it by these and rank its chunks up (document routing,
 -- 60_routing.sql). name_terms is stored: a change to what these functions return reaches rows as they are
@@ -24,10 +25,51 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                                     (SELECT string_agg(value, ' ') FROM jsonb_each_text(metadata)))) AS l
 $$;
 
--- Kept true wherever a document's name changes (discovery inserts and updates rows set-based).
+-- The words a document's identity names it by: its title and organisation, the organisation's initials ("Advanced
+-- Micro Devices, Inc." is also "AMD"; three letters or more, the legal form left out), its kind, and its period
+-- as a question says it ("2015", "FY2015", "Q2", "2022Q2").
+CREATE OR REPLACE FUNCTION rag.identity_words(p_identity jsonb) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT concat_ws(' ', p_identity ->> 'title', p_identity ->> 'organisation', p_identity ->> 'kind',
+                     (SELECT CASE WHEN count(*) >= 3 THEN string_agg(left(w, 1), '' ORDER BY n) END
+                      FROM regexp_split_to_table(coalesce(p_identity ->> 'organisation', ''), '[^[:alnum:]&]+')
+                           WITH ORDINALITY AS x(w, n)
+                      WHERE w ~ '^[[:alpha:]]' AND lower(w) NOT IN (
+                          'the', 'of', 'and', 'inc', 'incorporated', 'corp', 'corporation', 'co', 'company', 'ltd',
+                          'limited', 'llc', 'plc', 'group', 'holdings', 'sa', 'ag', 'nv', 'se')),
+                     p_identity ->> 'year', 'fy' || (p_identity ->> 'year'),
+                     'q' || (p_identity ->> 'quarter'), (p_identity ->> 'year') || 'q' || (p_identity ->> 'quarter'))
+$$;
+
+-- A document's identity with its sidecar's word over it: the title column (a sidecar's `title`), and the sidecar
+-- metadata keys organisation (or organization), kind, year, quarter and period_end. `found` says where each field
+-- came from ("sidecar" where the sidecar gave it).
+CREATE OR REPLACE FUNCTION rag.document_identity(p_title text, p_metadata jsonb, p_identity jsonb)
+RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    WITH sidecar AS (
+        SELECT jsonb_strip_nulls(jsonb_build_object(
+            'title', nullif(btrim(p_title), ''),
+            'organisation', nullif(btrim(coalesce(p_metadata ->> 'organisation', p_metadata ->> 'organization')), ''),
+            'kind', nullif(btrim(p_metadata ->> 'kind'), ''),
+            'year', substring(p_metadata ->> 'year' from '^\s*((?:19|20)[0-9]{2})\s*$')::integer,
+            'quarter', substring(p_metadata ->> 'quarter' from '^\s*[qQ]?([1-4])\s*$')::integer,
+            'period_end', substring(p_metadata ->> 'period_end' from '^\s*([0-9]{4}-[0-9]{2}-[0-9]{2})\s*$'))) AS given
+    )
+    SELECT (coalesce(p_identity, '{}') - 'found') || s.given
+           || jsonb_build_object('found', coalesce(p_identity -> 'found', '{}')
+                                          || coalesce((SELECT jsonb_object_agg(k, 'sidecar')
+                                                       FROM jsonb_object_keys(s.given) AS k), '{}'))
+    FROM sidecar s
+$$;
+
+-- Kept true wherever a document's name changes (discovery inserts and updates rows set-based, parsing writes the
+-- identity). The identity is read through to_jsonb(NEW), and the trigger lists the column only where it exists:
+-- these functions also apply to a schema from before migration 007 (the upgrade tests build one).
 CREATE OR REPLACE FUNCTION rag_documents_name_terms() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.name_terms := rag_name_terms(NEW.title, NEW.rel_path, NEW.metadata);
+    NEW.name_terms := rag_name_terms(
+        concat_ws(' ', NEW.title, rag.identity_words(
+            rag.document_identity(NEW.title, NEW.metadata, to_jsonb(NEW) -> 'identity'))),
+        NEW.rel_path, NEW.metadata);
     RETURN NEW;
 END $$;
 
@@ -35,7 +77,10 @@ DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'documents'::regclass
                                               AND tgname = 'documents_name_terms') THEN
-        CREATE TRIGGER documents_name_terms BEFORE INSERT OR UPDATE OF title, rel_path, metadata ON documents
-            FOR EACH ROW EXECUTE FUNCTION rag_documents_name_terms();
+        EXECUTE format('CREATE TRIGGER documents_name_terms BEFORE INSERT OR UPDATE OF title, rel_path, metadata%s '
+                       'ON documents FOR EACH ROW EXECUTE FUNCTION rag_documents_name_terms()',
+                       CASE WHEN EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'documents'::regclass
+                                                                      AND attname = 'identity' AND NOT attisdropped)
+                            THEN ', identity' ELSE '' END);
     END IF;
 END $$;

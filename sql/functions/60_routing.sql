@@ -34,6 +34,22 @@ CREATE OR REPLACE FUNCTION rag.period_year(p_word text) RETURNS text LANGUAGE sq
                       '^(?:fy|q[1-4]|h[12]|[1-4]q|[12]h)(?:fy)?([0-9]{2})$') AS m
 $$;
 
+-- The periods a query says, word by word ("2022", "FY22", "FY2022", "Q3", "3Q22") and whether it asks for the
+-- latest ("latest", "most recent"): document routing prefers the documents of that period, and abstention reads
+-- it (rag_pipeline.retrieval.periods reads the same in Python).
+CREATE OR REPLACE FUNCTION rag.asked_periods(p_text text, OUT years integer[], OUT quarters integer[],
+                                             OUT latest boolean)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT array_agg(DISTINCT p.y) FILTER (WHERE p.y IS NOT NULL),
+           array_agg(DISTINCT p.q) FILTER (WHERE p.q IS NOT NULL),
+           coalesce(bool_or(x.w ~ '^(latest|newest|recent|current)$'), false)
+    FROM (SELECT lower(regexp_replace(word, '[^[:alnum:]]+', '', 'g')) AS w
+          FROM regexp_split_to_table(coalesce(p_text, ''), '\s+') WITH ORDINALITY AS t(word, n) WHERE n <= 256) x,
+         LATERAL (SELECT coalesce(rag.period_year(x.w), substring(x.w from '^(?:fy)?((?:19|20)[0-9]{2})$'))::integer AS y,
+                         CASE WHEN x.w ~ '^(q[1-4]|[1-4]q)(fy)?([0-9]{2}|[0-9]{4})?$'
+                              THEN substring(x.w from '[1-4]')::integer END AS q) p
+$$;
+
 -- Of the chunks where p_words weigh most (the top 200 postings of their terms in the version, stop words left
 -- out), the share that lie in documents whose names carry one of p_name_terms; NULL when no chunk holds the words.
 CREATE OR REPLACE FUNCTION rag.name_concentration(p_version integer, p_words text[], p_name_terms integer[])
@@ -145,8 +161,32 @@ BEGIN
                >= p_min_terms
         ORDER BY score DESC, k.doc_id LIMIT p_max_documents + 1
     ),
-    chosen AS (
+    close AS (
         SELECT s.doc_id, s.score FROM scored s WHERE s.score >= p_ratio * (SELECT max(score) FROM scored)
+    ),
+    asked AS (SELECT * FROM rag.asked_periods(p_text)),
+    -- Of the documents named, those of the period asked for: the quarter and the year, else the year (a quarter's
+    -- question is also answered by the annual report), else, for "the latest", the newest period. A period no named
+    -- document has keeps them all (the search says so: rag_pipeline.retrieval.periods).
+    dated AS (
+        SELECT c.doc_id, c.score, (i ->> 'year')::integer AS year, (i ->> 'quarter')::integer AS quarter,
+               coalesce(i ->> 'period_end', (i ->> 'year') || '-12-31') AS period_end
+        FROM close c JOIN documents d ON d.doc_id = c.doc_id,
+             LATERAL rag.document_identity(d.title, d.metadata, d.identity) AS i
+    ),
+    matched AS (
+        SELECT dt.*, CASE WHEN dt.year = ANY(a.years) AND dt.quarter = ANY(a.quarters) THEN 2
+                          WHEN dt.year = ANY(a.years) AND (a.quarters IS NULL OR dt.quarter IS NULL) THEN 1
+                          ELSE 0 END AS fit,
+               coalesce(a.latest, false) AND a.years IS NULL AS wants_latest
+        FROM dated dt, asked a
+    ),
+    chosen AS (
+        SELECT m.doc_id, m.score FROM matched m
+        WHERE CASE WHEN (SELECT max(fit) FROM matched) > 0 THEN m.fit = (SELECT max(fit) FROM matched)
+                   WHEN m.wants_latest AND EXISTS (SELECT 1 FROM matched WHERE period_end IS NOT NULL)
+                       THEN m.period_end = (SELECT max(period_end) FROM matched)
+                   ELSE true END
     )
     SELECT (SELECT max(score) FROM scored),
            (SELECT array_agg(c.doc_id ORDER BY c.score DESC, c.doc_id) FROM chosen c),
@@ -168,6 +208,66 @@ CREATE OR REPLACE FUNCTION rag.named_documents(
                                              p_min_terms, p_min_concentration, p_cap)
 $$;
 
+-- Why a search should say "no evidence" rather than rank the nearest text, or NULL to rank:
+--   * the query names something the caller's index does not hold: a capitalised word (not opening a sentence, not a
+--     stop word) that no chunk the caller may read and no document name it may read carries, under any of the
+--     version's text configurations ("What was PepsiCo's free cash flow?" over filings of other companies);
+--   * the query names documents (p_named, from routing) and a year, and none of those documents is of that year or
+--     of the p_lookback years after it (a filing states its year and the years before it): "Kraft Heinz's net
+--     sales for fiscal 2021" over its 2019 annual report.
+-- Only what the caller may read is consulted: whether a word is held elsewhere is not told.
+CREATE OR REPLACE FUNCTION rag.abstention(
+    p_version integer, p_text text, p_labels text[], p_named text[], p_unknown_names boolean, p_lookback integer
+) RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t text := rag.version_table(p_version);
+    missing text;
+    asked record;
+    held boolean;
+BEGIN
+    IF p_unknown_names THEN
+        EXECUTE format($q$
+            WITH words AS (
+                SELECT w.n, w.word FROM regexp_split_to_table($1, '\s+') WITH ORDINALITY AS w(word, n)
+                WHERE w.n <= 256 AND w.word <> ''
+            ),
+            names AS (  -- capitalised, not the first word of a sentence, not a stop word, three letters or more
+                SELECT w.n, regexp_replace(regexp_replace(w.word, '[''’]s\W*$', ''), '[^[:alnum:]&-]+', '', 'g') AS name
+                FROM words w JOIN words prev ON prev.n = w.n - 1
+                WHERE w.word ~ '^["“‘(]?[[:upper:]][[:alpha:]]{2,}' AND prev.word !~ '[.?!:]["”’)]?$'
+                  AND NOT rag.is_stop_word(w.word)
+            )
+            SELECT nm.name FROM names nm
+            WHERE NOT EXISTS (
+                SELECT 1 FROM %2$I params, unnest(params.configs || 'simple'::regconfig) AS cfg,
+                     rag_lexemes(cfg, nm.name) l
+                WHERE EXISTS (SELECT 1 FROM %3$I p JOIN %1$I v ON v.lexical_id = p.lexical_id
+                              WHERE p.term_id = rag_term_id(l.term) AND v.acl_labels && $2)
+                   OR EXISTS (SELECT 1 FROM documents d
+                              WHERE d.name_terms @> ARRAY[rag_term_id(l.term)] AND d.acl_labels && $2))
+            ORDER BY nm.n LIMIT 1$q$, t, t || '_bm25_params', t || '_postings')
+            INTO missing USING p_text, p_labels;
+        IF missing IS NOT NULL THEN
+            RETURN format('the index holds nothing about %s', missing);
+        END IF;
+    END IF;
+    IF p_lookback IS NOT NULL AND cardinality(p_named) > 0 THEN
+        SELECT * INTO asked FROM rag.asked_periods(p_text);
+        IF asked.years IS NOT NULL THEN
+            SELECT bool_or(i ->> 'year' IS NULL
+                           OR EXISTS (SELECT 1 FROM unnest(asked.years) y
+                                      WHERE (i ->> 'year')::integer BETWEEN y AND y + p_lookback))
+                INTO held
+                FROM documents d, LATERAL rag.document_identity(d.title, d.metadata, d.identity) AS i
+                WHERE d.doc_id = ANY(p_named);
+            IF NOT coalesce(held, true) THEN
+                RETURN format('no document of %s among those the query names', array_to_string(asked.years, ', '));
+            END IF;
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+
 -- The query without the words at p_positions (whitespace-separated, 1-based): the words that named the documents
 -- a list is ranked within, where every chunk is the company's and the period's, so they rank nothing there.
 CREATE OR REPLACE FUNCTION rag.without_words(p_text text, p_positions integer[]) RETURNS text LANGUAGE sql IMMUTABLE AS $$
@@ -183,3 +283,5 @@ REVOKE EXECUTE ON FUNCTION rag.name_term_ids(text), rag.is_stop_word(text), rag.
                            rag.named_documents(integer, text, text[], double precision, double precision, integer,
                                                integer, double precision, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION rag.period_year(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION rag.asked_periods(text), rag.abstention(integer, text, text[], text[], boolean, integer)
+    FROM PUBLIC;

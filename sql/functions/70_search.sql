@@ -5,8 +5,10 @@
 -- the score floor; a near-duplicate group once, with how many places (the caller may see) it occurs in.
 --
 -- p_options: dense_weight, sparse_weight, candidates (null: max(4 k, 40)), ef_search (null: 2 x candidates, within
--- 100 to 1000), min_similarity (null: no floor), page_weight, bm25_depth, bm25_max_terms, routing {enabled, weight, min_score,
--- ratio, max_documents, min_terms, min_concentration}. Any it leaves out (all of them, from rag.search) are read from
+-- 100 to 1000), min_similarity (null: no floor), page_weight, bm25_depth, bm25_max_terms, abstain_unknown_names,
+-- abstain_period_lookback (null: off) (rag.abstention), routing {enabled, weight, min_score,
+-- ratio, max_documents, min_terms, min_concentration, max_share (of the top k one document the query does not name
+-- may hold)}. Any it leaves out (all of them, from rag.search) are read from
 -- rag.search_settings: the pipeline writes its configured ranking there, and migrate() the configuration's defaults
 -- of any option never written (rag_pipeline.store.search). The defaults live in Python only.
 CREATE OR REPLACE FUNCTION rag.search_version(
@@ -37,6 +39,7 @@ DECLARE
     reach bigint;
     everything bigint;
     sparse_want integer;
+    per_document integer;
 BEGIN
     IF p_labels IS NULL OR cardinality(p_labels) = 0 THEN
         RAISE EXCEPTION 'a search needs the caller''s labels; there is no unlabelled search'
@@ -52,18 +55,19 @@ BEGIN
         RAISE EXCEPTION 'mode % needs the query embedding', p_mode USING ERRCODE = 'invalid_parameter_value';
     END IF;
     unset := ARRAY(SELECT name FROM unnest(ARRAY['dense_weight', 'sparse_weight', 'page_weight', 'bm25_depth',
-                                                 'bm25_max_terms']) AS name
+                                                 'bm25_max_terms', 'abstain_unknown_names']) AS name
                    WHERE o ->> name IS NULL
                    UNION ALL
                    SELECT 'routing.' || name
                    FROM unnest(ARRAY['enabled', 'weight', 'min_score', 'ratio', 'max_documents', 'min_terms',
-                                     'min_concentration']) AS name
+                                     'min_concentration', 'max_share']) AS name
                    WHERE routing ->> name IS NULL);
     IF cardinality(unset) > 0 THEN
         RAISE EXCEPTION 'the ranking options % have no value: neither the call nor rag.search_settings sets them '
             '(rag-pipeline migrate writes their defaults there)', unset USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
     candidates := coalesce((o ->> 'candidates')::integer, greatest(4 * p_k, 40));
+    per_document := greatest(1, ceil((routing ->> 'max_share')::double precision * p_k))::integer;
     IF NOT use_dense THEN
         score_floor := NULL;  -- the floor is a cosine: nothing to compare without a query vector
     END IF;
@@ -75,6 +79,12 @@ BEGIN
                                     (routing ->> 'max_documents')::integer,
                                     (routing ->> 'min_terms')::integer,
                                     (routing ->> 'min_concentration')::double precision) n;
+    END IF;
+    -- "No evidence" is an empty answer, not the nearest noise: a name the caller's index does not hold, a period none
+    -- of the documents named is of (rag.abstention).
+    IF rag.abstention(p_version, p_text, p_labels, named, (o ->> 'abstain_unknown_names')::boolean,
+                      (o ->> 'abstain_period_lookback')::integer) IS NOT NULL THEN
+        RETURN;
     END IF;
     -- A caller whose labels reach few rows, or a small share of them, gets them ranked exactly: a filtered HNSW walk
     -- visits about candidates / share nodes (measured: ~3 ms / share at 300,000 rows), an exact scan about 1 us per
@@ -148,27 +158,41 @@ BEGIN
             SELECT doc_id, page_start, sum(weight / (60 + page_rank)) AS score FROM (
                 SELECT *, rank() OVER (PARTITION BY list ORDER BY best) AS page_rank FROM page_best) ranked
             GROUP BY doc_id, page_start
+        ),
+        ranked AS (
+            SELECT t.chunk_id, t.doc_id, doc.source, doc.rel_path, t.page_start, t.page_end, t.section_path,
+                   t.content_type, t.text, t.prefix,
+                   ((1 - $14) * f.score + $14 * pg.score)::double precision AS score, f.score AS chunk_score,
+                   f.dense_rank, f.sparse_rank,
+                   CASE WHEN $2 THEN (1 - (t.embedding <=> $1))::double precision END AS similarity,  -- none without a query vector
+                   coalesce(owner.flags, '{}') AS flags
+            FROM fused f
+            JOIN %1$I t USING (chunk_id)
+            JOIN pages pg ON pg.doc_id = t.doc_id AND pg.page_start = t.page_start
+            JOIN documents doc ON doc.doc_id = t.doc_id
+            LEFT JOIN chunks owner ON owner.chunk_id = t.owner_chunk_id
+            WHERE t.acl_labels && $4
+              -- the score floor: "no good evidence" is an empty answer, not the nearest noise
+              AND ($12::double precision IS NULL OR 1 - (t.embedding <=> $1) >= $12)
+        ),
+        -- at most $15 of the top k from one document the query does not name: the rest of it comes after the others
+        capped AS (
+            SELECT r.*, row_number() OVER (PARTITION BY r.doc_id ORDER BY r.score DESC, r.chunk_score DESC, r.chunk_id)
+                        > $15 AND NOT r.doc_id = ANY($7) AS over
+            FROM ranked r
+        ),
+        top AS (
+            SELECT * FROM capped c ORDER BY c.over, c.score DESC, c.chunk_score DESC, c.chunk_id LIMIT $13
         )
-        SELECT t.chunk_id, t.doc_id, doc.source, doc.rel_path, t.page_start, t.page_end, t.section_path,
-               t.content_type, t.text, t.prefix,
-               ((1 - $14) * f.score + $14 * pg.score)::double precision AS score,
-               f.dense_rank, f.sparse_rank,
-               CASE WHEN $2 THEN (1 - (t.embedding <=> $1))::double precision END,  -- none without a query vector
+        SELECT top.chunk_id, top.doc_id, top.source, top.rel_path, top.page_start, top.page_end, top.section_path,
+               top.content_type, top.text, top.prefix, top.score, top.dense_rank, top.sparse_rank, top.similarity,
                -- a near-duplicate group comes back once; this says in how many places (the caller may see) it occurs
                (SELECT count(*) FROM chunks oc JOIN documents od ON od.doc_id = oc.doc_id
-                WHERE oc.group_id = t.chunk_id AND od.acl_labels && $4),
-               coalesce(owner.flags, '{}')
-        FROM fused f
-        JOIN %1$I t USING (chunk_id)
-        JOIN pages pg ON pg.doc_id = t.doc_id AND pg.page_start = t.page_start
-        JOIN documents doc ON doc.doc_id = t.doc_id
-        LEFT JOIN chunks owner ON owner.chunk_id = t.owner_chunk_id
-        WHERE t.acl_labels && $4
-          -- the score floor: "no good evidence" is an empty answer, not the nearest noise
-          AND ($12::double precision IS NULL OR 1 - (t.embedding <=> $1) >= $12)
-        ORDER BY 11 DESC, f.score DESC, t.chunk_id
-        LIMIT $13$q$, t)
+                WHERE oc.group_id = top.chunk_id AND od.acl_labels && $4),
+               top.flags
+        FROM top ORDER BY top.over, top.score DESC, top.chunk_score DESC, top.chunk_id$q$, t)
         USING p_vector, use_dense, exact_dense, p_labels, candidates, sparse_ids, named, routed_sparse_ids,
               (o ->> 'dense_weight')::double precision, (o ->> 'sparse_weight')::double precision,
-              (routing ->> 'weight')::double precision, score_floor, p_k, (o ->> 'page_weight')::double precision;
+              (routing ->> 'weight')::double precision, score_floor, p_k, (o ->> 'page_weight')::double precision,
+              per_document;
 END $$;
