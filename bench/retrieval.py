@@ -200,6 +200,91 @@ def evaluate(settings, questions: Sequence[Question], vocabulary: bool) -> dict[
     return results
 
 
+def variants(settings) -> dict[str, object]:
+    """Hybrid with one choice changed at a time from the configured ranking (--sweep): the candidates a default is
+    chosen from, on the tune half."""
+    from rag_pipeline.retrieval.search import SearchOptions
+
+    base = SearchOptions.from_settings(settings)
+    base = dataclasses.replace(base, query=base.query.model_copy(update={"synonyms_file": None}))
+    routing = base.routing
+    out = {"configured": base}
+    for weight in (1.5, 2.0):
+        out[f"dense_weight {weight}"] = dataclasses.replace(base, dense_weight=weight)
+    for weight in (0.5, 0.75):
+        out[f"sparse_weight {weight}"] = dataclasses.replace(base, sparse_weight=weight)
+    for weight in (0.0, 0.5, 2.0):
+        out[f"routing.weight {weight}"] = dataclasses.replace(base, routing=routing.model_copy(update={"weight": weight}))
+    for share in (0.3, 1.0):
+        out[f"routing.max_share {share}"] = dataclasses.replace(
+            base, routing=routing.model_copy(update={"max_share": share}))
+    for weight in (0.25, 0.5):
+        out[f"page_weight {weight}"] = dataclasses.replace(base, page_weight=weight)
+    for depth in (80, 150):
+        out[f"candidates {depth}"] = dataclasses.replace(base, candidates=depth)
+    out["no abstention rules"] = dataclasses.replace(base, abstention=base.abstention.model_copy(
+        update={"unknown_names": False, "period_lookback_years": None}))
+    return out
+
+
+def sweep(settings, questions: Sequence[Question], name: str) -> None:
+    """Each variant's page hit@5 (answerable) and abstention (unanswerable), per half and origin, with the paired
+    difference against the configured ranking on the tune half."""
+    from rag_pipeline.retrieval.search import search
+    from rag_pipeline.store.database import connect, resolve_urls
+
+    results: dict[str, list[Result]] = {}
+    with connect(resolve_urls(settings).index) as conn:
+        for label, options in variants(settings).items():
+            rows = []
+            for q in questions:
+                scored = score(q.gold, search(conn, q.gold.question, LABELS, k=DEPTH, mode="hybrid", options=options))
+                rows.append(Result(q.gold.id, q.half, q.origin, q.gold.slice, list(q.sources), q.gold.answerable,
+                                   scored.page_rank, scored.doc_rank, scored.abstained, scored.top_pages))
+            results[label] = rows
+    cells = [(h, o) for h in ("tune", "held-out") for o in ("third-party", "project")
+             if any(r.half == h and r.origin == o for r in results["configured"])]
+    print(f"\n{name}: hybrid variants, page hit@5 / abstention; decide on tune, report held-out\n| variant | "
+          + " | ".join(f"{h} {o}" for h, o in cells) + " | tune vs configured |\n|---|" + "---|" * (len(cells) + 1))
+    for label, rows in results.items():
+        row = []
+        for h, o in cells:
+            m = metrics([r for r in rows if r.half == h and r.origin == o])
+            row.append(f"{m.get('hit@5', 0):.3f}" + (f" / {m['abstention']:.2f}" if "abstention" in m else ""))
+        tune = [r for r in rows if r.half == "tune"]
+        row.append(significance([r for r in results["configured"] if r.half == "tune"], tune))
+        print(f"| {label} | " + " | ".join(row) + " |")
+
+
+def floors(settings, questions: Sequence[Question], name: str) -> None:
+    """Cosine floors (retrieval.min_similarity) against abstention and page hit@5, from one search per question
+    (approximately: the floor applied after fusion, where the SQL applies it to the fused candidates)."""
+    from rag_pipeline.retrieval.search import SearchOptions, search
+    from rag_pipeline.store.database import connect, resolve_urls
+
+    options = dataclasses.replace(SearchOptions.from_settings(settings), min_similarity=None)
+    options = dataclasses.replace(options, query=options.query.model_copy(update={"synonyms_file": None}))
+    with connect(resolve_urls(settings).index) as conn:
+        fetched = [(q, search(conn, q.gold.question, LABELS, k=DEPTH, mode="hybrid", options=options))
+                   for q in questions]
+    print(f"\n{name}: score floor, page hit@5 / abstention per half\n| floor | tune | held-out |\n|---|---|---|")
+    for floor in (None, 0.2, 0.25, 0.3, 0.35, 0.4):
+        cells = []
+        for half in ("tune", "held-out"):
+            rows = []
+            for q, hits in fetched:
+                if q.half != half:
+                    continue
+                # as retrieval.min_similarity ranks: only chunks at least that similar (none: abstain)
+                kept = hits if floor is None else [h for h in hits if (h.similarity or 0.0) >= floor]
+                scored = score(q.gold, kept)
+                rows.append(Result(q.gold.id, q.half, q.origin, q.gold.slice, [], q.gold.answerable,
+                                   scored.page_rank, scored.doc_rank, scored.abstained, []))
+            m = metrics(rows)
+            cells.append(f"{m.get('hit@5', 0):.3f} / {m.get('abstention', 0):.2f}")
+        print(f"| {floor} | " + " | ".join(cells) + " |")
+
+
 def metrics(rows: Sequence[Result]) -> dict[str, float]:
     answerable = [r for r in rows if r.answerable]
     row: dict[str, float] = {"n": len(answerable)}
@@ -323,6 +408,9 @@ def main() -> None:
     parser.add_argument("--save", type=Path, help="write every question's ranks here (JSON)")
     parser.add_argument("--compare", type=Path, help="a saved run (--save): paired differences against it")
     parser.add_argument("--misses", action="store_true", help="list held-out questions hybrid misses at 5")
+    parser.add_argument("--sweep", action="store_true", help="hybrid with one choice changed at a time, per half")
+    parser.add_argument("--floors", action="store_true", help="abstention and page hit@5 against a score floor "
+                        "on the best hit")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     chosen = [SETS[name] for name in args.sets.split(",")]
@@ -346,6 +434,12 @@ def main() -> None:
         print(f"\n## {devset.name}: {len(side)} documents (tune {sum(v == 'tune' for v in side.values())}), "
               f"{len(questions)} questions: " + ", ".join(
                   f"{h} {o} {'answerable' if a else 'unanswerable'} {n}" for (h, o, a), n in sorted(count.items())))
+        if args.sweep or args.floors:
+            if args.sweep:
+                sweep(settings, questions, devset.name)
+            if args.floors:
+                floors(settings, questions, devset.name)
+            continue
         results = evaluate(settings, questions, args.vocabulary and devset.name == "financebench")
         earlier = {ranking: [Result(**row) for row in rows]
                    for ranking, rows in before.get(devset.name, {}).items()}

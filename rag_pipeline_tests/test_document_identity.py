@@ -1,8 +1,11 @@
 """Documents know what they are from their own content: title, organisation, kind and period read from the PDF's
 metadata and its cover (rag_pipeline.text.identity), stored on the document, overridden by sidecars, shown by
 `rag-pipeline doc` and in search results, said in every chunk's prefix, and matched by document routing, so a
-file named by hash is found by its company's name."""
+file named by hash is found by its company's name; periods in questions choose among the documents named; a search
+abstains, saying why, on a name or a period the index does not hold; one document holds at most its share of the
+top k."""
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -226,3 +229,106 @@ def test_an_ingested_document_carries_its_identity_to_prefixes_results_routing_a
     assert shown.returncode == 0, shown.stderr
     assert "organisation: Harbourline Logistics Corporation  (cover: registrant)" in shown.stdout
     assert "year: 2022" in shown.stdout
+
+
+def test_periods_are_read_from_questions_as_routing_reads_them():
+    from rag_pipeline.retrieval.periods import asked_period, unmatched_period_note
+
+    asked = asked_period("Compare FY22 with Q3 2021 and the latest 10-K (fiscal 2020, 3Q19).")
+    assert asked.years == {2022, 2021, 2020, 2019} and asked.quarters == {3} and asked.latest
+    assert not asked_period("What is the revenue of the 2310.05634 model with 10,000 units?")
+    assert unmatched_period_note("Revenue in 2019?", [{"year": 2021}, {"period_end": "2022-06-30"}]) == (
+        "no document of the period asked for (2019); the results are from documents of 2021, 2022")
+    assert unmatched_period_note("Revenue in 2021?", [{"year": 2021}, {"year": 2022}]) is None
+    assert unmatched_period_note("Revenue in 2019?", [{}]) is None  # nothing says its period: nothing to say
+
+
+def _paths(db, doc_ids):
+    paths = dict(db.execute("SELECT doc_id, rel_path FROM documents").fetchall())
+    return [paths[d] for d in doc_ids]
+
+
+def test_periods_choose_among_the_documents_a_question_names(hash_named_filings, db):
+    version = store.versions.active_version(db)
+
+    def named(question):
+        return _paths(db, store.search.named_documents(db, version, question, ["analysts"], min_score=1.0,
+                                                       ratio=0.75, max_documents=5))
+
+    assert named("Kestrel Avionics revenue in FY2021") == ["0b6e2d58.pdf"]
+    assert named("Kestrel Avionics revenue in FY22") == ["1c4f8e29.pdf"]
+    assert named("What did Kestrel Avionics report in its latest annual report?") == ["1c4f8e29.pdf"]
+    # a period none of them is of names them all (and the search says so, below)
+    assert sorted(named("Kestrel Avionics revenue in 2020")) == ["0b6e2d58.pdf", "1c4f8e29.pdf"]
+
+
+def test_a_search_abstains_on_a_name_or_a_period_the_index_does_not_hold_and_says_why(
+        hash_named_filings, db, tmp_path, make_settings):
+    from rag_pipeline.retrieval.search import search_result
+
+    options = SearchOptions.from_settings(hash_named_filings)
+    absent = search_result(db, "What was PepsiCo's revenue in fiscal 2022?", ["analysts"], k=5, options=options)
+    assert absent.hits == [] and absent.abstained == "the index holds nothing about PepsiCo"
+    later = search_result(db, "What was Harbourline Logistics' revenue in fiscal 2026?", ["analysts"], k=5,
+                          options=options)
+    assert later.hits == [] and later.abstained == "no document of 2026 among those the query names"
+    # a year a later report still states (the prior year in the 2021 report's comparatives) is answered, with a note
+    earlier = search_result(db, "What was Harbourline Logistics' revenue in 2020?", ["analysts"], k=5,
+                            options=options)
+    assert earlier.hits and earlier.abstained is None
+    assert earlier.note.startswith("no document of the period asked for (2020)")
+    # the SQL function abstains the same way (an empty answer)
+    version = store.versions.active_version(db)
+    query = store.search.SearchQuery(text="What was PepsiCo's revenue in fiscal 2022?", vector=None,
+                                     labels=("analysts",), k=5, mode="sparse", options=options.sql_options())
+    assert store.search.run(db, version, query) == []
+    # off, the nearest text comes back
+    off = dataclasses.replace(options, abstention=options.abstention.model_copy(
+        update={"unknown_names": False, "period_lookback_years": None}))
+    assert search(db, "What was PepsiCo's revenue in fiscal 2022?", ["analysts"], k=5, options=off)
+
+
+def test_whether_a_name_is_held_is_told_only_from_what_the_caller_may_read(tmp_path, make_settings, db):
+    """A word only another audience's documents hold is, for this caller, a word the index does not hold: the
+    answer (and its reason) is the one a word held nowhere gets, so abstention tells nothing about unreadable text."""
+    from rag_pipeline.retrieval.search import search_result
+
+    for name, text in (("public", "Tide tables for the harbour, updated weekly."),
+                       ("legal", "Zephyrine Holdings settled the harbour dredging claim.")):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "note.md").write_text(f"# Harbour note\n\n{text}\n")
+    settings = make_settings([{"name": "public", "root": str(tmp_path / "public"), "acl_labels": ["analysts"]},
+                              {"name": "legal", "root": str(tmp_path / "legal"), "acl_labels": ["legal"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    options = SearchOptions.from_settings(settings)
+    hidden = search_result(db, "Did Zephyrine settle the dredging claim?", ["analysts"], options=options)
+    nowhere = search_result(db, "Did Quorvantis settle the dredging claim?", ["analysts"], options=options)
+    assert hidden.hits == nowhere.hits == []
+    assert (hidden.abstained, nowhere.abstained) == ("the index holds nothing about Zephyrine",
+                                                     "the index holds nothing about Quorvantis")
+    assert search_result(db, "Did Zephyrine settle the dredging claim?", ["legal"], options=options).hits
+
+
+def test_one_document_the_query_does_not_name_holds_at_most_its_share_of_the_top_k(tmp_path, make_settings, db):
+    root = tmp_path / "port"
+    root.mkdir()
+    sections = "\n\n".join(f"## Berth {n}\n\nDredging at berth {n} keeps the channel at {9 + n} metres; the "
+                            f"dredging schedule for berth {n} runs in week {n * 3}." for n in range(1, 13))
+    (root / "programme.md").write_text(f"# Dredging programme of the Port of Vellmar\n\n{sections}\n")
+    for n, topic in enumerate(("tide tables", "pilot boarding", "crane maintenance", "customs clearance")):
+        (root / f"note-{n}.md").write_text(f"# Harbour note {n}\n\nThe dredging schedule does not change the "
+                                           f"{topic}; see the harbour master's note on {topic}.\n")
+    settings = make_settings([{"name": "port", "root": str(root), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    options = SearchOptions.from_settings(settings)
+    uncapped = dataclasses.replace(options, routing=options.routing.model_copy(update={"max_share": 1.0}))
+    capped = dataclasses.replace(options, routing=options.routing.model_copy(update={"max_share": 0.5}))
+    question = "when does the dredging schedule run"
+    assert sum(h.path == "programme.md" for h in search(db, question, ["staff"], k=4, options=uncapped)) > 2
+    assert sum(h.path == "programme.md" for h in search(db, question, ["staff"], k=4, options=capped)) == 2
+    # a document the query names is not capped
+    named = search(db, "when does the Port of Vellmar dredging schedule run", ["staff"], k=4, options=capped)
+    assert sum(h.path == "programme.md" for h in named) > 2
