@@ -476,8 +476,8 @@ class ParsingConfig(_Section):
     document_kinds: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: dict(DEFAULT_DOCUMENT_KINDS),
         description="a document's kind (rag_pipeline.text.identity): kind -> regular expressions (case-insensitive) "
-        "over its first pages; the kind whose pattern matches earliest wins. Replaces the shipped list: copy it from "
-        "docs/configuration.md to extend it")
+        "over its first pages; the kind whose pattern matches earliest wins. Replaces the shipped list "
+        "(DEFAULT_DOCUMENT_KINDS in rag_pipeline/config.py; docs/parsing.md names its kinds): copy it to extend it")
 
     @field_validator("document_kinds")
     @classmethod

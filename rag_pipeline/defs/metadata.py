@@ -109,6 +109,8 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
         "escalations": typed_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
         "tiers_unavailable": typed_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
         "chars_removed_by_cleaning": typed_table(("rule", "characters"), sorted(stats.chars_removed.items())),
+        # what the documents parsed say they are: each identity field and where it was read (docs/parsing.md)
+        "identity_found": typed_table(("field: where", "documents"), sorted(stats.identity_found.items())),
         "dead_letters_this_run": typed_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
         "dead_letters_all": typed_table(
             ("source", "document", "reason", "attempts"),

@@ -59,6 +59,9 @@ class ParseStats(StageStats):
     escalation_reasons: dict[str, int] = field(default_factory=dict)
     unresolved_pages: int = 0  # failed the check and no tier could do better
     tiers_unavailable: dict[str, str] = field(default_factory=dict)
+    # documents parsed this run whose title, organisation, kind and period were found, by where (cover, pdf
+    # metadata, file name): how well the collection says what its documents are
+    identity_found: dict[str, int] = field(default_factory=dict)
     SUMMARY = ("parsed", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages",
                "objects_downloaded", "bytes_downloaded")
 
@@ -146,6 +149,8 @@ def parse_one(
             stats.unresolved_pages += 1
     for rule, removed_chars in removed.items():
         count(stats.chars_removed, rule, removed_chars)
+    for key, where in derived.get("found", {}).items():
+        count(stats.identity_found, f"{key}: {where.split(':')[0]}")
 
 
 COPY_CHUNK_BYTES = 1 << 20

@@ -231,16 +231,23 @@ BEGIN
                 SELECT w.n, w.word FROM regexp_split_to_table($1, '\s+') WITH ORDINALITY AS w(word, n)
                 WHERE w.n <= 256 AND w.word <> ''
             ),
-            names AS (  -- capitalised, not the first word of a sentence, not a stop word, three letters or more
-                SELECT w.n, regexp_replace(regexp_replace(w.word, '[''’]s\W*$', ''), '[^[:alnum:]&-]+', '', 'g') AS name
-                FROM words w JOIN words prev ON prev.n = w.n - 1
-                WHERE w.word ~ '^["“‘(]?[[:upper:]][[:alpha:]]{2,}' AND prev.word !~ '[.?!:]["”’)]?$'
-                  AND NOT rag.is_stop_word(w.word)
+            bare AS (  -- a word without its possessive and its punctuation
+                SELECT w.n, w.word,
+                       regexp_replace(regexp_replace(w.word, '[''’]s\W*$', ''), '[^[:alnum:]&-]+', '', 'g') AS name
+                FROM words w
+            ),
+            names AS (  -- capitalised, not the first word of a sentence, not a stop word, three letters or more; with
+                        -- the words next to it squashed (a file name writes "Globex Industries" GLOBEXINDUSTRIES)
+                SELECT b.n, b.name, ARRAY[b.name, before.name || b.name, b.name || after.name] AS forms
+                FROM bare b JOIN words prev ON prev.n = b.n - 1
+                LEFT JOIN bare before ON before.n = b.n - 1 LEFT JOIN bare after ON after.n = b.n + 1
+                WHERE b.word ~ '^["“‘(]?[[:upper:]][[:alpha:]]{2,}' AND prev.word !~ '[.?!:]["”’)]?$'
+                  AND NOT rag.is_stop_word(b.word)
             )
             SELECT nm.name FROM names nm
             WHERE NOT EXISTS (
                 SELECT 1 FROM %2$I params, unnest(params.configs || 'simple'::regconfig) AS cfg,
-                     rag_lexemes(cfg, nm.name) l
+                     unnest(nm.forms) AS form, rag_lexemes(cfg, form) l
                 WHERE EXISTS (SELECT 1 FROM %3$I p JOIN %1$I v ON v.lexical_id = p.lexical_id
                               WHERE p.term_id = rag_term_id(l.term) AND v.acl_labels && $2)
                    OR EXISTS (SELECT 1 FROM documents d
