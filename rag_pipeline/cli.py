@@ -258,7 +258,8 @@ def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
             found_in = known.get("found", {})
             for key in ("title", "organisation", "kind", "year", "quarter", "period_end"):
                 if known.get(key) is not None:
-                    where = found_in.get("period" if key in ("year", "quarter", "period_end") else key)
+                    where = found_in.get(key) or (found_in.get("period") if key in ("year", "quarter", "period_end")
+                                                  else None)
                     print(f"    {key}: {known[key]}" + (f"  ({where})" if where else ""))
     return EXIT_OK if len(found) == len(set(refs)) else EXIT_FAILED
 

@@ -27,7 +27,8 @@ CRAFTED = {
     "urls": "http://a " * (N // 9),
 }
 MODULES = ("rag_pipeline.text.cleaning", "rag_pipeline.text.chunking", "rag_pipeline.text.safety", "rag_pipeline.parsing.formats",
-           "rag_pipeline.parsing.tables", "rag_pipeline.text.language", "rag_pipeline.parsing.rtl", "rag_pipeline.endpoints.redaction")
+           "rag_pipeline.parsing.tables", "rag_pipeline.text.language", "rag_pipeline.parsing.rtl", "rag_pipeline.endpoints.redaction",
+           "rag_pipeline.text.identity", "rag_pipeline.retrieval.periods")
 BOUND_SECONDS = 2.0
 
 
@@ -57,7 +58,9 @@ def test_text_functions_are_linear_on_crafted_lines():
     from rag_pipeline.parsing.rtl import logical_text
     from rag_pipeline.parsing.tables import find_tables
     from rag_pipeline.text.chunking import sections_of
+    from rag_pipeline.retrieval.periods import asked_period
     from rag_pipeline.text.cleaning import clean_text, is_toc_leader_line
+    from rag_pipeline.text.identity import derive
     from rag_pipeline.text.safety import injection_flags
 
     functions = {
@@ -67,6 +70,9 @@ def test_text_functions_are_linear_on_crafted_lines():
         "injection_flags": injection_flags,
         "redact": lambda text: redact(text, "http://a/secret"),
         "logical_text": logical_text,
+        # a cover three times over, the metadata too: the identity reads at most the first pages' first characters
+        "derive": lambda text: derive({"Title": text, "Author": text}, [text, text, text], text[:200] + ".pdf"),
+        "asked_period": asked_period,
         "find_tables": lambda text: find_tables([{"text": word, "x0": 10.0 * i, "x1": 10.0 * i + 8, "top": 0,
                                                   "bottom": 9} for i, word in enumerate(text.split()[:5000])]),
     }

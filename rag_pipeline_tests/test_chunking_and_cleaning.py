@@ -75,6 +75,11 @@ def test_a_prefix_over_its_budget_keeps_the_innermost_section_and_drops_outer_on
     prefix = fitted_prefix(count, "GLOBEX_2019_10K", path, 8, 8, 32)
     assert prefix == "GLOBEX_2019_10K › Consolidated Statements of Cash Flows (in millions of USD) › p. 8"
     assert count(prefix) <= 32
+    # a document's name that does not fit beside the innermost section is shortened from its end, by whole words
+    name = "Globex Industries FY2019: annual report on the company's business, risks and financial statements"
+    shortened = fitted_prefix(count, name, path, 8, 8, 32)
+    assert shortened.startswith("Globex Industries FY2019") and shortened.endswith("(in millions of USD) › p. 8")
+    assert count(shortened) <= 32 and name not in shortened
     # within budget: the whole template; a section longer than the budget: shortened by whole words
     assert fitted_prefix(count, "Handbook", "Travel › Hotels", 3, 3, 32) == "Handbook › Travel › Hotels › p. 3"
     long = " ".join(["Consolidated"] * 40)

@@ -109,8 +109,6 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
         "escalations": typed_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
         "tiers_unavailable": typed_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
         "chars_removed_by_cleaning": typed_table(("rule", "characters"), sorted(stats.chars_removed.items())),
-        # what the documents parsed say they are: each identity field and where it was read (docs/parsing.md)
-        "identity_found": typed_table(("field: where", "documents"), sorted(stats.identity_found.items())),
         "dead_letters_this_run": typed_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),
         "dead_letters_all": typed_table(
             ("source", "document", "reason", "attempts"),
@@ -133,6 +131,8 @@ def chunk_metadata(stats: ChunkStats) -> dict:
         "llm_prefix_failures": stats.prefix_failures,
         "worker_seconds": round(stats.seconds, 3),
         "chunk_tokens": typed_table(("statistic", "tokens"), list(stats.token_distribution().items())),
+        # what the documents chunked say they are: each identity field and where it was read (docs/parsing.md)
+        "identity_found": typed_table(("field: where", "documents"), sorted(stats.identity_found.items())),
         "stats": dg.MetadataValue.json(summary),
     }
 

@@ -58,6 +58,7 @@ def parser_version() -> str:
     # rp6: a figure's lettered footnote marker ("444 (f)") stays in its cell instead of ending the row's figures;
     # a ruled grid more ragged than the aligned reading of the same table gives way to it
     # rp7: only a broken grid gives way, decided per grid; a marker is its figure's only when set close to it
-    # rp8: the first page's signals carry the PDF's Title, Author, Subject, Company (document identity)
+    # rp8: the first page's signals carry the PDF's Title, Author, Subject, Company (document identity; a document
+    # parsed before has its identity read from its pages and name alone until its file changes)
     return (f"rp8;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

@@ -288,6 +288,8 @@ def parse_pdf(path: Path, password: str | None, limits: ParseLimits = ParseLimit
 
 
 METADATA_KEYS = ("Title", "Author", "Subject", "Company", "Keywords")
+# a NUL would be refused by jsonb and lose the document; a terminal escape has no business in a title
+CONTROL_CHARACTERS_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_METADATA_CHARS = 300
 
 
@@ -303,8 +305,10 @@ def document_metadata(pdf: Any) -> dict[str, str]:
         value = info.get(key)
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
-        if isinstance(value, str) and value.strip():
-            kept[key] = " ".join(value.split())[:MAX_METADATA_CHARS]
+        if isinstance(value, str):
+            value = " ".join(CONTROL_CHARACTERS_RE.sub(" ", value).split())[:MAX_METADATA_CHARS]
+            if value:
+                kept[key] = value
     return kept
 
 

@@ -13,11 +13,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-YEAR_RE = re.compile(r"^(?:fy)?((?:19|20)\d\d)$")
+# One word, its surrounding punctuation off, in lower case; an amount ("$2,050") is not a period. The same
+# patterns as rag.asked_periods (sql/functions/60_routing.sql).
+YEAR = r"(?:19|20)\d\d"
+YEAR_RES = (re.compile(rf"^(?:fy)?({YEAR})$"), re.compile(rf"^(?:q[1-4]|[1-4]q)[-/]?(?:fy)?({YEAR})$"),
+            re.compile(rf"^({YEAR})[-/]?q[1-4]$"))
 # a period code with a two-digit year ("FY22", "Q3FY23", "1Q22", "H1-22"): as rag.period_year reads it
 SHORT_PERIOD_RE = re.compile(r"^(?:fy|q[1-4]|h[12]|[1-4]q|[12]h)(?:fy)?(\d\d)$")
-QUARTER_RE = re.compile(r"^(?:q([1-4])|([1-4])q)(?:fy)?(?:\d\d|\d{4})?$")
-LATEST_WORDS = frozenset({"latest", "newest", "recent", "current"})
+QUARTER_RES = (re.compile(rf"^q([1-4])(?:[-/]?(?:fy)?(?:\d\d|{YEAR}))?$"),
+               re.compile(rf"^([1-4])q(?:[-/]?(?:fy)?(?:\d\d|{YEAR}))?$"), re.compile(rf"^{YEAR}[-/]?q([1-4])$"))
+AMOUNT_RE = re.compile(r"[$€£¥,]")
+EDGE_PUNCTUATION_RE = re.compile(r"^[\W_]+|[\W_]+$")
+LATEST_WORDS = frozenset({"latest", "newest"})
 
 
 @dataclass(frozen=True)
@@ -36,21 +43,25 @@ class AskedPeriod:
 
 
 def asked_period(query: str) -> AskedPeriod:
-    """The years and quarters a query names, word by word (punctuation off, case ignored), and whether it asks for
-    the latest."""
+    """The years and quarters a query names, word by word, and whether it asks for the latest ("latest", "newest",
+    "most recent")."""
     years: set[int] = set()
     quarters: set[int] = set()
-    latest = False
-    for raw in query.split()[:256]:
-        word = re.sub(r"[\W_]+", "", raw.lower())
-        if full := YEAR_RE.match(word):
-            years.add(int(full.group(1)))
-        elif short := SHORT_PERIOD_RE.match(word):
+    words = [EDGE_PUNCTUATION_RE.sub("", raw.lower()) for raw in query.split()[:256]]
+    for word in words:
+        if AMOUNT_RE.search(word):
+            continue
+        year = next((m.group(1) for pattern in YEAR_RES if (m := pattern.match(word))), None)
+        if year is None and (short := SHORT_PERIOD_RE.match(re.sub(r"[\W_]+", "", word))):
             two = int(short.group(1))
-            years.add(two + (2000 if two < 70 else 1900))
-        if quarter := QUARTER_RE.match(word):
-            quarters.add(int(quarter.group(1) or quarter.group(2)))
-        latest = latest or word in LATEST_WORDS
+            year = str(two + (2000 if two < 70 else 1900))
+        if year:
+            years.add(int(year))
+        quarter = next((m.group(1) for pattern in QUARTER_RES if (m := pattern.match(word))), None)
+        if quarter:
+            quarters.add(int(quarter))
+    latest = any(w in LATEST_WORDS for w in words) or any(
+        a == "most" and b == "recent" for a, b in zip(words, words[1:], strict=False))
     return AskedPeriod(frozenset(years), frozenset(quarters), latest)
 
 

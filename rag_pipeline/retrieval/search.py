@@ -197,9 +197,12 @@ def fetch(conn: psycopg.Connection, planned: SearchPlan) -> list[SearchHit]:
     sql_options = options.sql_options()
     # Each list's depth follows the k asked for, also when the reranker asks the fusion for more.
     sql_options["candidates"] = options.candidates or max(4 * planned.k, 40)
+    wanted = max(planned.k, reranker.top_n) if reranker.enabled else planned.k
+    # one document's share is of the k asked for, also when the reranker is given more to choose from
+    sql_options["routing"]["max_share"] = options.routing.max_share * planned.k / wanted
     rows = store.search.run(conn, planned.version, store.search.SearchQuery(
-        text=planned.prepared.lexical, vector=planned.vector, labels=planned.labels,
-        k=max(planned.k, reranker.top_n) if reranker.enabled else planned.k, mode=planned.mode, options=sql_options))
+        text=planned.prepared.lexical, vector=planned.vector, labels=planned.labels, k=wanted, mode=planned.mode,
+        options=sql_options))
     return [
         SearchHit(
             **{key: row[key] for key in ("chunk_id", "doc_id", "source", "path", "page_start", "page_end",
@@ -221,7 +224,8 @@ def abstention_of(conn: psycopg.Connection, planned: SearchPlan) -> str | None:
     reason = store.search.abstention_reason(conn, planned.version, planned.prepared.lexical, planned.labels,
                                             planned.options.sql_options())
     if reason is None and planned.options.min_similarity is not None and planned.mode != "sparse":
-        reason = f"no evidence above the score floor (retrieval.min_similarity {planned.options.min_similarity})"
+        reason = (f"nothing the caller may read is above the score floor (retrieval.min_similarity "
+                  f"{planned.options.min_similarity})")
     return reason
 
 

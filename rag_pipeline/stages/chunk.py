@@ -19,9 +19,11 @@ from rag_pipeline.domain.refs import in_log
 from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.embedding.identity import cache_key, configured_identity, for_database, model_for_version
 from rag_pipeline.embedding.locations import max_sequence_length, resolve_model
-from rag_pipeline.stages.common import StageStats
+from rag_pipeline.stages.common import StageStats, count
 from rag_pipeline.store.queue import PendingDocument
 from rag_pipeline.text.chunking import Chunk, Chunker, chunker_version, fitted_prefix, truncate_to_tokens
+from rag_pipeline.text.identity import COVER_PAGES
+from rag_pipeline.text.identity import derive as derive_identity
 from rag_pipeline.text.identity import label as document_label
 from rag_pipeline.text.language import text_search_config
 from rag_pipeline.text.prefixes import LlmPrefixer, PrefixError, PrefixRequest
@@ -44,6 +46,9 @@ class ChunkStats(StageStats):
     prefixes_generated: int = 0  # LLM calls made
     prefixes_cached: int = 0  # LLM prefixes reused from the cache
     prefix_failures: int = 0  # documents left in the queue because the endpoint failed
+    # documents chunked this run whose title, organisation, kind and period were found, by where (cover, pdf
+    # metadata, file name): how well the collection says what its documents are
+    identity_found: dict[str, int] = field(default_factory=dict)
     token_counts: list[int] = field(default_factory=list)
     SUMMARY = ("documents_chunked", "chunks_written")
 
@@ -118,7 +123,12 @@ def chunk_one(
 ) -> None:
     document_pages = store.pages.document_pages(conn, doc.doc_id)
     table_reach = store.pages.table_continuations(conn, doc.doc_id)
-    known = store.queue.document_identity(conn, doc.doc_id)
+    # What the document says it is, read from its stored pages (so a new reading needs no re-parse), with its
+    # sidecar's word over it
+    derived = derive_identity(store.pages.pdf_metadata(conn, doc.doc_id),
+                              [markdown for _, markdown in document_pages[:COVER_PAGES]], doc.rel_path,
+                              settings.parsing.document_kinds).to_json()
+    known = store.queue.document_identity(conn, doc.doc_id, derived)
     conn.commit()  # end the read: the write below must be a transaction of its own
     chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
     # what the document is (its title, organisation and period), so a chunk that says "revenue" says whose and when
@@ -150,9 +160,12 @@ def chunk_one(
             return
         store.chunks.replace_chunks(conn, doc.doc_id, chunks, prefixes, flags, chunker.version,
                                    store.queue.parser_version_of(conn, doc.doc_id), text_config)
+        store.queue.set_identity(conn, doc.doc_id, derived)
         store.queue.mark_chunked(conn, doc.doc_id, chunker.version)
     stats.documents_chunked += 1
     stats.chunks_written += len(chunks)
+    for key, where in derived.get("found", {}).items():
+        count(stats.identity_found, f"{key}: {where.split(':')[0]}")
     stats.token_counts.extend(c.token_count for c in chunks)
 
 

@@ -32,7 +32,7 @@ from rag_pipeline.sources.folders import ChangedSinceScanError, UnsafePathError,
 from rag_pipeline.sources.object_stores import SourceReadError, download_judged
 from rag_pipeline.stages.common import StageStats, count
 from rag_pipeline.store.queue import PendingDocument
-from rag_pipeline.text import dedup, identity
+from rag_pipeline.text import dedup
 from rag_pipeline.text.cleaning import clean_parsed_pages, content_hash
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ class ParseStats(StageStats):
     parsed: int = 0
     content_unchanged: int = 0  # file changed, text did not: no chunking, no embedding
     regrouped: int = 0  # of those, relabelled too: chunked again into their label set's groups (nothing embedded)
-    reidentified: int = 0  # of those, read as another title, organisation, kind or period: chunked again (prefixes)
     dead_lettered: int = 0
     vanished: int = 0
     changed_since_scan: int = 0  # left for the next scan: the file is not the one it judged
@@ -59,9 +58,6 @@ class ParseStats(StageStats):
     escalation_reasons: dict[str, int] = field(default_factory=dict)
     unresolved_pages: int = 0  # failed the check and no tier could do better
     tiers_unavailable: dict[str, str] = field(default_factory=dict)
-    # documents parsed this run whose title, organisation, kind and period were found, by where (cover, pdf
-    # metadata, file name): how well the collection says what its documents are
-    identity_found: dict[str, int] = field(default_factory=dict)
     SUMMARY = ("parsed", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages",
                "objects_downloaded", "bytes_downloaded")
 
@@ -91,9 +87,6 @@ def parse_one(
         removed = clean_parsed_pages(parsed)
         new_hash = content_hash([page.markdown for page in parsed])
         unchanged = new_hash == doc.indexed_content_hash
-        derived = identity.derive(parsed[0].signals.get("pdf_metadata", {}) if parsed else {},
-                                  [page.markdown for page in parsed[:identity.COVER_PAGES]], doc.rel_path,
-                                  cascade.config.document_kinds).to_json()
         with conn.transaction():
             if not store.queue.claim(conn, doc.doc_id, D.PENDING_PARSE, doc.fingerprint, doc.file_id):
                 stats.vanished += 1
@@ -103,13 +96,9 @@ def parse_one(
             # a group whose row speaks for these labels).
             regroup = unchanged and store.groups.in_other_groups(
                 conn, doc.doc_id, dedup.acl_key(store.queue.current_labels(conn, doc.doc_id)))
-            # what the document says it is goes into every chunk's prefix: a new reading is chunked again
-            # (vectors come from the embedding cache where a prefix did not change)
-            renamed = unchanged and store.queue.stored_identity(conn, doc.doc_id) != derived
             store.pages.replace_pages(conn, doc.doc_id, parsed, version)
             store.queue.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
-                                     D.INDEXED if unchanged and not regroup and not renamed else D.PENDING_CHUNK,
-                                     removed, derived)
+                                   D.INDEXED if unchanged and not regroup else D.PENDING_CHUNK, removed)
             store.pages.clear_dead_letter(conn, doc.doc_id)
     except UnsafePathError as exc:
         dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)
@@ -136,7 +125,6 @@ def parse_one(
     if unchanged:
         stats.content_unchanged += 1
         stats.regrouped += int(regroup)
-        stats.reidentified += int(renamed and not regroup)
     else:
         stats.parsed += 1
     stats.pages += len(parsed)
@@ -149,8 +137,7 @@ def parse_one(
             stats.unresolved_pages += 1
     for rule, removed_chars in removed.items():
         count(stats.chars_removed, rule, removed_chars)
-    for key, where in derived.get("found", {}).items():
-        count(stats.identity_found, f"{key}: {where.split(':')[0]}")
+
 
 
 COPY_CHUNK_BYTES = 1 << 20

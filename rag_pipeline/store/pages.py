@@ -34,6 +34,13 @@ def document_pages(conn: psycopg.Connection, doc_id: str) -> list[tuple[int, str
     ]
 
 
+def pdf_metadata(conn: psycopg.Connection, doc_id: str) -> dict[str, str]:
+    """The PDF document-information fields parsing kept on the first page's signals (rag_pipeline.parsing.pdf)."""
+    row = conn.execute("SELECT signals -> 'pdf_metadata' FROM document_pages WHERE doc_id = %s AND page = 1",
+                       (doc_id,)).fetchone()
+    return row[0] if row and isinstance(row[0], dict) else {}
+
+
 def table_continuations(conn: psycopg.Connection, doc_id: str) -> dict[int, int]:
     """Pages whose last table runs on over page breaks -> the last page it reaches."""
     rows = conn.execute(

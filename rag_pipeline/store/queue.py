@@ -124,27 +124,26 @@ def finish_parse(
     parser_version: str,
     next_status: DocumentStatus,
     cleaning: dict[str, int],
-    identity: dict[str, Any] | None = None,
 ) -> None:
     conn.execute(
         """UPDATE documents SET content_hash = %s, page_count = %s, parser_version = %s, status = %s,
-                  cleaning = %s, identity = %s, parsed_at = now()
+                  cleaning = %s, parsed_at = now()
            WHERE doc_id = %s""",
-        (content_hash, page_count, parser_version, next_status, Jsonb(cleaning), Jsonb(identity or {}), doc_id),
+        (content_hash, page_count, parser_version, next_status, Jsonb(cleaning), doc_id),
     )
 
 
-def stored_identity(conn: psycopg.Connection, doc_id: str) -> dict[str, Any]:
-    """What parsing last read the document to be (documents.identity)."""
-    row = conn.execute("SELECT identity FROM documents WHERE doc_id = %s", (doc_id,)).fetchone()
+def document_identity(conn: psycopg.Connection, doc_id: str, derived: dict[str, Any]) -> dict[str, Any]:
+    """What the document is: `derived` (read from it) with its sidecar's word over it (rag.document_identity)."""
+    row = conn.execute("SELECT rag.document_identity(title, metadata, %s) FROM documents WHERE doc_id = %s",
+                       (Jsonb(derived), doc_id)).fetchone()
     return row[0] if row else {}
 
 
-def document_identity(conn: psycopg.Connection, doc_id: str) -> dict[str, Any]:
-    """The document's identity with its sidecar's word over it (rag.document_identity)."""
-    row = conn.execute("SELECT rag.document_identity(title, metadata, identity) FROM documents WHERE doc_id = %s",
-                       (doc_id,)).fetchone()
-    return row[0] if row else {}
+def set_identity(conn: psycopg.Connection, doc_id: str, derived: dict[str, Any]) -> None:
+    """Store what the document says it is (documents.identity; its name terms follow, by trigger)."""
+    conn.execute("UPDATE documents SET identity = %s WHERE doc_id = %s AND identity IS DISTINCT FROM %s",
+                 (Jsonb(derived), doc_id, Jsonb(derived)))
 
 
 def mark_dead_letter(conn: psycopg.Connection, doc_id: str) -> None:

@@ -281,7 +281,10 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
                             OR (d.file_id IS NOT NULL AND d.read_path IS DISTINCT FROM s.read_path)
                             OR s.racy THEN 'changed'
                        WHEN d.status = ANY(%(held)s) THEN 'released'
-                       WHEN d.title IS DISTINCT FROM s.title THEN 'retitled'
+                       -- what a sidecar says the document is (title, organisation, kind, period) is in its prefixes
+                       WHEN d.title IS DISTINCT FROM s.title
+                            OR rag.document_identity(NULL, d.metadata, '{}') <> rag.document_identity(NULL, s.metadata, '{}')
+                            THEN 'retitled'
                        WHEN d.acl_labels <> s.acl_labels THEN 'relabelled'
                        ELSE 'metadata' END AS change
            FROM (SELECT *,

@@ -41,7 +41,8 @@ MIN_CONTENTS_ENTRIES = 3
 MAX_CONTENTS_GAP_WORDS = 12
 MAX_CAPTION_WORDS = 40
 MONEY_RE = re.compile(r"[$€£¥]\s?\(?\d")
-CHUNKER_FAMILY = "structure+recursive-tokens/6"
+# /7: a chunk's prefix names its document by what it says it is (rag_pipeline.text.identity), read when chunking
+CHUNKER_FAMILY = "structure+recursive-tokens/7"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:
@@ -433,12 +434,16 @@ def template_prefix(title: str | None, section_path: str, page_start: int, page_
     return SECTION_SEPARATOR.join(parts)
 
 
+MIN_NAME_WORDS = 2  # a document's name shortened further than this says nothing
+
+
 def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section_path: str, page_start: int,
                   page_end: int, budget: int) -> str:
     """The template prefix in at most `budget` tokens, keeping what says most about the chunk: the page, the
-    innermost section (a statement's title), then the document's title, then the outer sections from the inside
-    out; a part that does not fit is left out whole, never cut into word pieces. Only an innermost section longer
-    than the whole budget is shortened, by whole words."""
+    innermost section (a statement's title), then the document's name, then the outer sections from the inside
+    out. A part that does not fit is left out whole, never cut into word pieces; only an innermost section longer
+    than the whole budget, and a document's name that does not fit beside it, are shortened, by whole words from
+    their end (a name leads with what matters most: rag_pipeline.text.identity.label)."""
     whole = template_prefix(title, section_path, page_start, page_end)
     if count_tokens(whole) <= budget:
         return whole
@@ -457,9 +462,14 @@ def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section
         return template_prefix(keep_title, SECTION_SEPARATOR.join(path), page_start, page_end)
 
     if title:
+        title_words = title.split()
         keep_title = title
-        if count_tokens(render()) > budget:
-            keep_title = None
+        while count_tokens(render()) > budget:
+            if len(title_words) <= MIN_NAME_WORDS:
+                keep_title = None
+                break
+            title_words.pop()
+            keep_title = " ".join(title_words)
     for index in reversed(range(len(outer))):
         outer[index] = True
         if count_tokens(render()) > budget:

@@ -23,10 +23,13 @@ from datetime import date
 from pathlib import PurePosixPath
 from typing import Any
 
+from rag_pipeline.text.safety import injection_flags
+
 # How much of the first pages is read: a cover and a title block are at the top.
 COVER_PAGES = 3
 COVER_CHARS = 6000
 MAX_FIELD_CHARS = 200
+MAX_METADATA_CHARS = 1000  # what is read of a metadata value (the parser keeps 300)
 
 MONTHS = {name: number for number, names in enumerate(
     (("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"), ("may",), ("june", "jun"),
@@ -113,10 +116,11 @@ class DocumentIdentity:
 def _clean(text: str) -> str:
     """One line of plain text: Markdown marks and edge punctuation off, a closing abbreviation's dot ("Inc.")
     kept."""
-    text = " ".join(re.sub(r"[#*_`|>]+", " ", text).split()).strip(" ,;:-–—")
-    while text.endswith(".") and not re.search(r"\b[A-Za-z]{1,4}\.$", text):
-        text = text[:-1].rstrip(" ,;:-–—")
-    return text.lstrip(".")[:MAX_FIELD_CHARS]
+    text = " ".join(re.sub(r"[#*_`|>\x00-\x1f\x7f-\x9f]+", " ", text).split()).strip(" ,;:-–—")
+    stripped = text.rstrip(" ,;:-–—.")
+    if text[len(stripped):].startswith(".") and re.search(r"(?:^|[^A-Za-z])[A-Za-z]{1,4}$", stripped[-5:]):
+        stripped += "."
+    return stripped.lstrip(".")[:MAX_FIELD_CHARS]
 
 
 def _date(match: re.Match[str]) -> date | None:
@@ -308,7 +312,7 @@ def derive(metadata: Mapping[str, Any], pages: Sequence[str], rel_path: str,
         from rag_pipeline.config import DEFAULT_DOCUMENT_KINDS
 
         kinds = DEFAULT_DOCUMENT_KINDS
-    meta = {str(k).lower(): _clean(str(v)) for k, v in metadata.items() if v}
+    meta = {str(k).lower(): _clean(str(v)[:MAX_METADATA_CHARS]) for k, v in metadata.items() if v}
     cover_pages = [page[:COVER_CHARS] for page in pages[:COVER_PAGES]]
     lines = _lines("\n".join(cover_pages))
     cover = "\n".join(lines)
@@ -373,6 +377,11 @@ def derive(metadata: Mapping[str, Any], pages: Sequence[str], rel_path: str,
         stem = re.sub(r"[_\-.]+", " ", PurePosixPath(rel_path).stem).strip()
         if len(re.findall(r"[^\W\d_]{3,}", stem)) >= 1:
             title, found["title"] = stem, "file name"
+    # what steers a model has no place in every chunk's prefix: a field that reads as an injection is left out
+    if title and injection_flags(title):
+        title, found["title"] = None, "left out: reads as an instruction"
+    if organisation and injection_flags(organisation):
+        organisation, found["organisation"] = None, "left out: reads as an instruction"
     return DocumentIdentity(title, organisation, kind, year, quarter,
                             period_end.isoformat() if period_end else None, found)
 
@@ -387,15 +396,19 @@ def period_label(identity: Mapping[str, Any]) -> str | None:
     return f"FY{year}" if identity.get("kind") in FORM_LABELS else str(year)
 
 
-LABEL_TITLE_WORDS = 12
+LABEL_TITLE_WORDS = 16
 
 
 def label(identity: Mapping[str, Any], fallback: str) -> str:
-    """The document as a chunk's prefix names it, short (the prefix has a token budget): its title's first twelve
-    words, then its organisation and period where the title does not already say them."""
-    words = str(identity.get("title") or fallback).split()
+    """The document as a chunk's prefix names it, what matters most first (the prefix has a token budget and is
+    shortened from its end): its organisation and period, then its title ("Walmart Inc. FY2020: annual report",
+    "Pew Research Center 2016: Latinos Increasingly Confident in Personal Finances …"). A form's title, composed
+    from these, gives way to its kind."""
+    found = identity.get("found") or {}
+    title = identity.get("kind") if found.get("title") == "cover: form" else identity.get("title")
+    words = str(title or fallback).split()
     title = " ".join(words[:LABEL_TITLE_WORDS]) + (" …" if len(words) > LABEL_TITLE_WORDS else "")
     said = title.lower()
-    extra = [str(value) for value in (identity.get("organisation"), period_label(identity))
-             if value and str(value).lower() not in said and not (str(value).isdigit() and str(value) in said)]
-    return f"{title} ({', '.join(extra)})" if extra else title
+    head = " ".join(str(value) for value in (identity.get("organisation"), period_label(identity))
+                    if value and str(value).lower() not in said)
+    return f"{head}: {title}" if head else title

@@ -41,8 +41,8 @@ CREATE OR REPLACE FUNCTION rag.identity_words(p_identity jsonb) RETURNS text LAN
 $$;
 
 -- A document's identity with its sidecar's word over it: the title column (a sidecar's `title`), and the sidecar
--- metadata keys organisation (or organization), kind, year, quarter and period_end. `found` says where each field
--- came from ("sidecar" where the sidecar gave it).
+-- metadata keys organisation (or organization), kind, year, quarter and period_end (any of the last three replaces
+-- all three). `found` says where each field came from ("sidecar" where the sidecar gave it).
 CREATE OR REPLACE FUNCTION rag.document_identity(p_title text, p_metadata jsonb, p_identity jsonb)
 RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     WITH sidecar AS (
@@ -54,7 +54,10 @@ RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
             'quarter', substring(p_metadata ->> 'quarter' from '^\s*[qQ]?([1-4])\s*$')::integer,
             'period_end', substring(p_metadata ->> 'period_end' from '^\s*([0-9]{4}-[0-9]{2}-[0-9]{2})\s*$'))) AS given
     )
-    SELECT (coalesce(p_identity, '{}') - 'found') || s.given
+    -- a period the sidecar gives replaces the whole period read from the document (year, quarter, period end)
+    SELECT (coalesce(p_identity, '{}') - 'found'
+            - CASE WHEN s.given ?| ARRAY['year', 'quarter', 'period_end'] THEN ARRAY['year', 'quarter', 'period_end']
+                   ELSE ARRAY[]::text[] END) || s.given
            || jsonb_build_object('found', coalesce(p_identity -> 'found', '{}')
                                           || coalesce((SELECT jsonb_object_agg(k, 'sidecar')
                                                        FROM jsonb_object_keys(s.given) AS k), '{}'))

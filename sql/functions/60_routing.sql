@@ -34,20 +34,32 @@ CREATE OR REPLACE FUNCTION rag.period_year(p_word text) RETURNS text LANGUAGE sq
                       '^(?:fy|q[1-4]|h[12]|[1-4]q|[12]h)(?:fy)?([0-9]{2})$') AS m
 $$;
 
--- The periods a query says, word by word ("2022", "FY22", "FY2022", "Q3", "3Q22") and whether it asks for the
--- latest ("latest", "most recent"): document routing prefers the documents of that period, and abstention reads
--- it (rag_pipeline.retrieval.periods reads the same in Python).
+-- The periods a query says, word by word ("2022", "FY22", "FY2022", "Q3", "3Q22", "Q3-2022", "2022Q3"; not an
+-- amount: "$2,050") and whether it asks for the latest ("latest", "newest", "most recent"): document routing prefers
+-- the documents of that period, and abstention reads it (rag_pipeline.retrieval.periods reads the same in Python;
+-- a test holds them to the same answers).
 CREATE OR REPLACE FUNCTION rag.asked_periods(p_text text, OUT years integer[], OUT quarters integer[],
                                              OUT latest boolean)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT array_agg(DISTINCT p.y) FILTER (WHERE p.y IS NOT NULL),
-           array_agg(DISTINCT p.q) FILTER (WHERE p.q IS NOT NULL),
-           coalesce(bool_or(x.w ~ '^(latest|newest|recent|current)$'), false)
-    FROM (SELECT lower(regexp_replace(word, '[^[:alnum:]]+', '', 'g')) AS w
-          FROM regexp_split_to_table(coalesce(p_text, ''), '\s+') WITH ORDINALITY AS t(word, n) WHERE n <= 256) x,
-         LATERAL (SELECT coalesce(rag.period_year(x.w), substring(x.w from '^(?:fy)?((?:19|20)[0-9]{2})$'))::integer AS y,
-                         CASE WHEN x.w ~ '^(q[1-4]|[1-4]q)(fy)?([0-9]{2}|[0-9]{4})?$'
-                              THEN substring(x.w from '[1-4]')::integer END AS q) p
+    WITH words AS (  -- each word without the punctuation around it ("2022?", "(FY22)"), in lower case
+        SELECT t.n, lower(regexp_replace(t.word, '^[^[:alnum:]]+|[^[:alnum:]]+$', '', 'g')) AS w
+        FROM regexp_split_to_table(coalesce(p_text, ''), '\s+') WITH ORDINALITY AS t(word, n) WHERE t.n <= 256
+    ),
+    read AS (  -- a year alone ("2022", "FY2022", not "$2,050"), a period code ("FY22", "Q3FY23"), a quarter
+               -- ("Q3", "3Q22", "Q3-2022", "2022Q3")
+        SELECT coalesce(substring(w from '^(?:fy)?((?:19|20)[0-9]{2})$'),
+                        substring(w from '^(?:q[1-4]|[1-4]q)[-/]?(?:fy)?((?:19|20)[0-9]{2})$'),
+                        substring(w from '^((?:19|20)[0-9]{2})[-/]?q[1-4]$'),
+                        rag.period_year(w))::integer AS y,
+               coalesce(substring(w from '^q([1-4])(?:[-/]?(?:fy)?(?:[0-9]{2}|(?:19|20)[0-9]{2}))?$'),
+                        substring(w from '^([1-4])q(?:[-/]?(?:fy)?(?:[0-9]{2}|(?:19|20)[0-9]{2}))?$'),
+                        substring(w from '^(?:19|20)[0-9]{2}[-/]?q([1-4])$'))::integer AS q
+        FROM words WHERE w !~ '[$€£¥,]'
+    )
+    SELECT (SELECT array_agg(DISTINCT y) FROM read WHERE y IS NOT NULL),
+           (SELECT array_agg(DISTINCT q) FROM read WHERE q IS NOT NULL),
+           EXISTS (SELECT 1 FROM words WHERE w IN ('latest', 'newest'))
+           OR EXISTS (SELECT 1 FROM words a JOIN words b ON b.n = a.n + 1 WHERE a.w = 'most' AND b.w = 'recent')
 $$;
 
 -- Of the chunks where p_words weigh most (the top 200 postings of their terms in the version, stop words left
@@ -170,7 +182,7 @@ BEGIN
     -- document has keeps them all (the search says so: rag_pipeline.retrieval.periods).
     dated AS (
         SELECT c.doc_id, c.score, (i ->> 'year')::integer AS year, (i ->> 'quarter')::integer AS quarter,
-               coalesce(i ->> 'period_end', (i ->> 'year') || '-12-31') AS period_end
+               coalesce(i ->> 'period_end', (i ->> 'year') || '-12-31') AS period_end, i ->> 'kind' AS kind
         FROM close c JOIN documents d ON d.doc_id = c.doc_id,
              LATERAL rag.document_identity(d.title, d.metadata, d.identity) AS i
     ),
@@ -181,11 +193,15 @@ BEGIN
                coalesce(a.latest, false) AND a.years IS NULL AS wants_latest
         FROM dated dt, asked a
     ),
+    -- for "the latest annual report", the documents of the kind the query says, if any is
+    said_kind AS (SELECT m.* FROM matched m WHERE position(lower(m.kind) IN lower(p_text)) > 0),
+    pool AS (SELECT * FROM said_kind UNION ALL SELECT * FROM matched WHERE NOT EXISTS (SELECT 1 FROM said_kind)),
     chosen AS (
         SELECT m.doc_id, m.score FROM matched m
         WHERE CASE WHEN (SELECT max(fit) FROM matched) > 0 THEN m.fit = (SELECT max(fit) FROM matched)
-                   WHEN m.wants_latest AND EXISTS (SELECT 1 FROM matched WHERE period_end IS NOT NULL)
-                       THEN m.period_end = (SELECT max(period_end) FROM matched)
+                   WHEN m.wants_latest AND EXISTS (SELECT 1 FROM pool WHERE period_end IS NOT NULL)
+                       THEN m.doc_id IN (SELECT doc_id FROM pool)
+                            AND m.period_end = (SELECT max(period_end) FROM pool)
                    ELSE true END
     )
     SELECT (SELECT max(score) FROM scored),
