@@ -589,8 +589,9 @@ class AbstentionConfig(_Section):
     """When a search answers "no evidence" (an empty result, with the reason) instead of the nearest text
     (docs/retrieval.md: abstention). The score floor, min_similarity, is the third way."""
 
-    unknown_names: bool = Field(True, description="abstain when the query names something (a capitalised word, not "
-                                "opening a sentence) that nothing the caller may read holds")
+    unknown_names: bool = Field(True, description="abstain when the query names something (a capital and three "
+                                "lower-case letters or more, not opening a sentence) that nothing the caller may read "
+                                "holds")
     period_lookback_years: int | None = Field(2, ge=0, le=50, description="abstain when the query names documents "
                                               "and a year and none of them is of that year or of this many years "
                                               "after it (a report states its year and the years before); null: off")

@@ -275,6 +275,10 @@ def test_a_search_abstains_on_a_name_or_a_period_the_index_does_not_hold_and_say
     later = search_result(db, "What was Harbourline Logistics' revenue in fiscal 2026?", ["analysts"], k=5,
                           options=options)
     assert later.hits == [] and later.abstained == "no document of 2026 among those the query names"
+    # an acronym a question defines is not a name the index must hold
+    defined = search_result(db, "What was Harbourline Logistics' DPO (days payable outstanding) in fiscal 2022?",
+                            ["analysts"], k=5, options=options)
+    assert defined.hits and defined.abstained is None
     # a year a later report still states (the prior year in the 2021 report's comparatives) is answered, with a note
     earlier = search_result(db, "What was Harbourline Logistics' revenue in 2020?", ["analysts"], k=5,
                             options=options)

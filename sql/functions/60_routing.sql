@@ -225,9 +225,10 @@ CREATE OR REPLACE FUNCTION rag.named_documents(
 $$;
 
 -- Why a search should say "no evidence" rather than rank the nearest text, or NULL to rank:
---   * the query names something the caller's index does not hold: a capitalised word (not opening a sentence, not a
---     stop word) that no chunk the caller may read and no document name it may read carries, under any of the
---     version's text configurations ("What was PepsiCo's free cash flow?" over filings of other companies);
+--   * the query names something the caller's index does not hold: a name (a capital and three lower-case letters or
+--     more, not opening a sentence, not a stop word; acronyms are left alone, questions define them) that no chunk
+--     the caller may read and no document name it may read carries, under any of the version's text configurations
+--     ("What was PepsiCo's free cash flow?" over filings of other companies);
 --   * the query names documents (p_named, from routing) and a year, and none of those documents is of that year or
 --     of the p_lookback years after it (a filing states its year and the years before it): "Kraft Heinz's net
 --     sales for fiscal 2021" over its 2019 annual report.
@@ -252,12 +253,13 @@ BEGIN
                        regexp_replace(regexp_replace(w.word, '[''’]s\W*$', ''), '[^[:alnum:]&-]+', '', 'g') AS name
                 FROM words w
             ),
-            names AS (  -- capitalised, not the first word of a sentence, not a stop word, three letters or more; with
-                        -- the words next to it squashed (a file name writes "Globex Industries" GLOBEXINDUSTRIES)
+            names AS (  -- a name: a capital and three lower-case letters or more ("Tyson", "PepsiCo"; not an acronym
+                        -- a question defines, "DPO", "CAGR", "PwC"), not the first word of a sentence, not a stop word;
+                        -- with the words next to it squashed (a file name writes "Globex Industries" GLOBEXINDUSTRIES)
                 SELECT b.n, b.name, ARRAY[b.name, before.name || b.name, b.name || after.name] AS forms
                 FROM bare b JOIN words prev ON prev.n = b.n - 1
                 LEFT JOIN bare before ON before.n = b.n - 1 LEFT JOIN bare after ON after.n = b.n + 1
-                WHERE b.word ~ '^["“‘(]?[[:upper:]][[:alpha:]]{2,}' AND prev.word !~ '[.?!:]["”’)]?$'
+                WHERE b.word ~ '^["“‘(]?[[:upper:]][[:lower:]]{3}' AND prev.word !~ '[.?!:]["”’)]?$'
                   AND NOT rag.is_stop_word(b.word)
             )
             SELECT nm.name FROM names nm
