@@ -169,7 +169,9 @@ FILERS = {
     "f0a9b3c7.pdf": ("Brightwater Foods Limited", 2022, "frozen vegetables and ready meals"),
     "0b6e2d58.pdf": ("Kestrel Avionics Corporation", 2021, "flight control computers"),
     "1c4f8e29.pdf": ("Kestrel Avionics Corporation", 2022, "flight control computers"),
+    "2d7a0b31.pdf": ("Kestrel Avionics Corporation", 2023, "flight control computers"),  # its second-quarter 10-Q
 }
+QUARTERLY = {"2d7a0b31.pdf"}
 
 
 @pytest.fixture
@@ -177,9 +179,11 @@ def hash_named_filings(tmp_path, make_settings):
     root = tmp_path / "filings"
     root.mkdir()
     for name, (registrant, year, business) in FILERS.items():
-        cover = ["UNITED STATES", "SECURITIES AND EXCHANGE COMMISSION", "FORM 10-K",
-                 "ANNUAL REPORT PURSUANT TO SECTION 13 OR 15(d) OF THE SECURITIES EXCHANGE ACT OF 1934",
-                 f"For the fiscal year ended December 31, {year}", registrant,
+        form, period = (("10-Q", f"For the quarterly period ended June 30, {year}") if name in QUARTERLY else
+                        ("10-K", f"For the fiscal year ended December 31, {year}"))
+        cover = ["UNITED STATES", "SECURITIES AND EXCHANGE COMMISSION", f"FORM {form}",
+                 f"{'QUARTERLY' if form == '10-Q' else 'ANNUAL'} REPORT PURSUANT TO SECTION 13 OR 15(d) OF THE "
+                 "SECURITIES EXCHANGE ACT OF 1934", period, registrant,
                  "(Exact name of registrant as specified in its charter)"]
         revenue = 400 + 13 * (year - 2020) + len(registrant)
         body = (f"The company sells {business} to customers in Europe and Asia. Revenue for the year was "
@@ -260,9 +264,12 @@ def test_periods_choose_among_the_documents_a_question_names(hash_named_filings,
 
     assert named("Kestrel Avionics revenue in FY2021") == ["0b6e2d58.pdf"]
     assert named("Kestrel Avionics revenue in FY22") == ["1c4f8e29.pdf"]
+    # the latest: the newest period, of the kind the question says when it says one
+    assert named("What did Kestrel Avionics report in its most recent filing?") == ["2d7a0b31.pdf"]
     assert named("What did Kestrel Avionics report in its latest annual report?") == ["1c4f8e29.pdf"]
+    assert named("Kestrel Avionics revenue in Q2 2023") == ["2d7a0b31.pdf"]
     # a period none of them is of names them all (and the search says so, below)
-    assert sorted(named("Kestrel Avionics revenue in 2020")) == ["0b6e2d58.pdf", "1c4f8e29.pdf"]
+    assert sorted(named("Kestrel Avionics revenue in 2020")) == ["0b6e2d58.pdf", "1c4f8e29.pdf", "2d7a0b31.pdf"]
 
 
 def test_a_search_abstains_on_a_name_or_a_period_the_index_does_not_hold_and_says_why(
@@ -275,6 +282,14 @@ def test_a_search_abstains_on_a_name_or_a_period_the_index_does_not_hold_and_say
     later = search_result(db, "What was Harbourline Logistics' revenue in fiscal 2026?", ["analysts"], k=5,
                           options=options)
     assert later.hits == [] and later.abstained == "no document of 2026 among those the query names"
+    # a quarterly report holds its quarter and those before it, not a later one
+    assert search_result(db, "Kestrel Avionics revenue in Q1 2023", ["analysts"], k=5, options=options).hits
+    later_quarter = search_result(db, "Kestrel Avionics revenue in Q3 2023", ["analysts"], k=5, options=options)
+    assert later_quarter.hits == [] and later_quarter.abstained == "no document of Q3 2023 among those the query names"
+    # an annual report holds its quarters
+    quarter = search_result(db, "What was Harbourline Logistics' revenue in Q3 2022?", ["analysts"], k=5,
+                            options=options)
+    assert quarter.hits and quarter.abstained is None
     # an acronym a question defines is not a name the index must hold
     defined = search_result(db, "What was Harbourline Logistics' DPO (days payable outstanding) in fiscal 2022?",
                             ["analysts"], k=5, options=options)

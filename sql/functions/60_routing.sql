@@ -230,8 +230,9 @@ $$;
 --     the caller may read and no document name it may read carries, under any of the version's text configurations
 --     ("What was PepsiCo's free cash flow?" over filings of other companies);
 --   * the query names documents (p_named, from routing) and a year, and none of those documents is of that year or
---     of the p_lookback years after it (a filing states its year and the years before it): "Kraft Heinz's net
---     sales for fiscal 2021" over its 2019 annual report.
+--     of the p_lookback years after it (a filing states its year and the years before it), or, for a quarter, none
+--     is an annual report of that year or a quarterly one of that quarter or later: "Kraft Heinz's net sales for
+--     fiscal 2021" over its 2019 annual report, JPMorgan's "3Q23" over its second-quarter 2023 report.
 -- Only what the caller may read is consulted: whether a word is held elsewhere is not told.
 CREATE OR REPLACE FUNCTION rag.abstention(
     p_version integer, p_text text, p_labels text[], p_named text[], p_unknown_names boolean, p_lookback integer
@@ -279,14 +280,20 @@ BEGIN
     IF p_lookback IS NOT NULL AND cardinality(p_named) > 0 THEN
         SELECT * INTO asked FROM rag.asked_periods(p_text);
         IF asked.years IS NOT NULL THEN
+            -- a quarterly report of the year asked holds its quarter and those before it, not a later one
             SELECT bool_or(i ->> 'year' IS NULL
                            OR EXISTS (SELECT 1 FROM unnest(asked.years) y
-                                      WHERE (i ->> 'year')::integer BETWEEN y AND y + p_lookback))
+                                      WHERE (i ->> 'year')::integer BETWEEN y AND y + p_lookback
+                                        AND NOT ((i ->> 'year')::integer = y AND i ->> 'quarter' IS NOT NULL
+                                                 AND (SELECT min(q) FROM unnest(asked.quarters) q)
+                                                     > (i ->> 'quarter')::integer)))
                 INTO held
                 FROM documents d, LATERAL rag.document_identity(d.title, d.metadata, d.identity) AS i
                 WHERE d.doc_id = ANY(p_named);
             IF NOT coalesce(held, true) THEN
-                RETURN format('no document of %s among those the query names', array_to_string(asked.years, ', '));
+                RETURN format('no document of %s among those the query names',
+                              concat_ws(' ', (SELECT string_agg('Q' || q, '/' ORDER BY q) FROM unnest(asked.quarters) q),
+                                        array_to_string(asked.years, ', ')));
             END IF;
         END IF;
     END IF;
