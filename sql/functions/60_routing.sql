@@ -272,7 +272,9 @@ BEGIN
                    OR EXISTS (SELECT 1 FROM documents d
                               WHERE d.name_terms @> ARRAY[rag_term_id(l.term)] AND d.acl_labels && $2))
             ORDER BY nm.n LIMIT 1$q$, t, t || '_bm25_params', t || '_postings')
-            INTO missing USING p_text, p_labels;
+            -- words written together apart: "Latinos/Hispanics", "Nike?Round"
+            INTO missing USING regexp_replace(replace(p_text, '/', ' / '), '([.?!;:])([[:upper:]])', '\1 \2', 'g'),
+                               p_labels;
         IF missing IS NOT NULL THEN
             RETURN format('the index holds nothing about %s', missing);
         END IF;
