@@ -41,8 +41,9 @@ MIN_CONTENTS_ENTRIES = 3
 MAX_CONTENTS_GAP_WORDS = 12
 MAX_CAPTION_WORDS = 40
 MONEY_RE = re.compile(r"[$€£¥]\s?\(?\d")
-# /7: a chunk's prefix names its document by what it says it is (rag_pipeline.text.identity), read when chunking
-CHUNKER_FAMILY = "structure+recursive-tokens/7"
+# /8: a chunk's prefix names its document by what it says it is (rag_pipeline.text.identity), read when chunking,
+# in at most a third of the prefix's budget
+CHUNKER_FAMILY = "structure+recursive-tokens/8"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:
@@ -442,8 +443,9 @@ def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section
     """The template prefix in at most `budget` tokens, keeping what says most about the chunk: the page, the
     innermost section (a statement's title), then the document's name, then the outer sections from the inside
     out. A part that does not fit is left out whole, never cut into word pieces; only an innermost section longer
-    than the whole budget, and a document's name that does not fit beside it, are shortened, by whole words from
-    their end (a name leads with what matters most: rag_pipeline.text.identity.label)."""
+    than the whole budget, and a document's name longer than a third of it or not fitting beside the section, are
+    shortened, by whole words from their end (a name leads with what matters most: rag_pipeline.text.identity.label;
+    at two words it is left out)."""
     whole = template_prefix(title, section_path, page_start, page_end)
     if count_tokens(whole) <= budget:
         return whole
@@ -464,7 +466,8 @@ def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section
     if title:
         title_words = title.split()
         keep_title = title
-        while count_tokens(render()) > budget:
+        # the name takes at most a third of the budget: the sections say where in the document a chunk is
+        while count_tokens(render()) > budget or count_tokens(keep_title) > budget // 3:
             if len(title_words) <= MIN_NAME_WORDS:
                 keep_title = None
                 break

@@ -1,5 +1,5 @@
--- What a document is called: its title, its path, its sidecar metadata values and what it says it is (its
--- identity: title, organisation and the organisation's initials, kind, year, quarter), as term ids (rag_lexemes under
+-- What a document is called: its title (a sidecar's), its path, its sidecar metadata values and what it says it is
+-- (rag.identity_words: its organisation and the organisation's initials, kind, year, quarter), as term ids (rag_lexemes under
 -- the English and the neutral configuration), kept in documents.name_terms by the documents_name_terms trigger.
 -- Queries that name a document ("3M", "FY2018", "10-K") find it by these and rank its chunks up (document routing,
 -- 60_routing.sql). name_terms is stored: a change to what these functions return reaches rows as they are
@@ -25,11 +25,13 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                                     (SELECT string_agg(value, ' ') FROM jsonb_each_text(metadata)))) AS l
 $$;
 
--- The words a document's identity names it by: its title and organisation, the organisation's initials ("Advanced
--- Micro Devices, Inc." is also "AMD"; three letters or more, the legal form left out), its kind, and its period
--- as a question says it ("2015", "FY2015", "Q2", "2022Q2").
+-- The words a document's identity names it by: its organisation, the organisation's initials ("Advanced Micro
+-- Devices, Inc." is also "AMD"; three letters or more, the legal form left out), its kind, and its period as a
+-- question says it ("2015", "FY2015", "Q2", "2022Q2"). Not a title read from the document: its words are the
+-- document's topic, and a query's topic words must rank within it, not be taken for its name (on the long
+-- documents of bench.retrieval's tune half, routing by them cost 0.048 page hit@5; a sidecar's title still names).
 CREATE OR REPLACE FUNCTION rag.identity_words(p_identity jsonb) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT concat_ws(' ', p_identity ->> 'title', p_identity ->> 'organisation', p_identity ->> 'kind',
+    SELECT concat_ws(' ', p_identity ->> 'organisation', p_identity ->> 'kind',
                      (SELECT CASE WHEN count(*) >= 3 THEN string_agg(left(w, 1), '' ORDER BY n) END
                       FROM regexp_split_to_table(coalesce(p_identity ->> 'organisation', ''), '[^[:alnum:]&]+')
                            WITH ORDINALITY AS x(w, n)
