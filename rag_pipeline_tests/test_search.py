@@ -128,9 +128,11 @@ def test_the_reranker_reorders_the_fused_top_n(indexed, tiny_cross_encoder):
     from rag_pipeline.config import RerankerConfig
 
     query = "how long does the robot battery last"
-    fused = search(indexed, query, ["staff"], k=8)
-    reranked = search(indexed, query, ["staff"], k=3,
-                      options=SearchOptions(reranker=RerankerConfig(model=tiny_cross_encoder, top_n=8)))
+    # no per-document cap: it counts the k asked for, which differs between the two searches
+    uncapped = RoutingConfig(max_share=1.0)
+    fused = search(indexed, query, ["staff"], k=8, options=SearchOptions(routing=uncapped))
+    reranked = search(indexed, query, ["staff"], k=3, options=SearchOptions(
+        routing=uncapped, reranker=RerankerConfig(model=tiny_cross_encoder, top_n=8)))
     assert len(reranked) == 3 and all(h.rerank_score is not None for h in reranked)
     scores = CrossEncoder(str(tiny_cross_encoder)).predict(
         [(query, f"{h.prefix}\n{h.text}" if h.prefix else h.text) for h in fused])
