@@ -26,12 +26,13 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 -- The words a document's identity names it by: its organisation, the organisation's initials ("Advanced Micro
--- Devices, Inc." is also "AMD"; three letters or more, the legal form left out), its kind, and its period as a
--- question says it ("2015", "FY2015", "Q2", "2022Q2"). Not a title read from the document: its words are the
--- document's topic, and a query's topic words must rank within it, not be taken for its name (on the long
--- documents of bench.retrieval's tune half, routing by them cost 0.048 page hit@5; a sidecar's title still names).
+-- Devices, Inc." is also "AMD"; three letters or more, the legal form left out) and its period as a question says it
+-- ("2015", "FY2015", "Q2", "2022Q2"). Not a title read from the document, nor its kind: their words are the
+-- document's topic ("in this paper"), and a query's topic words must rank within it, not be taken for its name (on
+-- the long documents of bench.retrieval's tune half, routing by them cost 0.048 page hit@5; a sidecar's title still
+-- names). The kind still chooses "the latest annual report" (rag.document_names).
 CREATE OR REPLACE FUNCTION rag.identity_words(p_identity jsonb) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT concat_ws(' ', p_identity ->> 'organisation', p_identity ->> 'kind',
+    SELECT concat_ws(' ', p_identity ->> 'organisation',
                      (SELECT CASE WHEN count(*) >= 3 THEN string_agg(left(w, 1), '' ORDER BY n) END
                       FROM regexp_split_to_table(coalesce(p_identity ->> 'organisation', ''), '[^[:alnum:]&]+')
                            WITH ORDINALITY AS x(w, n)

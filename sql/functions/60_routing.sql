@@ -158,8 +158,14 @@ BEGIN
         WHERE c.share >= p_min_concentration / 2 AND d.acl_labels && p_labels
         GROUP BY d.doc_id, nm.positions, c.share
     ),
-    identified AS (  -- a name most documents carry (idf < 1) names none
-        SELECT DISTINCT m.doc_id FROM matches m WHERE m.share >= p_min_concentration AND m.idf >= 1.0
+    identified AS (  -- a name most documents carry (idf < 1) names none; a period alone names none (it chooses among
+                     -- the documents a name names: "In 2013, what share ..." asks about 2013, not about a 2013 report)
+        SELECT DISTINCT m.doc_id FROM matches m
+        WHERE m.share >= p_min_concentration AND m.idf >= 1.0
+          AND EXISTS (SELECT 1 FROM words w
+                      WHERE w.n = ANY(m.positions) AND rag.period_year(w.word) IS NULL
+                        AND lower(regexp_replace(w.word, '^[^[:alnum:]]+|[^[:alnum:]]+$', '', 'g'))
+                            !~ '^(fy)?(19|20)[0-9]{2}$')
     ),
     kept AS (  -- a word inside a matching two-word unit is counted with it, once
         SELECT m.* FROM matches m JOIN identified i ON i.doc_id = m.doc_id
