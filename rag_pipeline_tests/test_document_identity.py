@@ -284,6 +284,9 @@ def test_a_search_abstains_on_a_name_or_a_period_the_index_does_not_hold_and_say
     assert later.hits == [] and later.abstained == "no document of 2026 among those the query names"
     # a quarterly report holds its quarter and those before it, not a later one
     assert search_result(db, "Kestrel Avionics revenue in Q1 2023", ["analysts"], k=5, options=options).hits
+    # a year without a quarter is held by that year's quarterly report
+    assert search_result(db, "Kestrel Avionics revenue in the first half of 2023", ["analysts"], k=5,
+                         options=options).hits
     later_quarter = search_result(db, "Kestrel Avionics revenue in Q3 2023", ["analysts"], k=5, options=options)
     assert later_quarter.hits == [] and later_quarter.abstained == "no document of Q3 2023 among those the query names"
     # an annual report holds its quarters

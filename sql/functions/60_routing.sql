@@ -292,9 +292,9 @@ BEGIN
             SELECT bool_or(i ->> 'year' IS NULL
                            OR EXISTS (SELECT 1 FROM unnest(asked.years) y
                                       WHERE (i ->> 'year')::integer BETWEEN y AND y + p_lookback
-                                        AND NOT ((i ->> 'year')::integer = y AND i ->> 'quarter' IS NOT NULL
-                                                 AND (SELECT min(q) FROM unnest(asked.quarters) q)
-                                                     > (i ->> 'quarter')::integer)))
+                                        AND NOT coalesce((i ->> 'year')::integer = y AND i ->> 'quarter' IS NOT NULL
+                                                          AND (SELECT min(q) FROM unnest(asked.quarters) q)
+                                                              > (i ->> 'quarter')::integer, false)))
                 INTO held
                 FROM documents d, LATERAL rag.document_identity(d.title, d.metadata, d.identity) AS i
                 WHERE d.doc_id = ANY(p_named);
