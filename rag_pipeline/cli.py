@@ -246,7 +246,10 @@ def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
     with connect(_index_url(settings)) as conn:
         found = store.documents.paths_of(conn, refs)
         identities = store.documents.identities_of(conn, refs)
-    rows = [{"ref": ref, "source": found[ref][0], "path": found[ref][1], "identity": identities.get(ref, {})}
+    # what the document says it is ({} when nothing is known yet: a held document, one not chunked since)
+    known = {ref: identity if any(key != "found" for key in identity) else {}
+             for ref, identity in identities.items()}
+    rows = [{"ref": ref, "source": found[ref][0], "path": found[ref][1], "identity": known.get(ref, {})}
             if ref in found else {"ref": ref, "source": None, "path": None} for ref in refs]
     if args.json:
         _print_json(rows)

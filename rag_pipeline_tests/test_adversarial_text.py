@@ -57,8 +57,8 @@ def test_text_functions_are_linear_on_crafted_lines():
     from rag_pipeline.endpoints.redaction import redact
     from rag_pipeline.parsing.rtl import logical_text
     from rag_pipeline.parsing.tables import find_tables
-    from rag_pipeline.text.chunking import sections_of
     from rag_pipeline.retrieval.periods import asked_period
+    from rag_pipeline.text.chunking import sections_of
     from rag_pipeline.text.cleaning import clean_text, is_toc_leader_line
     from rag_pipeline.text.identity import derive
     from rag_pipeline.text.safety import injection_flags

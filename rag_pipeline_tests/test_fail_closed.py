@@ -911,7 +911,8 @@ def test_dagster_names_documents_by_ref_and_the_cli_resolves_them(make_settings,
     reported = named_by_ref(ScanProblem("hr/salaries.md", "sidecar salaries.md.meta.json cannot be read"), ref)
     assert reported == ScanProblem(f"#{ref}", f"sidecar #{ref}.meta.json cannot be read")  # what Dagster keeps
     assert main(["--config", str(settings.config_file), "doc", f"#{ref}", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"ref": ref, "source": "docs", "path": "hr/salaries.md"}]
+    assert json.loads(capsys.readouterr().out) == [{"ref": ref, "source": "docs", "path": "hr/salaries.md",
+                                                     "identity": {}}]  # held: nothing read from it
     assert main(["--config", str(settings.config_file), "doc", "999999"]) == 1
     assert "no such document" in capsys.readouterr().out
     shown = _problems_with_paths(settings, [{"source": "docs", "path": reported.rel_path, "problem": reported.problem},

@@ -10,7 +10,7 @@ import logging
 import pytest
 from dagster import DagsterInstance
 
-from rag_pipeline.config import ConfigError, QueryConfig, RerankerConfig, load_settings
+from rag_pipeline.config import ConfigError, QueryConfig, RerankerConfig, RoutingConfig, load_settings
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.endpoints.chat import EndpointError
 from rag_pipeline.endpoints.rerank import EndpointReranker
@@ -93,6 +93,13 @@ FILINGS = {
         "as new storage came online.\n\n## Consolidated Statements of Cash Flows\n\n| (in millions) | 2019 | 2018 |\n"
         "|---|---|---|\n| Net cash provided by operating activities | 1,412 | 1,300 |\n"
         "| Purchases of property, plant and equipment | (655) | (610) |\n| Dividends paid | (120) | (118) |\n"),
+    # two more companies: with two documents no name is rare enough to name one (routing's idf)
+    "NORTHWINDFOODS_2019_10K.md": (
+        "# Northwind Foods annual report 2019\n\n## Item 7. Management's discussion\n\nFrozen meals sold more in "
+        "2019 as two new plants opened.\n"),
+    "KESTRELAVIONICS_2019_10K.md": (
+        "# Kestrel Avionics annual report 2019\n\n## Item 7. Management's discussion\n\nFlight computers were "
+        "delivered late in 2019 after a supplier's fire.\n"),
 }
 
 
@@ -112,11 +119,13 @@ def filings(tmp_path, make_settings, db):
 
 def test_a_sidecar_alias_and_a_configured_alias_route_to_their_company(filings):
     question = "What were {} capital expenditures in FY2019?"
-    plain = SearchOptions(query=QueryConfig(synonyms_file="builtin:financial_statements"))
+    # four documents: one rare name is worth an idf of 1.2, under the default min_score meant for real collections
+    small = RoutingConfig(min_score=1.0)
+    plain = SearchOptions(query=QueryConfig(synonyms_file="builtin:financial_statements"), routing=small)
     top = search(filings, question.format("UMBR's"), ["analysts"], k=1, options=plain)[0]
     assert top.path == "UMBRAENERGY_2019_10K.md" and "(655)" in top.text
     configured = SearchOptions(query=QueryConfig(synonyms_file="builtin:financial_statements",
-                                                 aliases={"GXC": ["Globex Chemical"]}))
+                                                 aliases={"GXC": ["Globex Chemical"]}), routing=small)
     top = search(filings, question.format("GXC's"), ["analysts"], k=1, options=configured)[0]
     assert top.path == "GLOBEXCHEMICAL_2019_10K.md" and "(214)" in top.text
 

@@ -23,7 +23,6 @@ SHORT_PERIOD_RE = re.compile(r"^(?:fy|q[1-4]|h[12]|[1-4]q|[12]h)(?:fy)?(\d\d)$")
 QUARTER_RES = (re.compile(rf"^q([1-4])(?:[-/]?(?:fy)?(?:\d\d|{YEAR}))?$"),
                re.compile(rf"^([1-4])q(?:[-/]?(?:fy)?(?:\d\d|{YEAR}))?$"), re.compile(rf"^{YEAR}[-/]?q([1-4])$"))
 AMOUNT_RE = re.compile(r"[$€£¥,]")
-EDGE_PUNCTUATION_RE = re.compile(r"^[\W_]+|[\W_]+$")
 LATEST_WORDS = frozenset({"latest", "newest"})
 
 
@@ -42,12 +41,22 @@ class AskedPeriod:
         return f"{quarters} {years}".strip()
 
 
+def _bare(word: str) -> str:
+    """The word without the punctuation around it (a loop, not a pattern: linear on any input)."""
+    start, end = 0, len(word)
+    while start < end and not word[start].isalnum():
+        start += 1
+    while end > start and not word[end - 1].isalnum():
+        end -= 1
+    return word[start:end]
+
+
 def asked_period(query: str) -> AskedPeriod:
     """The years and quarters a query names, word by word, and whether it asks for the latest ("latest", "newest",
     "most recent")."""
     years: set[int] = set()
     quarters: set[int] = set()
-    words = [EDGE_PUNCTUATION_RE.sub("", raw.lower()) for raw in query.split()[:256]]
+    words = [_bare(raw.lower()) for raw in query.split()[:256]]
     for word in words:
         if AMOUNT_RE.search(word):
             continue
