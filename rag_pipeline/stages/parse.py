@@ -139,7 +139,6 @@ def parse_one(
         count(stats.chars_removed, rule, removed_chars)
 
 
-
 COPY_CHUNK_BYTES = 1 << 20
 PRIVATE_COPY_PREFIX = "rag-parse-"
 

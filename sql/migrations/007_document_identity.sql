@@ -1,7 +1,7 @@
--- What a document says it is, read from its PDF metadata and first pages at parse time (rag_pipeline.text.identity):
--- {title, organisation, kind, year, quarter, period_end, found: {field: where it was read}}. Sidecar metadata
--- overrides it (rag.document_identity). Rows parsed before this migration hold '{}' until they are parsed again
--- (the parser version changed with it, so the next ingest does).
+-- What a document says it is, read from its PDF metadata and first pages when it is chunked
+-- (rag_pipeline.text.identity): {title, organisation, kind, year, quarter, period_end, found: {field: where it was
+-- read}}. Sidecar metadata overrides it (rag.document_identity). Rows chunked before this migration hold '{}' until
+-- they are chunked again (the chunker version changed with it, so the next ingest re-chunks every document).
 ALTER TABLE documents ADD COLUMN IF NOT EXISTS identity jsonb NOT NULL DEFAULT '{}'::jsonb;
 
 -- A document's name now includes its identity: the trigger that keeps name_terms also fires when identity changes.
