@@ -107,6 +107,9 @@ def test_a_prefix_names_the_document_what_matters_most_first():
     form = {"title": "Harbourline Logistics Corporation annual report for fiscal year 2022", "kind": "annual report",
             "organisation": "Harbourline Group", "year": 2022, "found": {"title": "cover: form"}}
     assert label(form, "x") == "Harbourline Group FY2022: annual report"  # the sidecar's organisation, the kind
+    # what the title already says (as words) is not said again; "Meta" is not said by "Metadata"
+    assert label({"title": "Metadata standards", "organisation": "Meta", "year": 2021}, "x") == (
+        "Meta 2021: Metadata standards")
     long_title = {"title": " ".join(f"word{i}" for i in range(30))}
     assert label(long_title, "x").endswith("word15 …")
     assert label({}, "PH_2016_report") == "PH_2016_report"
@@ -268,6 +271,8 @@ def test_periods_choose_among_the_documents_a_question_names(hash_named_filings,
     assert named("What did Kestrel Avionics report in its most recent filing?") == ["2d7a0b31.pdf"]
     assert named("What did Kestrel Avionics report in its latest annual report?") == ["1c4f8e29.pdf"]
     assert named("Kestrel Avionics revenue in Q2 2023") == ["2d7a0b31.pdf"]
+    # a period alone names nothing: it chooses among the documents a name names
+    assert named("What changed in 2023Q2?") == named("What changed in Q2 FY2022?") == []
     # a period none of them is of names them all (and the search says so, below)
     assert sorted(named("Kestrel Avionics revenue in 2020")) == ["0b6e2d58.pdf", "1c4f8e29.pdf", "2d7a0b31.pdf"]
 
@@ -390,7 +395,8 @@ def test_python_and_sql_read_the_same_periods(db):
 
     questions = ["Revenue in FY2022?", "FY22 vs FY'21 (and 2019)", "Q3 2021 results", "3Q22 and Q4FY23", "Q3-2022",
                  "2022Q2 or 1Q2022", "H1-22", "Did revenue exceed $2,050 million or 2,050 units?", "the latest 10-K",
-                 "the most recent quarter", "its current ratio and recent results", "faq3 2310.05634", "newest"]
+                 "the most recent quarter", "its current ratio and recent results", "faq3 2310.05634", "newest",
+                 "revenue in 20\u0662\u0662 and fy\uff12\uff12", "Q3\u00a02022 and 2021", "  leading spaces, FY2020"]
     for question in questions:
         years, quarters, latest = db.execute("SELECT * FROM rag.asked_periods(%s)", (question,)).fetchone()
         python = asked_period(question)
@@ -406,6 +412,12 @@ def test_a_sidecar_period_replaces_the_whole_period_read_from_the_document(db):
                                    "found": {"period": "cover: period ended"}}')""").fetchone()[0]
     assert (identity["year"], identity.get("quarter"), identity.get("period_end")) == (2021, None, None)
     assert identity["kind"] == "quarterly report" and identity["found"]["year"] == "sidecar"
+    # a period end alone gives its year; a quarter alone replaces the quarter only
+    ended = db.execute("""SELECT rag.document_identity(NULL, '{"period_end": "2022-12-31"}',
+                              '{"year": 2019, "quarter": 3}')""").fetchone()[0]
+    assert (ended["year"], ended.get("quarter"), ended["period_end"]) == (2022, None, "2022-12-31")
+    quarter = db.execute("""SELECT rag.document_identity(NULL, '{"quarter": "Q1"}', '{"year": 2019, "quarter": 3}')""")
+    assert (lambda i: (i["year"], i["quarter"]))(quarter.fetchone()[0]) == (2019, 1)
 
 
 def test_pdf_metadata_with_control_characters_or_an_instruction_is_kept_safe(tmp_path):

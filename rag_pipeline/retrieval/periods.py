@@ -15,13 +15,14 @@ from typing import Any
 
 # One word, its surrounding punctuation off, in lower case; an amount ("$2,050") is not a period. The same
 # patterns as rag.asked_periods (sql/functions/60_routing.sql).
-YEAR = r"(?:19|20)\d\d"
+YEAR = r"(?:19|20)[0-9][0-9]"
+ASCII_SPACE_RE = re.compile(r"[ \t\n\r\f\v]+")  # as PostgreSQL's \s splits a query into words
 YEAR_RES = (re.compile(rf"^(?:fy)?({YEAR})$"), re.compile(rf"^(?:q[1-4]|[1-4]q)[-/]?(?:fy)?({YEAR})$"),
             re.compile(rf"^({YEAR})[-/]?q[1-4]$"))
 # a period code with a two-digit year ("FY22", "Q3FY23", "1Q22", "H1-22"): as rag.period_year reads it
-SHORT_PERIOD_RE = re.compile(r"^(?:fy|q[1-4]|h[12]|[1-4]q|[12]h)(?:fy)?(\d\d)$")
-QUARTER_RES = (re.compile(rf"^q([1-4])(?:[-/]?(?:fy)?(?:\d\d|{YEAR}))?$"),
-               re.compile(rf"^([1-4])q(?:[-/]?(?:fy)?(?:\d\d|{YEAR}))?$"), re.compile(rf"^{YEAR}[-/]?q([1-4])$"))
+SHORT_PERIOD_RE = re.compile(r"^(?:fy|q[1-4]|h[12]|[1-4]q|[12]h)(?:fy)?([0-9][0-9])$")
+QUARTER_RES = (re.compile(rf"^q([1-4])(?:[-/]?(?:fy)?(?:[0-9][0-9]|{YEAR}))?$"),
+               re.compile(rf"^([1-4])q(?:[-/]?(?:fy)?(?:[0-9][0-9]|{YEAR}))?$"), re.compile(rf"^{YEAR}[-/]?q([1-4])$"))
 AMOUNT_RE = re.compile(r"[$€£¥,]")
 LATEST_WORDS = frozenset({"latest", "newest"})
 
@@ -56,7 +57,7 @@ def asked_period(query: str) -> AskedPeriod:
     "most recent")."""
     years: set[int] = set()
     quarters: set[int] = set()
-    words = [_bare(raw.lower()) for raw in query.split()[:256]]
+    words = [_bare(raw.lower()) for raw in ASCII_SPACE_RE.split(query)[:256]]
     for word in words:
         if AMOUNT_RE.search(word):
             continue

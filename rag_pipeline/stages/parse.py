@@ -96,9 +96,14 @@ def parse_one(
             # a group whose row speaks for these labels).
             regroup = unchanged and store.groups.in_other_groups(
                 conn, doc.doc_id, dedup.acl_key(store.queue.current_labels(conn, doc.doc_id)))
+            # the PDF's metadata is read into the document's identity when it is chunked: a change to it alone
+            # (a fixed Author or Title) chunks the document again
+            retitled = unchanged and parsed and store.pages.pdf_metadata(conn, doc.doc_id) != (
+                parsed[0].signals.get("pdf_metadata") or {})
             store.pages.replace_pages(conn, doc.doc_id, parsed, version)
             store.queue.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
-                                   D.INDEXED if unchanged and not regroup else D.PENDING_CHUNK, removed)
+                                   D.INDEXED if unchanged and not regroup and not retitled else D.PENDING_CHUNK,
+                                   removed)
             store.pages.clear_dead_letter(conn, doc.doc_id)
     except UnsafePathError as exc:
         dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)

@@ -397,6 +397,8 @@ def period_label(identity: Mapping[str, Any]) -> str | None:
 
 
 LABEL_TITLE_WORDS = 16
+LABEL_ORGANISATION_WORDS = 12  # a sidecar's organisation is not bounded otherwise
+WORD_RE = re.compile(r"[^\W_]+")
 
 
 def label(identity: Mapping[str, Any], fallback: str) -> str:
@@ -408,7 +410,14 @@ def label(identity: Mapping[str, Any], fallback: str) -> str:
     title = identity.get("kind") if found.get("title") == "cover: form" else identity.get("title")
     words = str(title or fallback).split()
     title = " ".join(words[:LABEL_TITLE_WORDS]) + (" …" if len(words) > LABEL_TITLE_WORDS else "")
-    said = title.lower()
-    head = " ".join(str(value) for value in (identity.get("organisation"), period_label(identity))
-                    if value and str(value).lower() not in said)
+    said = _as_words(title)
+    organisation = " ".join(str(identity.get("organisation") or "").split()[:LABEL_ORGANISATION_WORDS])
+    head = " ".join(value for value in (organisation, period_label(identity) or "")
+                    if value and _as_words(value) not in said)
     return f"{head}: {title}" if head else title
+
+
+def _as_words(text: str) -> str:
+    """The text as its words in lower case, space-separated and space-bounded: one text "says" another when the
+    other's words appear in it, whole ("Meta" is not said by "Metadata")."""
+    return " " + " ".join(WORD_RE.findall(text.lower())) + " "

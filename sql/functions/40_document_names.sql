@@ -57,10 +57,14 @@ RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
             'quarter', substring(p_metadata ->> 'quarter' from '^\s*[qQ]?([1-4])\s*$')::integer,
             'period_end', substring(p_metadata ->> 'period_end' from '^\s*([0-9]{4}-[0-9]{2}-[0-9]{2})\s*$'))) AS given
     )
-    -- a period the sidecar gives replaces the whole period read from the document (year, quarter, period end)
+    -- a year or a period end the sidecar gives replaces the whole period read from the document (its year from the
+    -- period end when it gives none); a quarter alone replaces the quarter
     SELECT (coalesce(p_identity, '{}') - 'found'
-            - CASE WHEN s.given ?| ARRAY['year', 'quarter', 'period_end'] THEN ARRAY['year', 'quarter', 'period_end']
-                   ELSE ARRAY[]::text[] END) || s.given
+            - CASE WHEN s.given ?| ARRAY['year', 'period_end'] THEN ARRAY['year', 'quarter', 'period_end']
+                   ELSE ARRAY[]::text[] END)
+           || CASE WHEN s.given ? 'period_end' AND NOT s.given ? 'year'
+                   THEN jsonb_build_object('year', left(s.given ->> 'period_end', 4)::integer) ELSE '{}' END
+           || s.given
            || jsonb_build_object('found', coalesce(p_identity -> 'found', '{}')
                                           || coalesce((SELECT jsonb_object_agg(k, 'sidecar')
                                                        FROM jsonb_object_keys(s.given) AS k), '{}'))

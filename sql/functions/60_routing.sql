@@ -162,10 +162,8 @@ BEGIN
                      -- the documents a name names: "In 2013, what share ..." asks about 2013, not about a 2013 report)
         SELECT DISTINCT m.doc_id FROM matches m
         WHERE m.share >= p_min_concentration AND m.idf >= 1.0
-          AND EXISTS (SELECT 1 FROM words w
-                      WHERE w.n = ANY(m.positions) AND rag.period_year(w.word) IS NULL
-                        AND lower(regexp_replace(w.word, '^[^[:alnum:]]+|[^[:alnum:]]+$', '', 'g'))
-                            !~ '^(fy)?(19|20)[0-9]{2}$')
+          AND EXISTS (SELECT 1 FROM words w, rag.asked_periods(w.word) p
+                      WHERE w.n = ANY(m.positions) AND p.years IS NULL AND p.quarters IS NULL)
     ),
     kept AS (  -- a word inside a matching two-word unit is counted with it, once
         SELECT m.* FROM matches m JOIN identified i ON i.doc_id = m.doc_id
@@ -200,7 +198,12 @@ BEGIN
         FROM dated dt, asked a
     ),
     -- for "the latest annual report", the documents of the kind the query says, if any is
-    said_kind AS (SELECT m.* FROM matched m WHERE position(lower(m.kind) IN lower(p_text)) > 0),
+    said_kind AS (
+        SELECT m.* FROM matched m
+        WHERE m.kind = (SELECT k.kind FROM matched k
+                        WHERE p_text ~* ('\m' || regexp_replace(k.kind, '([^[:alnum:] ])', '\\\1', 'g') || '\M')
+                        ORDER BY length(k.kind) DESC LIMIT 1)
+    ),
     pool AS (SELECT * FROM said_kind UNION ALL SELECT * FROM matched WHERE NOT EXISTS (SELECT 1 FROM said_kind)),
     chosen AS (
         SELECT m.doc_id, m.score FROM matched m

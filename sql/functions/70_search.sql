@@ -67,7 +67,8 @@ BEGIN
             '(rag-pipeline migrate writes their defaults there)', unset USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
     candidates := coalesce((o ->> 'candidates')::integer, greatest(4 * p_k, 40));
-    per_document := greatest(1, ceil((routing ->> 'max_share')::double precision * p_k))::integer;
+    -- rounded first: a share scaled by the caller (k / top_n) must not gain a row from floating point
+    per_document := greatest(1, ceil(round(((routing ->> 'max_share')::double precision * p_k)::numeric, 6)))::integer;
     IF NOT use_dense THEN
         score_floor := NULL;  -- the floor is a cosine: nothing to compare without a query vector
     END IF;
