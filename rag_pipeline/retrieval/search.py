@@ -257,11 +257,8 @@ def search(
     """Top-k chunks for `query` that carry at least one of the caller's `labels`, from `version` (default:
     the active one). For a caller that owns `conn`; the search service, which shares a pool, uses plan(), fetch()
     and finish() so that no connection waits on an endpoint."""
-    started = time.monotonic()
-    _checked(query, labels, k, mode)  # a request refused before the database is asked anything
-    version = version or store.versions.active_version(conn)
-    planned = plan(query, labels, k=k, mode=mode, version=version, options=options, started=started)
-    return finish(planned, fetch(conn, planned)).hits
+    return search_result(conn, query, labels, k=k, mode=mode, version=version, options=options,
+                         explain_empty=False).hits
 
 
 def search_result(
@@ -273,14 +270,16 @@ def search_result(
     mode: str = "hybrid",
     version: IndexVersion | None = None,
     options: SearchOptions | None = None,
+    explain_empty: bool = True,
 ) -> SearchResult:
-    """search() with what the hits do not say: the reranker's outcome, a period caveat, why nothing came back."""
+    """search() with what the hits do not say: the reranker's outcome, a period caveat, and (`explain_empty`) why
+    nothing came back, which costs one more query when nothing did."""
     started = time.monotonic()
-    _checked(query, labels, k, mode)
+    _checked(query, labels, k, mode)  # a request refused before the database is asked anything
     version = version or store.versions.active_version(conn)
     planned = plan(query, labels, k=k, mode=mode, version=version, options=options, started=started)
     fetched = fetch(conn, planned)
-    return finish(planned, fetched, None if fetched else abstention_of(conn, planned))
+    return finish(planned, fetched, abstention_of(conn, planned) if explain_empty and not fetched else None)
 
 
 def rerank_within(query: str, hits: list[SearchHit], reranker: RerankerConfig,
