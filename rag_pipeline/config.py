@@ -577,8 +577,11 @@ class RoutingConfig(_Section):
     weight: float = Field(1.0, ge=0.0, description="RRF weight of the within-document lists, relative to the others")
     min_score: float = Field(2.0, ge=0.0, description="sum of name-term idfs a document needs to count as named")
     min_terms: int = Field(1, ge=1, le=10, description="distinct query words a document's name must share")
+    # 0.9 chosen on bench.retrieval's tune halves (0.5 before): a topic word a long document's name carries
+    # ("users" of a "User Manual", "steps" of a paper named Step-Back) has about 0.4-0.85 of its strongest chunks
+    # there, a company's name about 0.98-1.0 of its own filings'
     min_concentration: Fraction = Field(
-        0.5, description="share of a word's strongest chunks that must lie in the documents it names")
+        0.9, description="share of a word's strongest chunks that must lie in the documents it names")
     ratio: Fraction = Field(0.75, description="documents scoring at least this share of the best are named too")
     max_documents: int = Field(5, ge=1, le=100)
     max_share: Fraction = Field(0.5, description="share of a search's top k that one document the query does not "
@@ -591,7 +594,7 @@ class AbstentionConfig(_Section):
 
     unknown_names: bool = Field(True, description="abstain when the query names something (a capital and three "
                                 "lower-case letters or more, not opening a sentence) that nothing the caller may read "
-                                "holds")
+                                "holds, and names no document it may read")
     period_lookback_years: int | None = Field(2, ge=0, le=50, description="abstain when the query names documents "
                                               "and a year and none of them is of that year or of this many years "
                                               "after it (a report states its year and the years before); null: off")

@@ -86,6 +86,9 @@ def test_a_prefix_over_its_budget_keeps_the_innermost_section_and_drops_outer_on
     shortened = fitted_prefix(count, "Doc", long, 1, 1, 32)
     assert count(shortened) <= 32 and shortened.startswith("Consolidated") and shortened.endswith("› p. 1")
     assert fitted_prefix(count, "Doc", "Hotels", 1, 1, 0) == ""
+    # a section that only repeats the document's name says nothing new ("CREATE TABLE › CREATE TABLE")
+    assert fitted_prefix(count, "CREATE TABLE", "CREATE TABLE › Parameters", 2, 2, 32) == "CREATE TABLE › Parameters › p. 2"
+    assert fitted_prefix(count, "Travel Handbook", "Handbook › Hotels", 3, 3, 32) == "Travel Handbook › Hotels › p. 3"
 
 
 def test_model_limits_from_the_packaged_model():

@@ -19,7 +19,7 @@ from rag_pipeline import store
 from rag_pipeline.config import ParsingConfig
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.retrieval.search import SearchOptions, search
-from rag_pipeline.text.identity import derive, label, period_label
+from rag_pipeline.text.identity import derive, file_name_words, label, period_label, prefix_name
 
 from .conftest import FINANCEBENCH
 
@@ -113,6 +113,24 @@ def test_a_prefix_names_the_document_what_matters_most_first():
     long_title = {"title": " ".join(f"word{i}" for i in range(30))}
     assert label(long_title, "x").endswith("word15 …")
     assert label({}, "PH_2016_report") == "PH_2016_report"
+
+
+def test_a_prefix_names_a_document_by_its_file_when_its_title_is_only_a_guess_from_the_cover():
+    guessed = {"title": "Use this manual if you encounter any problems", "organisation": "Sonic Audio Ltd.",
+               "found": {"title": "cover", "organisation": "cover"}}
+    assert prefix_name(guessed, "guides/stereo_headset.pdf") == "Sonic Audio Ltd.: stereo headset"
+    # a title the document states (its metadata, a form's cover, a citation) or a sidecar gives is kept
+    for where in ("pdf metadata", "cover: citation", "sidecar"):
+        stated = {"title": "Tide Gauges Show Faster Rise", "found": {"title": where}}
+        assert prefix_name(stated, "PH_2016_tides.pdf") == "Tide Gauges Show Faster Rise"
+    form = {"title": "x", "kind": "annual report", "organisation": "Globex Inc.", "year": 2019,
+            "found": {"title": "cover: form"}}
+    assert prefix_name(form, "GLOBEX_2019_10K.pdf") == "Globex Inc. FY2019: annual report"
+    # a file named by a hash or a number has no words: the guess is all there is, and nothing is made up
+    hashed = {"title": "Annual Inspection Report", "found": {"title": "cover"}}
+    assert prefix_name(hashed, "379f44022bb27aa53efd5d322c7b57bf.pdf") == "Annual Inspection Report"
+    assert prefix_name({}, "2310.09158v1.pdf") == "2310.09158v1"
+    assert file_name_words("9b2e4c1a-6f0d-4e7b-8a3c-2d1f0e9b8a7c.pdf") is None
 
 
 @pytest.mark.financebench
@@ -302,6 +320,13 @@ def test_a_search_abstains_on_a_name_or_a_period_the_index_does_not_hold_and_say
     defined = search_result(db, "What was Harbourline Logistics' DPO (days payable outstanding) in fiscal 2022?",
                             ["analysts"], k=5, options=options)
     assert defined.hits and defined.abstained is None
+    # a name the index does not hold beside a document it names: what is asked about is held
+    beside = search_result(db, "What did Harbourline Logistics report about its Zanzibarian contracts in fiscal 2022?",
+                           ["analysts"], k=5, options=options)
+    assert beside.hits and beside.abstained is None
+    alone = search_result(db, "What did the company report about its Zanzibarian contracts?", ["analysts"], k=5,
+                          options=options)
+    assert alone.hits == [] and alone.abstained == "the index holds nothing about Zanzibarian"
     # a year a later report still states (the prior year in the 2021 report's comparatives) is answered, with a note
     earlier = search_result(db, "What was Harbourline Logistics' revenue in 2020?", ["analysts"], k=5,
                             options=options)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import statistics
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
 import psycopg
 
@@ -22,9 +21,8 @@ from rag_pipeline.embedding.locations import max_sequence_length, resolve_model
 from rag_pipeline.stages.common import StageStats, count
 from rag_pipeline.store.queue import PendingDocument
 from rag_pipeline.text.chunking import Chunk, Chunker, chunker_version, fitted_prefix, truncate_to_tokens
-from rag_pipeline.text.identity import COVER_PAGES
+from rag_pipeline.text.identity import COVER_PAGES, prefix_name
 from rag_pipeline.text.identity import derive as derive_identity
-from rag_pipeline.text.identity import label as document_label
 from rag_pipeline.text.language import text_search_config
 from rag_pipeline.text.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline.text.safety import injection_flags
@@ -131,8 +129,8 @@ def chunk_one(
     known = store.queue.document_identity(conn, doc.doc_id, derived)
     conn.commit()  # end the read: the write below must be a transaction of its own
     chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
-    # what the document is (its title, organisation and period), so a chunk that says "revenue" says whose and when
-    title = document_label(known, doc.title or PurePosixPath(doc.rel_path).stem)
+    # what the document is (its organisation, period and title), so a chunk that says "revenue" says whose and when
+    title = prefix_name(known, doc.rel_path)
     budget = settings.chunking.prefix_token_budget or 0
     # with an LLM sentence to follow, the template keeps to half the budget so the sentence is not cut away
     template_budget = budget // 2 if prefixer is not None else budget

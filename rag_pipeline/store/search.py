@@ -57,7 +57,7 @@ def bm25_ranking(
 
 def named_documents(
     conn: psycopg.Connection, version: IndexVersion, text: str, labels: tuple[str, ...], *, min_score: float,
-    ratio: float, max_documents: int, min_terms: int = 1, min_concentration: float = 0.5, cap: int = 1000,
+    ratio: float, max_documents: int, min_terms: int = 1, min_concentration: float = 0.9, cap: int = 1000,
 ) -> list[str]:
     """Documents the query names by their title, path or metadata (a company, a period, a form), best first
     (rag.named_documents says when a document counts as named)."""

@@ -41,9 +41,10 @@ MIN_CONTENTS_ENTRIES = 3
 MAX_CONTENTS_GAP_WORDS = 12
 MAX_CAPTION_WORDS = 40
 MONEY_RE = re.compile(r"[$€£¥]\s?\(?\d")
-# /8: a chunk's prefix names its document by what it says it is (rag_pipeline.text.identity), read when chunking,
-# in at most a third of the prefix's budget
-CHUNKER_FAMILY = "structure+recursive-tokens/8"
+# /9: a chunk's prefix names its document by what it says it is (rag_pipeline.text.identity, read when chunking),
+# with its file's name for a title only guessed from the cover, in at most a third of the prefix's budget; a section
+# that repeats the name is left out
+CHUNKER_FAMILY = "structure+recursive-tokens/9"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:
@@ -436,6 +437,7 @@ def template_prefix(title: str | None, section_path: str, page_start: int, page_
 
 
 MIN_NAME_WORDS = 2  # a document's name shortened further than this says nothing
+WORD_RE = re.compile(r"[^\W_]+")
 
 
 def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section_path: str, page_start: int,
@@ -445,7 +447,13 @@ def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section
     out. A part that does not fit is left out whole, never cut into word pieces; only an innermost section longer
     than the whole budget, and a document's name longer than a third of it or not fitting beside the section, are
     shortened, by whole words from their end (a name leads with what matters most: rag_pipeline.text.identity.label;
-    at two words it is left out)."""
+    at two words it is left out). A section that only repeats words of the name ("CREATE TABLE › CREATE TABLE")
+    is left out: it would say them twice."""
+    if title and section_path:
+        named = set(WORD_RE.findall(title.lower()))
+        section_path = SECTION_SEPARATOR.join(
+            part for part in section_path.split(SECTION_SEPARATOR)
+            if not set(WORD_RE.findall(part.lower())) <= named)
     whole = template_prefix(title, section_path, page_start, page_end)
     if count_tokens(whole) <= budget:
         return whole

@@ -417,6 +417,32 @@ def label(identity: Mapping[str, Any], fallback: str) -> str:
     return f"{head}: {title}" if head else title
 
 
+# Where a title is the document's own word: its sidecar, its PDF metadata, a form's cover, a recommended citation.
+# A title read from a cover's largest lines is wrong for about four in ten long documents (bench.retrieval
+# --identity), and a wrong name in every chunk's prefix costs more than the file's own name does (docs/retrieval.md:
+# "What a chunk's prefix names").
+RELIABLE_TITLES = ("sidecar", "pdf metadata", "cover: form", "cover: citation")
+HASH_NAME_RE = re.compile(r"[0-9a-f]{16,}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+
+
+def file_name_words(rel_path: str) -> str | None:
+    """A file's name as words ("User Manual 1500S Classic EN"), or None when it has none: a hash, a number."""
+    stem = PurePosixPath(rel_path).stem
+    if HASH_NAME_RE.fullmatch(stem):
+        return None
+    words = " ".join(stem.replace("_", " ").split())
+    return words if re.search(r"[^\W\d_]{3,}", words) else None
+
+
+def prefix_name(identity: Mapping[str, Any], rel_path: str) -> str:
+    """The document as a chunk's prefix names it: label(), with the file's name in place of a title only guessed
+    from the cover (a hash-named file keeps the guess: it is all there is)."""
+    named = file_name_words(rel_path)
+    if named and identity.get("title") and (identity.get("found") or {}).get("title") not in RELIABLE_TITLES:
+        identity = {**identity, "title": named}
+    return label(identity, named or PurePosixPath(rel_path).stem)
+
+
 def _as_words(text: str) -> str:
     """The text as its words in lower case, space-separated and space-bounded: one text "says" another when the
     other's words appear in it, whole ("Meta" is not said by "Metadata")."""
