@@ -594,7 +594,7 @@ class AbstentionConfig(_Section):
 
     unknown_names: bool = Field(True, description="abstain when the query names something (a capital and three "
                                 "lower-case letters or more, not opening a sentence) that nothing the caller may read "
-                                "holds, and names no document it may read")
+                                "holds")
     period_lookback_years: int | None = Field(2, ge=0, le=50, description="abstain when the query names documents "
                                               "and a year and none of them is of that year or of this many years "
                                               "after it (a report states its year and the years before); null: off")

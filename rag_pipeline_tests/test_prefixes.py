@@ -9,7 +9,7 @@ from rag_pipeline import store
 from rag_pipeline.config import PrefixConfig
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.retrieval.search import search
-from rag_pipeline.text.identity import label as document_label
+from rag_pipeline.text.identity import prefix_name
 from rag_pipeline.text.prefixes import LlmPrefixer, PrefixError, PrefixRequest
 from rag_pipeline_tests.chat_server import FakeChatServer
 
@@ -70,7 +70,9 @@ def test_llm_prefixes_are_paid_once(make_settings, corpus, chat_server, db):
         assert new_chunks and chat_server.calls - calls_after_first == len(new_chunks)
 
         hits = search(db, "how long does the battery last", ["staff"], k=3)
-        assert hits[0].prefix.startswith(document_label(hits[0].document, "-")) and "Situated" in hits[0].prefix
+        identity = db.execute("SELECT rag.document_identity(title, metadata, identity) FROM documents WHERE doc_id = %s",
+                              (hits[0].doc_id,)).fetchone()[0]
+        assert hits[0].prefix.startswith(prefix_name(identity, hits[0].path)) and "Situated" in hits[0].prefix
         assert "Situated" not in hits[0].text
         table = sql.Identifier(store.versions.active_version(db).table_name)
         matched = db.execute(

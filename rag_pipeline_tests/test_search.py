@@ -11,7 +11,7 @@ from rag_pipeline.config import RoutingConfig
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.embedding.locations import ModelUnavailableError
 from rag_pipeline.retrieval.search import SearchError, SearchOptions, search
-from rag_pipeline.text.identity import label as document_label
+from rag_pipeline.text.identity import file_name_words
 
 
 @pytest.fixture
@@ -58,8 +58,9 @@ def test_hybrid_finds_the_answer_and_reports_both_ranks(indexed):
     assert hits[0].dense_rank is not None and hits[0].sparse_rank is not None
     assert hits[0].score == pytest.approx(1 / (60 + hits[0].dense_rank) + 1 / (60 + hits[0].sparse_rank))
     assert hits == sorted(hits, key=lambda h: -h.score)
-    # the contextual prefix, returned apart from the text, names the document as it says it is
-    assert hits[0].document["title"] and hits[0].prefix.startswith(document_label(hits[0].document, "-"))
+    # the contextual prefix, returned apart from the text, names the document; its title is read from its first
+    # heading only, so by its file's words (rag_pipeline.text.identity.prefix_name)
+    assert hits[0].document["title"] and hits[0].prefix.startswith(file_name_words(hits[0].path))
 
 
 def test_there_is_no_unlabelled_search(indexed):

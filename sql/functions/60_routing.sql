@@ -237,9 +237,7 @@ $$;
 --   * the query names something the caller's index does not hold: a name (a capital and three lower-case letters or
 --     more, not opening a sentence, not a stop word; acronyms are left alone, questions define them) that no chunk
 --     the caller may read and no document name it may read carries, under any of the version's text configurations
---     ("What was PepsiCo's free cash flow?" over filings of other companies), unless the query also names documents
---     the caller may read: then what it asks about is held, and a word its documents do not use ("Nike ... its
---     Dutch tax rulings", where the filing says "the Netherlands") is no reason to answer nothing;
+--     ("What was PepsiCo's free cash flow?" over filings of other companies);
 --   * the query names documents (p_named, from routing) and a year, and none of those documents is of that year or
 --     of the p_lookback years after it (a filing states its year and the years before it), or, for a quarter, none
 --     is an annual report of that year or a quarterly one of that quarter or later: "Kraft Heinz's net sales for
@@ -254,7 +252,7 @@ DECLARE
     asked record;
     held boolean;
 BEGIN
-    IF p_unknown_names AND cardinality(coalesce(p_named, '{}')) = 0 THEN
+    IF p_unknown_names THEN
         EXECUTE format($q$
             WITH words AS (
                 SELECT w.n, w.word FROM regexp_split_to_table($1, '\s+') WITH ORDINALITY AS w(word, n)
