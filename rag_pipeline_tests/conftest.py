@@ -33,6 +33,7 @@ SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "sample_corpus"
 MODELS_DIR = Path(__file__).resolve().parent.parent / ".models"  # where `make install` puts all-mpnet-base-v2
 TORTURE = Path(__file__).resolve().parent.parent.parent / "shared" / "torture"
 FINANCEBENCH = TORTURE.parent / "financebench-dev"  # real SEC filings with analyst questions (bench.financebench)
+MMLONGBENCH = TORTURE.parent / "mmlongbench-dev"  # long real documents of seven kinds (bench.retrieval)
 TEMPLATE_DB = "rag_test_template"
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
 
@@ -275,13 +276,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "torture: needs ../shared/torture beside the checkout (fails under CI=true)")
     config.addinivalue_line("markers", "financebench: needs ../shared/financebench-dev beside the checkout (fails "
                             "under CI=true)")
+    config.addinivalue_line("markers", "mmlongbench: needs ../shared/mmlongbench-dev beside the checkout (fails "
+                            "under CI=true)")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test marked `torture` or `financebench` is skipped on a checkout without that folder of ../shared, and
-    fails in CI, where it must be."""
+    """A test marked `torture`, `financebench` or `mmlongbench` is skipped on a checkout without that folder of
+    ../shared, and fails in CI, where it must be."""
     for marker, present, folder in (("torture", (TORTURE / "manifest.csv").exists(), TORTURE),
-                                    ("financebench", (FINANCEBENCH / "golden_dev.jsonl").exists(), FINANCEBENCH)):
+                                    ("financebench", (FINANCEBENCH / "golden_dev.jsonl").exists(), FINANCEBENCH),
+                                    ("mmlongbench", (MMLONGBENCH / "golden.jsonl").exists(), MMLONGBENCH)):
         if item.get_closest_marker(marker) and not present:
             message = f"{folder} is not beside the checkout"
             if os.environ.get("CI") == "true":

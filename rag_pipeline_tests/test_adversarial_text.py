@@ -28,7 +28,7 @@ CRAFTED = {
 }
 MODULES = ("rag_pipeline.text.cleaning", "rag_pipeline.text.chunking", "rag_pipeline.text.safety", "rag_pipeline.parsing.formats",
            "rag_pipeline.parsing.tables", "rag_pipeline.text.language", "rag_pipeline.parsing.rtl", "rag_pipeline.endpoints.redaction",
-           "rag_pipeline.text.identity", "rag_pipeline.retrieval.periods")
+           "rag_pipeline.text.identity", "rag_pipeline.retrieval.periods", "rag_pipeline.parsing.pictures")
 BOUND_SECONDS = 2.0
 
 

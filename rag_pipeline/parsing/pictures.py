@@ -1,0 +1,228 @@
+"""Pictures on a PDF page, found from the page's own objects without a model: embedded images, and charts or
+diagrams drawn with vector graphics (paths, rectangles, lines), each with the words drawn inside it and its caption.
+A chart's axis titles, labels, legend and data labels are usually text in the PDF already; grouped by the picture
+they belong to, they can be said together instead of scattered through the prose around them.
+
+  * images: page.images of at least MIN_AREA_SHARE of the page, not a page-sized one (a scan's page image is the
+    page itself, read by OCR), not a thin strip (a rule or a banner);
+  * drawings: the page's curves, rectangles and lines, grouped where their boxes come within GAP points of each
+    other; a group of at least MIN_DRAWING_OBJECTS objects and MIN_AREA_SHARE of the page is a picture, unless it
+    lies mostly inside a table the page's table finders found (a ruled grid is a table, not a picture);
+  * decorations: a picture at the same place and size on REPEATED_PAGES pages or more is page furniture (a logo, a
+    banner) and is dropped by `without_furniture`;
+  * caption: the nearest line beginning "Figure 3", "Fig. 3", "Chart 2", "Exhibit 4", "Graph", "Diagram", "Map" or
+    "Photo" within CAPTION_DISTANCE points above or below, else a line of three words or more, not ending a sentence,
+    within TITLE_DISTANCE points above (a chart's title).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MIN_AREA_SHARE = 0.02  # of the page: an icon or a bullet glyph is no picture
+MAX_AREA_SHARE = 0.9  # of the page: a page-sized image is a scan or a background
+MAX_ASPECT = 12.0  # longer side over shorter: a rule, a banner, a colour bar
+GAP = 6.0  # points between two drawing objects of one picture
+MIN_DRAWING_OBJECTS = 8  # a box, an underline and an arrow are not a chart
+TABLE_OVERLAP = 0.6  # share of a drawing inside a found table that makes it the table's grid
+CAPTION_DISTANCE = 40.0  # points between a picture and its caption
+TITLE_DISTANCE = 12.0  # points between a picture and the title line set right above it
+REPEATED_PAGES = 3
+POSITION_TOLERANCE = 2.0  # points: the same place on another page
+MAX_OBJECTS = 20_000  # a page drawn with more paths is grouped by its first ones only (bounded time)
+MAX_GRID = 400  # cells a side at most (a 612-point page at GAP has 102)
+
+CAPTION_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
+                        r"[\dIVXivx]*\b", re.IGNORECASE)
+
+Box = tuple[float, float, float, float]  # x0, top, x1, bottom, in points from the page's top left
+
+
+@dataclass(frozen=True)
+class Picture:
+    page: int  # 1-based
+    kind: str  # "image" or "drawing"
+    box: Box
+    caption: str | None
+    text: str  # the words drawn inside the box, line by line
+
+
+def _box(obj: dict[str, Any]) -> Box:
+    return float(obj["x0"]), float(obj["top"]), float(obj["x1"]), float(obj["bottom"])
+
+
+def _area(box: Box) -> float:
+    return max(0.0, box[2] - box[0]) * max(0.0, box[3] - box[1])
+
+
+def _overlap(a: Box, b: Box) -> float:
+    return _area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
+
+
+def _union(a: Box, b: Box) -> Box:
+    return min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3])
+
+
+def _near(a: Box, b: Box, gap: float) -> bool:
+    return a[0] - gap <= b[2] and b[0] - gap <= a[2] and a[1] - gap <= b[3] and b[1] - gap <= a[3]
+
+
+def _shaped_like_a_picture(box: Box, page_area: float) -> bool:
+    width, height = box[2] - box[0], box[3] - box[1]
+    if width <= 0 or height <= 0:
+        return False
+    share = _area(box) / page_area
+    return MIN_AREA_SHARE <= share <= MAX_AREA_SHARE and max(width, height) / min(width, height) <= MAX_ASPECT
+
+
+def group_drawings(boxes: Sequence[Box], gap: float = GAP) -> list[tuple[Box, int]]:
+    """Boxes that come within about `gap` of each other, grouped (transitively): each group's bounding box and how
+    many boxes it holds. The boxes are drawn on a grid of `gap`-sized cells (each grown by half a gap on every side)
+    and the grid's connected cells are the groups: time grows with the number of boxes and the page's cells, never
+    with their product, however many paths a page draws."""
+    if not boxes:
+        return []
+    x_min = min(b[0] for b in boxes) - gap
+    y_min = min(b[1] for b in boxes) - gap
+    extent = max(max(b[2] for b in boxes) - x_min, max(b[3] for b in boxes) - y_min)
+    cell = max(gap, extent / MAX_GRID)  # a page of absurd size is grouped coarser, not slower
+    columns = int((max(b[2] for b in boxes) - x_min) / cell) + 3
+    rows = int((max(b[3] for b in boxes) - y_min) / cell) + 3
+
+    def cells(b: Box) -> tuple[int, int, int, int]:
+        half = gap / 2
+        return (min(max(int((b[1] - half - y_min) // cell), 0), rows - 1),
+                min(max(int((b[3] + half - y_min) // cell), 0), rows - 1),
+                min(max(int((b[0] - half - x_min) // cell), 0), columns - 1),
+                min(max(int((b[2] + half - x_min) // cell), 0), columns - 1))
+
+    spans = [cells(b) for b in boxes]
+    # every box's cells marked at once: a difference array summed along both axes
+    marks = np.zeros((rows + 1, columns + 1), dtype=np.int32)
+    for r0, r1, c0, c1 in spans:
+        marks[r0, c0] += 1
+        marks[r0, c1 + 1] -= 1
+        marks[r1 + 1, c0] -= 1
+        marks[r1 + 1, c1 + 1] += 1
+    occupied = marks.cumsum(axis=0).cumsum(axis=1)[:rows, :columns] > 0
+    label = np.zeros((rows, columns), dtype=np.int32)
+    next_label = 0
+    for start in zip(*np.nonzero(occupied), strict=True):
+        if label[start]:
+            continue
+        next_label += 1
+        label[start] = next_label
+        queue = deque([start])
+        while queue:
+            r, c = queue.popleft()
+            for nr, nc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+                if 0 <= nr < rows and 0 <= nc < columns and occupied[nr, nc] and not label[nr, nc]:
+                    label[nr, nc] = next_label
+                    queue.append((nr, nc))
+    groups: dict[int, tuple[Box, int]] = {}
+    for b, (r0, _, c0, _) in zip(boxes, spans, strict=True):
+        key = int(label[r0, c0])
+        bounds, count = groups.get(key, (b, 0))
+        groups[key] = (_union(bounds, b), count + 1)
+    return list(groups.values())
+
+
+def _lines(words: Iterable[dict[str, Any]]) -> list[tuple[Box, str]]:
+    """Words as lines (by their tops, within 3 points), each line's box and text, top to bottom."""
+    lines: list[list[dict[str, Any]]] = []
+    for word in sorted(words, key=lambda w: (round(float(w["top"])), float(w["x0"]))):
+        if lines and abs(float(lines[-1][0]["top"]) - float(word["top"])) <= 3:
+            lines[-1].append(word)
+        else:
+            lines.append([word])
+    out = []
+    for line in lines:
+        line.sort(key=lambda w: float(w["x0"]))
+        box = _box(line[0])
+        for w in line[1:]:
+            box = _union(box, _box(w))
+        out.append((box, " ".join(str(w["text"]) for w in line)))
+    return out
+
+
+def _inside(word: dict[str, Any], box: Box) -> bool:
+    cx = (float(word["x0"]) + float(word["x1"])) / 2
+    cy = (float(word["top"]) + float(word["bottom"])) / 2
+    return box[0] <= cx <= box[2] and box[1] <= cy <= box[3]
+
+
+def _caption(box: Box, lines: Sequence[tuple[Box, str]]) -> str | None:
+    """The nearest "Figure N" line above or below the box, else a line set right above it (a chart's title)."""
+    def distance(line_box: Box) -> float:
+        return box[1] - line_box[3] if line_box[3] <= box[1] else line_box[1] - box[3]
+
+    beside = [(distance(b), text) for b, text in lines
+              if b[2] >= box[0] and b[0] <= box[2] and (b[3] <= box[1] or b[1] >= box[3])
+              and 0 <= distance(b) <= CAPTION_DISTANCE]
+    captions = sorted((d, text) for d, text in beside if CAPTION_RE.match(text))
+    if captions:
+        return captions[0][1].strip()
+    above = sorted((box[1] - b[3], text) for b, text in lines
+                   if b[3] <= box[1] and box[1] - b[3] <= TITLE_DISTANCE and b[2] >= box[0] and b[0] <= box[2])
+    if above and len(above[0][1].split()) >= 3 and not above[0][1].rstrip().endswith((".", ",", ";", ":")):
+        return above[0][1].strip()
+    return None
+
+
+def find_pictures(page_number: int, width: float, height: float, images: Sequence[dict[str, Any]],
+                  drawings: Sequence[dict[str, Any]], words: Sequence[dict[str, Any]],
+                  tables: Sequence[Box] = ()) -> list[Picture]:
+    """The pictures of one page from pdfplumber's objects: `images` (page.images), `drawings` (page.curves + rects +
+    lines), `words` (extract_words) and the boxes of the tables found on it. Pure and bounded: the same objects give
+    the same pictures; at most MAX_OBJECTS drawing objects are grouped."""
+    page_area = max(width * height, 1.0)
+    candidates: list[tuple[str, Box]] = []
+    for image in images:
+        box = _box(image)
+        if _shaped_like_a_picture(box, page_area):
+            candidates.append(("image", box))
+    boxes = [_box(d) for d in drawings[:MAX_OBJECTS]]
+    for box, count in group_drawings(boxes):
+        if count < MIN_DRAWING_OBJECTS or not _shaped_like_a_picture(box, page_area):
+            continue
+        if any(_overlap(box, table) >= TABLE_OVERLAP * _area(box) for table in tables):
+            continue
+        candidates.append(("drawing", box))
+    # an image inside a drawing (a photo in a framed panel) is one picture: the larger box
+    kept: list[tuple[str, Box]] = []
+    for kind, box in sorted(candidates, key=lambda c: -_area(c[1])):
+        if not any(_overlap(box, other) >= 0.8 * _area(box) for _, other in kept):
+            kept.append((kind, box))
+    lines = _lines(words)
+    pictures = []
+    for kind, box in sorted(kept, key=lambda c: (c[1][1], c[1][0])):
+        inside = [text for b, text in _lines([w for w in words if _inside(w, box)])]
+        pictures.append(Picture(page_number, kind, tuple(round(v, 1) for v in box),  # type: ignore[arg-type]
+                                _caption(box, [(b, t) for b, t in lines if _overlap(b, box) == 0]),
+                                "\n".join(inside)))
+    return pictures
+
+
+def without_furniture(pictures: Sequence[Picture], repeated_pages: int = REPEATED_PAGES) -> list[Picture]:
+    """The pictures less those drawn at the same place and size on `repeated_pages` pages or more (a logo, a
+    banner, a page frame)."""
+    def key(p: Picture) -> tuple[int, ...]:
+        return tuple(round(v / POSITION_TOLERANCE) for v in p.box)
+
+    pages_at: dict[tuple[int, ...], set[int]] = defaultdict(set)
+    for picture in pictures:
+        pages_at[key(picture)].add(picture.page)
+    return [p for p in pictures if len(pages_at[key(p)]) < repeated_pages]
+
+
+def page_pictures(page: Any, page_number: int, tables: Sequence[Box] = ()) -> list[Picture]:
+    """find_pictures() over a pdfplumber page."""
+    words = page.extract_words(keep_blank_chars=False, use_text_flow=False)
+    return find_pictures(page_number, float(page.width), float(page.height), page.images,
+                         list(page.curves) + list(page.rects) + list(page.lines), words, tables)

@@ -1,0 +1,98 @@
+"""Pictures found on a page from its own objects (rag_pipeline.parsing.pictures): images and vector drawings, the
+words inside them and their captions; decorations, page-sized scans and ruled tables are not pictures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rag_pipeline.parsing.pictures import (
+    MAX_OBJECTS,
+    Picture,
+    find_pictures,
+    group_drawings,
+    page_pictures,
+    without_furniture,
+)
+from rag_pipeline_tests.conftest import MMLONGBENCH
+
+WIDTH, HEIGHT = 612.0, 792.0
+
+
+def box(x0: float, top: float, x1: float, bottom: float, **extra) -> dict:
+    return {"x0": x0, "top": top, "x1": x1, "bottom": bottom, **extra}
+
+
+def word(text: str, x0: float, top: float) -> dict:
+    return box(x0, top, x0 + 6 * len(text), top + 9, text=text)
+
+
+def bar_chart(left: float = 100.0, top: float = 200.0) -> list[dict]:
+    """A bar chart drawn as paths: two axes, ten bars, a tick on each bar."""
+    axes = [box(left, top, left + 1, top + 200), box(left, top + 200, left + 300, top + 201)]
+    bars = [box(left + 10 + 28 * i, top + 200 - 15 * (i + 1), left + 30 + 28 * i, top + 200) for i in range(10)]
+    ticks = [box(left + 20 + 28 * i, top + 200, left + 21 + 28 * i, top + 204) for i in range(10)]
+    return axes + bars + ticks
+
+
+def test_a_drawn_chart_is_a_picture_with_its_words_and_its_caption():
+    words = [word("Revenue", 110, 205), word("by", 160, 205), word("region", 180, 205),  # its title, inside
+             word("North", 110, 385), word("South", 200, 385), word("42.5", 330, 260),
+             word("Figure", 100, 430), word("3:", 140, 430), word("Revenue", 160, 430), word("per", 210, 430),
+             word("region", 235, 430),
+             word("Body", 100, 600), word("text", 140, 600), word("below.", 170, 600)]
+    [picture] = find_pictures(4, WIDTH, HEIGHT, [], bar_chart(), words)
+    assert (picture.page, picture.kind) == (4, "drawing")
+    assert picture.box == (100.0, 200.0, 400.0, 404.0)
+    assert picture.caption == "Figure 3: Revenue per region"
+    assert "Revenue by region" in picture.text and "42.5" in picture.text
+    assert "Body" not in picture.text
+
+
+def test_decorations_scans_rules_icons_and_ruled_tables_are_not_pictures():
+    icon = box(50, 50, 70, 70)  # 0.08% of the page
+    scan = box(0, 0, WIDTH, HEIGHT)  # the page itself: OCR reads it
+    rule = box(50, 400, 560, 410)  # a banner 51 times as wide as it is tall
+    photo = box(100, 450, 400, 650)
+    pictures = find_pictures(1, WIDTH, HEIGHT, [icon, scan, rule, photo], [], [])
+    assert [(p.kind, p.box) for p in pictures] == [("image", (100.0, 450.0, 400.0, 650.0))]
+    # a few strokes (an underline and a box) are no chart
+    assert find_pictures(1, WIDTH, HEIGHT, [], bar_chart()[:5], []) == []
+    # a grid the table finders read as a table is the table's, not a picture
+    assert find_pictures(1, WIDTH, HEIGHT, [], bar_chart(), [], tables=[(95, 195, 405, 410)]) == []
+
+
+def test_a_picture_repeated_at_the_same_place_on_many_pages_is_page_furniture():
+    logo = [Picture(page, "image", (20.0, 20.0, 120.0, 60.0), None, "") for page in (1, 2, 3)]
+    chart = Picture(2, "drawing", (100.0, 200.0, 400.0, 404.0), "Figure 1", "")
+    assert without_furniture(logo + [chart]) == [chart]
+    assert without_furniture(logo[:2] + [chart]) == logo[:2] + [chart]  # on two pages: could be a figure repeated
+
+
+def test_grouping_is_transitive_and_bounded():
+    left, right = bar_chart(50, 100), bar_chart(50, 450)
+    groups = sorted(group_drawings([(b["x0"], b["top"], b["x1"], b["bottom"]) for b in left + right]))
+    assert [count for _, count in groups] == [22, 22]
+    # a page drawn with a hundred thousand tiny paths (a hostile or a hatched one) is grouped in bounded time
+    hatch = [box(1 + (i % 300) * 2, 1 + (i // 300) * 2, 2 + (i % 300) * 2, 2 + (i // 300) * 2) for i in range(100_000)]
+    started = time.perf_counter()
+    pictures = find_pictures(1, WIDTH, HEIGHT, [], hatch, [])
+    assert time.perf_counter() - started < 30
+    assert len(pictures) <= 1 and MAX_OBJECTS < len(hatch)
+
+
+@pytest.mark.mmlongbench
+def test_real_charts_keep_their_labels_and_numbers():
+    """A Pew report's vector charts and a paper's plotted accuracy curve, read from the real PDFs."""
+    import pdfplumber
+
+    with pdfplumber.open(MMLONGBENCH / "pdfs" / "PP_2020.08.06_COVID-19-Restrictions_FINAL-1.pdf") as pdf:
+        page = pdf.pages[7]
+        pictures = page_pictures(page, 8)
+    chart = next(p for p in pictures if p.kind == "drawing")
+    assert "Major reason" in chart.text and "75" in chart.text.split()
+    with pdfplumber.open(MMLONGBENCH / "pdfs" / "STEPBACK.pdf") as pdf:
+        pictures = [p for number in (1, 2) for p in page_pictures(pdf.pages[number - 1], number)]
+    assert any(p.caption and p.caption.startswith("Figure 2") for p in pictures)
+    assert any(p.kind == "image" and p.page == 1 for p in pictures)
