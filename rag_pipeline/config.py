@@ -153,6 +153,26 @@ def _relative_to_file(value: Any, info: ValidationInfo) -> Any:
     return (base / Path(str(value)).expanduser()).resolve()
 
 
+def _connection_string(value: Any) -> Any:
+    """A database URL libpq can read, refused when the configuration loads (naming the key) rather than at the
+    first connection: a URL (postgresql://user:password@host:port/database) or key=value pairs, with numeric ports.
+    The value itself is not repeated: it may hold a password."""
+    if value is None or value == "":
+        return None
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = conninfo_to_dict(str(value))
+    except ProgrammingError:
+        raise ValueError("not a PostgreSQL connection string: a URL postgresql://user:password@host:port/database "
+                         "or key=value pairs") from None
+    ports = str(parts.get("port") or "")
+    if ports and not all(port.strip().isdigit() for port in ports.split(",")):
+        raise ValueError("its port is not a number") from None
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -864,6 +884,7 @@ class Settings(_Section):
     config_file: Path | None = Field(None, exclude=True, description="set by the loader, not in the file")
 
     _resolve_data_dir = field_validator("data_dir", mode="before")(_relative_to_file)
+    _valid_database_urls = field_validator("database_url", "dagster_database_url", mode="before")(_connection_string)
 
     @field_validator("sources")
     @classmethod
@@ -938,6 +959,10 @@ def _path(loc: tuple[Any, ...]) -> str:
     return text or "(top level)"
 
 
+# values a refusal does not repeat: a connection string may hold a password
+UNECHOED_KEYS = frozenset({"database_url", "dagster_database_url"})
+
+
 def _error_line(error: dict[str, Any], root: type[BaseModel]) -> str:
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     if error["type"] == "extra_forbidden":
@@ -951,7 +976,7 @@ def _error_line(error: dict[str, Any], root: type[BaseModel]) -> str:
         message = "expected a list, e.g. [a, b], not a string"
     if "input" in error and error["type"] not in ("missing", "extra_forbidden") and not isinstance(
         error["input"], dict | list
-    ):
+    ) and not (loc and loc[-1] in UNECHOED_KEYS):
         message += f" (got {error['input']!r})"
     return f"{_path(loc)}: {message}"
 

@@ -183,6 +183,40 @@ def test_environment_overrides_are_validated_and_named(tmp_path, monkeypatch):
     assert load_settings(config).database_url is None
 
 
+def test_a_malformed_database_url_is_refused_when_the_configuration_loads_naming_the_key(tmp_path, monkeypatch):
+    """Not a traceback at the first connection: one line naming the key and where it came from, without the
+    password it may hold."""
+    config = tmp_path / "rag.yaml"
+    config.write_text("database_url: 'postgres//analyst:s3cret@db.internal/rag'\n")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config)
+    assert "database_url: not a PostgreSQL connection string" in str(raised.value) and "s3cret" not in str(raised.value)
+    config.write_text("embedding: {batch_size: 8}\n")
+    monkeypatch.setenv("RAG_DAGSTER_DATABASE_URL", "postgresql://analyst:s3cret@db.internal:54x2/dagster")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config)
+    message = str(raised.value)
+    assert "dagster_database_url (from $RAG_DAGSTER_DATABASE_URL): its port is not a number" in message
+    assert "s3cret" not in message
+    # what libpq reads is accepted: URLs with several hosts, key=value pairs
+    monkeypatch.setenv("RAG_DAGSTER_DATABASE_URL", "postgresql://u@h1:5432,h2:5433/dagster?target_session_attrs=any")
+    monkeypatch.setenv("RAG_DATABASE_URL", "host=/var/run/postgresql dbname=rag user=pipeline")
+    settings = load_settings(config)
+    assert settings.database_url == "host=/var/run/postgresql dbname=rag user=pipeline"
+
+
+def test_a_malformed_database_url_is_one_line_and_exit_2_from_the_cli(tmp_path):
+    import subprocess
+    import sys
+
+    config = tmp_path / "rag.yaml"
+    config.write_text("database_url: 'postgres//localhost/rag'\n")
+    done = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "--config", str(config), "index", "list"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "database_url" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_empty_sections_take_their_defaults_and_derived_values_are_filled(tmp_path):
     config = tmp_path / "rag.yaml"
     config.write_text("alerts:\nprefix: {mode: llm, endpoint: 'http://127.0.0.1:9/v1', model: m}\n")
