@@ -167,8 +167,8 @@ def _connection_string(value: Any) -> Any:
     except ProgrammingError:
         raise ValueError("not a PostgreSQL connection string: a URL postgresql://user:password@host:port/database "
                          "or key=value pairs") from None
-    ports = str(parts.get("port") or "")
-    if ports and not all(port.strip().isdigit() for port in ports.split(",")):
+    ports = str(parts.get("port") or "")  # a list for several hosts; an empty entry is the default port
+    if ports and not all(re.fullmatch(r"[0-9]*", port.strip()) for port in ports.split(",")):
         raise ValueError("its port is not a number") from None
     return value
 

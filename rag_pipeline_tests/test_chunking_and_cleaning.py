@@ -89,6 +89,9 @@ def test_a_prefix_over_its_budget_keeps_the_innermost_section_and_drops_outer_on
     # a section that only repeats the document's name says nothing new ("CREATE TABLE › CREATE TABLE")
     assert fitted_prefix(count, "CREATE TABLE", "CREATE TABLE › Parameters", 2, 2, 32) == "CREATE TABLE › Parameters › p. 2"
     assert fitted_prefix(count, "Travel Handbook", "Handbook › Hotels", 3, 3, 32) == "Travel Handbook › Hotels › p. 3"
+    # the innermost section stays even when the name says it: the name may be the part shortened away
+    tight = fitted_prefix(count, "Walmart Inc. FY2020: Balance Sheet", "Financial Statements › Balance Sheet", 40, 40, 12)
+    assert "Balance Sheet" in tight and count(tight) <= 12
 
 
 def test_model_limits_from_the_packaged_model():

@@ -199,7 +199,7 @@ def test_a_malformed_database_url_is_refused_when_the_configuration_loads_naming
     assert "dagster_database_url (from $RAG_DAGSTER_DATABASE_URL): its port is not a number" in message
     assert "s3cret" not in message
     # what libpq reads is accepted: URLs with several hosts, key=value pairs
-    monkeypatch.setenv("RAG_DAGSTER_DATABASE_URL", "postgresql://u@h1:5432,h2:5433/dagster?target_session_attrs=any")
+    monkeypatch.setenv("RAG_DAGSTER_DATABASE_URL", "postgresql://u@h1,h2:5433/dagster?target_session_attrs=any")
     monkeypatch.setenv("RAG_DATABASE_URL", "host=/var/run/postgresql dbname=rag user=pipeline")
     settings = load_settings(config)
     assert settings.database_url == "host=/var/run/postgresql dbname=rag user=pipeline"

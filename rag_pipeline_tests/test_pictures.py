@@ -82,6 +82,29 @@ def test_grouping_is_transitive_and_bounded():
     assert len(pictures) <= 1 and MAX_OBJECTS < len(hatch)
 
 
+def test_hostile_objects_neither_crash_nor_stall_the_search():
+    inf = float("inf")
+    broken = [box(0, 0, inf, 10), box(float("nan"), 5, 20, 30), {"x0": "x"}, box(1e9, 1e9, 2e9, 2e9)]
+    assert find_pictures(1, WIDTH, HEIGHT, broken, broken + bar_chart(), [word("ok", 10, 10), box(inf, 0, 1, 1, text="x")])
+    # thousands of images off the page or piled on it: bounded
+    piles = [box(100 + (i % 50), 100, 300 + (i % 50), 300) for i in range(6000)]
+    started = time.perf_counter()
+    assert len(find_pictures(1, WIDTH, HEIGHT, piles, [], [word("a", 150, 150)] * 5000)) <= 100
+    assert time.perf_counter() - started < 30
+    assert find_pictures(1, float("nan"), HEIGHT, piles, [], []) == []
+
+
+def test_a_page_sized_background_does_not_swallow_the_charts_drawn_on_it():
+    background = box(0, 0, WIDTH, HEIGHT)
+    [chart] = find_pictures(1, WIDTH, HEIGHT, [], [background] + bar_chart(), [])
+    assert chart.box == (100.0, 200.0, 400.0, 404.0)
+
+
+def test_furniture_is_matched_within_a_tolerance_not_a_rounding_bucket():
+    logo = [Picture(page, "image", (20.9 + 0.2 * (page % 2), 20.0, 120.9, 60.0), None, "") for page in (1, 2, 3)]
+    assert without_furniture(logo) == []
+
+
 @pytest.mark.mmlongbench
 def test_real_charts_keep_their_labels_and_numbers():
     """A Pew report's vector charts and a paper's plotted accuracy curve, read from the real PDFs."""

@@ -17,6 +17,8 @@ they belong to, they can be said together instead of scattered through the prose
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
@@ -36,6 +38,8 @@ TITLE_DISTANCE = 12.0  # points between a picture and the title line set right a
 REPEATED_PAGES = 3
 POSITION_TOLERANCE = 2.0  # points: the same place on another page
 MAX_OBJECTS = 20_000  # a page drawn with more paths is grouped by its first ones only (bounded time)
+MAX_IMAGES = 500  # images a page is searched for pictures among, the largest first
+MAX_PICTURES = 100  # pictures kept from one page, the largest first
 MAX_GRID = 400  # cells a side at most (a 612-point page at GAP has 102)
 
 CAPTION_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
@@ -55,6 +59,19 @@ class Picture:
 
 def _box(obj: dict[str, Any]) -> Box:
     return float(obj["x0"]), float(obj["top"]), float(obj["x1"]), float(obj["bottom"])
+
+
+def _on_page(obj: dict[str, Any], width: float, height: float) -> Box | None:
+    """The object's box clipped to the page, or None when it is off the page, empty or not finite (a PDF can draw
+    at 1e400, which pdfplumber reads as infinity)."""
+    try:
+        x0, top, x1, bottom = _box(obj)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) for v in (x0, top, x1, bottom)):
+        return None
+    box = (max(min(x0, x1), 0.0), max(min(top, bottom), 0.0), min(max(x0, x1), width), min(max(top, bottom), height))
+    return box if box[0] <= box[2] and box[1] <= box[3] else None
 
 
 def _area(box: Box) -> float:
@@ -88,6 +105,7 @@ def group_drawings(boxes: Sequence[Box], gap: float = GAP) -> list[tuple[Box, in
     with their product, however many paths a page draws."""
     if not boxes:
         return []
+    gap = max(gap, 0.5)
     x_min = min(b[0] for b in boxes) - gap
     y_min = min(b[1] for b in boxes) - gap
     extent = max(max(b[2] for b in boxes) - x_min, max(b[3] for b in boxes) - y_min)
@@ -180,14 +198,16 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
                   tables: Sequence[Box] = ()) -> list[Picture]:
     """The pictures of one page from pdfplumber's objects: `images` (page.images), `drawings` (page.curves + rects +
     lines), `words` (extract_words) and the boxes of the tables found on it. Pure and bounded: the same objects give
-    the same pictures; at most MAX_OBJECTS drawing objects are grouped."""
-    page_area = max(width * height, 1.0)
+    the same pictures; objects off the page or not finite are ignored, page-sized drawings (backgrounds) are not
+    grouped, at most MAX_OBJECTS drawing objects and MAX_IMAGES images are considered and MAX_PICTURES kept."""
+    if not (math.isfinite(width) and math.isfinite(height)) or width <= 0 or height <= 0:
+        return []
+    page_area = width * height
     candidates: list[tuple[str, Box]] = []
-    for image in images:
-        box = _box(image)
-        if _shaped_like_a_picture(box, page_area):
-            candidates.append(("image", box))
-    boxes = [_box(d) for d in drawings[:MAX_OBJECTS]]
+    image_boxes = [b for b in (_on_page(i, width, height) for i in images) if b and _shaped_like_a_picture(b, page_area)]
+    candidates += [("image", b) for b in sorted(image_boxes, key=_area, reverse=True)[:MAX_IMAGES]]
+    boxes = [b for b in itertools.islice((_on_page(d, width, height) for d in drawings), MAX_OBJECTS)
+             if b and _area(b) <= MAX_AREA_SHARE * page_area]
     for box, count in group_drawings(boxes):
         if count < MIN_DRAWING_OBJECTS or not _shaped_like_a_picture(box, page_area):
             continue
@@ -197,12 +217,15 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
     # an image inside a drawing (a photo in a framed panel) is one picture: the larger box
     kept: list[tuple[str, Box]] = []
     for kind, box in sorted(candidates, key=lambda c: -_area(c[1])):
+        if len(kept) == MAX_PICTURES:
+            break
         if not any(_overlap(box, other) >= 0.8 * _area(box) for _, other in kept):
             kept.append((kind, box))
-    lines = _lines(words)
+    placed = [w for w in itertools.islice(words, MAX_OBJECTS) if _on_page(w, width, height) is not None]
+    lines = _lines(placed)
     pictures = []
     for kind, box in sorted(kept, key=lambda c: (c[1][1], c[1][0])):
-        inside = [text for b, text in _lines([w for w in words if _inside(w, box)])]
+        inside = [text for _, text in _lines([w for w in placed if _inside(w, box)])]
         pictures.append(Picture(page_number, kind, tuple(round(v, 1) for v in box),  # type: ignore[arg-type]
                                 _caption(box, [(b, t) for b, t in lines if _overlap(b, box) == 0]),
                                 "\n".join(inside)))
@@ -210,15 +233,22 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
 
 
 def without_furniture(pictures: Sequence[Picture], repeated_pages: int = REPEATED_PAGES) -> list[Picture]:
-    """The pictures less those drawn at the same place and size on `repeated_pages` pages or more (a logo, a
-    banner, a page frame)."""
-    def key(p: Picture) -> tuple[int, ...]:
-        return tuple(round(v / POSITION_TOLERANCE) for v in p.box)
+    """The pictures less those drawn at the same place and size (within POSITION_TOLERANCE points) on
+    `repeated_pages` pages or more (a logo, a banner, a page frame)."""
+    def cell(p: Picture) -> tuple[int, ...]:
+        return tuple(int(v // POSITION_TOLERANCE) for v in p.box)
 
-    pages_at: dict[tuple[int, ...], set[int]] = defaultdict(set)
+    by_cell: dict[tuple[int, ...], list[Picture]] = defaultdict(list)
     for picture in pictures:
-        pages_at[key(picture)].add(picture.page)
-    return [p for p in pictures if len(pages_at[key(p)]) < repeated_pages]
+        by_cell[cell(picture)].append(picture)
+
+    def pages_with(picture: Picture) -> set[int]:
+        home = cell(picture)
+        return {other.page for offset in itertools.product((-1, 0, 1), repeat=4)
+                for other in by_cell.get(tuple(c + o for c, o in zip(home, offset, strict=True)), ())
+                if all(abs(a - b) <= POSITION_TOLERANCE for a, b in zip(picture.box, other.box, strict=True))}
+
+    return [p for p in pictures if len(pages_with(p)) < repeated_pages]
 
 
 def page_pictures(page: Any, page_number: int, tables: Sequence[Box] = ()) -> list[Picture]:

@@ -447,13 +447,15 @@ def fitted_prefix(count_tokens: Callable[[str], int], title: str | None, section
     out. A part that does not fit is left out whole, never cut into word pieces; only an innermost section longer
     than the whole budget, and a document's name longer than a third of it or not fitting beside the section, are
     shortened, by whole words from their end (a name leads with what matters most: rag_pipeline.text.identity.label;
-    at two words it is left out). A section that only repeats words of the name ("CREATE TABLE › CREATE TABLE")
-    is left out: it would say them twice."""
+    at two words it is left out). An outer section that only repeats words of the name ("CREATE TABLE › CREATE
+    TABLE › Parameters") is left out: it would say them twice."""
     if title and section_path:
         named = set(WORD_RE.findall(title.lower()))
+        parts = section_path.split(SECTION_SEPARATOR)
+        # the innermost stays: the name may be shortened below, and then only the section would say it
         section_path = SECTION_SEPARATOR.join(
-            part for part in section_path.split(SECTION_SEPARATOR)
-            if not set(WORD_RE.findall(part.lower())) <= named)
+            [part for part in parts[:-1] if not (words := set(WORD_RE.findall(part.lower()))) or not words <= named]
+            + parts[-1:])
     whole = template_prefix(title, section_path, page_start, page_end)
     if count_tokens(whole) <= budget:
         return whole

@@ -436,11 +436,15 @@ def file_name_words(rel_path: str) -> str | None:
 
 def prefix_name(identity: Mapping[str, Any], rel_path: str) -> str:
     """The document as a chunk's prefix names it: label(), with the file's name in place of a title only guessed
-    from the cover (a hash-named file keeps the guess: it is all there is)."""
+    from the cover (a hash-named file keeps the guess: it is all there is). A file name that reads as an instruction
+    is said nowhere: the prefix leads every chunk a model is given."""
     named = file_name_words(rel_path)
+    if named and injection_flags(named):
+        named = None
     if named and identity.get("title") and (identity.get("found") or {}).get("title") not in RELIABLE_TITLES:
         identity = {**identity, "title": named}
-    return label(identity, named or PurePosixPath(rel_path).stem)
+    stem = PurePosixPath(rel_path).stem
+    return label(identity, named or ("" if injection_flags(re.sub(r"[\W_]+", " ", stem)) else stem))
 
 
 def _as_words(text: str) -> str:
