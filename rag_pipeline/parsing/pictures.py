@@ -5,8 +5,8 @@ they belong to, they can be said together instead of scattered through the prose
 
   * images: page.images of at least MIN_AREA_SHARE of the page, not a page-sized one (a scan's page image is the
     page itself, read by OCR), not a thin strip (a rule or a banner);
-  * drawings: the page's curves, rectangles and lines, grouped where their boxes come within GAP points of each
-    other; a group of at least MIN_DRAWING_OBJECTS objects and MIN_AREA_SHARE of the page is a picture, unless it
+  * drawings: the page's curves, rectangles and lines, grouped where their boxes come within about GAP points
+    of each other (on a grid of GAP-sized cells: up to three cells apart); a group of at least MIN_DRAWING_OBJECTS objects and MIN_AREA_SHARE of the page is a picture, unless it
     lies mostly inside a table the page's table finders found (a ruled grid is a table, not a picture);
   * decorations: a picture at the same place and size on REPEATED_PAGES pages or more is page furniture (a logo, a
     banner) and is dropped by `without_furniture`;
@@ -84,10 +84,6 @@ def _overlap(a: Box, b: Box) -> float:
 
 def _union(a: Box, b: Box) -> Box:
     return min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3])
-
-
-def _near(a: Box, b: Box, gap: float) -> bool:
-    return a[0] - gap <= b[2] and b[0] - gap <= a[2] and a[1] - gap <= b[3] and b[1] - gap <= a[3]
 
 
 def _shaped_like_a_picture(box: Box, page_area: float) -> bool:
