@@ -6,8 +6,9 @@ they belong to, they can be said together instead of scattered through the prose
   * images: page.images of at least MIN_AREA_SHARE of the page, not a page-sized one (a scan's page image is the
     page itself, read by OCR), not a thin strip (a rule or a banner);
   * drawings: the page's curves, rectangles and lines, grouped where their boxes come within about GAP points
-    of each other (on a grid of GAP-sized cells: up to three cells apart); a group of at least MIN_DRAWING_OBJECTS objects and MIN_AREA_SHARE of the page is a picture, unless it
-    lies mostly inside a table the page's table finders found (a ruled grid is a table, not a picture);
+    of each other (on a grid of GAP-sized cells: up to three cells apart); a group of at least
+    MIN_DRAWING_OBJECTS objects and MIN_AREA_SHARE of the page is a picture, unless it lies mostly inside a table
+    the page's table finders found (a ruled grid is a table, not a picture);
   * decorations: a picture at the same place and size on REPEATED_PAGES pages or more is page furniture (a logo, a
     banner) and is dropped by `without_furniture`;
   * caption: the nearest line beginning "Figure 3", "Fig. 3", "Chart 2", "Exhibit 4", "Graph", "Diagram", "Map" or
