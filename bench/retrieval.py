@@ -213,6 +213,8 @@ def variants(settings) -> dict[str, object]:
         out[f"dense_weight {weight}"] = dataclasses.replace(base, dense_weight=weight)
     for weight in (0.5, 0.75):
         out[f"sparse_weight {weight}"] = dataclasses.replace(base, sparse_weight=weight)
+    for offset in (10.0, 30.0):
+        out[f"rrf_k {offset:g}"] = dataclasses.replace(base, rrf_k=offset)
     for weight in (0.0, 0.5, 2.0):
         out[f"routing.weight {weight}"] = dataclasses.replace(base, routing=routing.model_copy(update={"weight": weight}))
     for share in (0.3, 1.0):

@@ -739,6 +739,9 @@ class RetrievalConfig(_Section):
     min_similarity: float | None = Field(None, ge=-1.0, le=1.0, description="score floor (cosine); null: off")
     dense_weight: float = Field(1.0, ge=0.0, description="Reciprocal Rank Fusion weight of the dense list")
     sparse_weight: float = Field(1.0, ge=0.0, description="... and of the lexical (BM25) list")
+    rrf_k: float = Field(60.0, gt=0.0, le=1000.0, description="Reciprocal Rank Fusion's rank offset: a list's n-th "
+                         "hit adds weight / (rrf_k + n); smaller trusts each list's first hits more against hits "
+                         "several lists agree on")
     bm25: Bm25Config = Field(default_factory=Bm25Config)
     candidates: int | None = Field(None, ge=1, le=10_000, description="depth of each list before fusion; null: max(4k, 40)")
     document_routing: RoutingConfig = Field(default_factory=RoutingConfig)

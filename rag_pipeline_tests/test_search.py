@@ -58,6 +58,10 @@ def test_hybrid_finds_the_answer_and_reports_both_ranks(indexed):
     assert hits[0].dense_rank is not None and hits[0].sparse_rank is not None
     assert hits[0].score == pytest.approx(1 / (60 + hits[0].dense_rank) + 1 / (60 + hits[0].sparse_rank))
     assert hits == sorted(hits, key=lambda h: -h.score)
+    # retrieval.rrf_k is the rank offset of every list
+    steep = search(indexed, "how long does the robot battery last", ["staff"], k=3,
+                   options=SearchOptions(page_weight=0.0, rrf_k=5.0, routing=RoutingConfig(enabled=False)))
+    assert steep[0].score == pytest.approx(1 / (5 + steep[0].dense_rank) + 1 / (5 + steep[0].sparse_rank))
     # the contextual prefix, returned apart from the text, names the document; its title is read from its first
     # heading only, so by its file's words (rag_pipeline.text.identity.prefix_name)
     assert hits[0].document["title"] and hits[0].prefix.startswith(file_name_words(hits[0].path))

@@ -265,7 +265,7 @@ def test_the_stored_ranking_is_the_configured_one():
     assert store.search.configured_ranking(RetrievalConfig()) == SearchOptions().sql_options()
     settings = Settings()
     retrieval = settings.retrieval.model_copy(update={
-        "dense_weight": 0.7, "candidates": 55, "min_similarity": 0.2,
+        "dense_weight": 0.7, "rrf_k": 20.0, "candidates": 55, "min_similarity": 0.2,
         "bm25": settings.retrieval.bm25.model_copy(update={"depth": 123, "max_query_terms": 9}),
         "document_routing": settings.retrieval.document_routing.model_copy(update={"weight": 0.4, "min_terms": 2})})
     configured = settings.model_copy(update={"retrieval": retrieval})

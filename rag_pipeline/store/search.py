@@ -110,13 +110,13 @@ def record_settings(conn: psycopg.Connection, options: dict[str, Any]) -> None:
                  (Jsonb(options), Jsonb(options)))
 
 
-def ranking_options(*, dense_weight: float, sparse_weight: float, candidates: int | None, ef_search: int | None,
+def ranking_options(*, dense_weight: float, sparse_weight: float, rrf_k: float, candidates: int | None, ef_search: int | None,
                     min_similarity: float | None, page_weight: float, bm25: Bm25Config,
                     routing: RoutingConfig, abstention: AbstentionConfig) -> dict[str, Any]:
     """A ranking as rag.search_version takes its options (and rag.search_settings keeps them): the one mapping from
     the configuration's names to the SQL's (rag_pipeline.retrieval.search.SearchOptions.sql_options uses it too)."""
     return {
-        "dense_weight": dense_weight, "sparse_weight": sparse_weight, "candidates": candidates,
+        "dense_weight": dense_weight, "sparse_weight": sparse_weight, "rrf_k": rrf_k, "candidates": candidates,
         "ef_search": ef_search, "min_similarity": min_similarity, "page_weight": page_weight, "bm25_depth": bm25.depth,
         "bm25_max_terms": bm25.max_query_terms, "abstain_unknown_names": abstention.unknown_names,
         "abstain_period_lookback": abstention.period_lookback_years,
@@ -129,6 +129,7 @@ def ranking_options(*, dense_weight: float, sparse_weight: float, candidates: in
 def configured_ranking(retrieval: RetrievalConfig) -> dict[str, Any]:
     """A `retrieval` configuration section as ranking options."""
     return ranking_options(dense_weight=retrieval.dense_weight, sparse_weight=retrieval.sparse_weight,
+                           rrf_k=retrieval.rrf_k,
                            candidates=retrieval.candidates, ef_search=None, min_similarity=retrieval.min_similarity,
                            page_weight=retrieval.page_weight, bm25=retrieval.bm25, routing=retrieval.document_routing,
                            abstention=retrieval.abstention)

@@ -4,11 +4,11 @@
 -- page's: analysts cite pages, and a page the lists reach through several of its chunks is the likelier evidence);
 -- the score floor; a near-duplicate group once, with how many places (the caller may see) it occurs in.
 --
--- p_options: dense_weight, sparse_weight, candidates (null: max(4 k, 40)), ef_search (null: 2 x candidates, within
--- 100 to 1000), min_similarity (null: no floor), page_weight, bm25_depth, bm25_max_terms, abstain_unknown_names,
--- abstain_period_lookback (null: off) (rag.abstention), routing {enabled, weight, min_score,
--- ratio, max_documents, min_terms, min_concentration, max_share (of the top k one document the query does not name
--- may hold)}. Any it leaves out (all of them, from rag.search) are read from
+-- p_options: dense_weight, sparse_weight, rrf_k (a list's n-th hit adds weight / (rrf_k + n)), candidates (null:
+-- max(4 k, 40)), ef_search (null: 2 x candidates, within 100 to 1000), min_similarity (null: no floor), page_weight,
+-- bm25_depth, bm25_max_terms, abstain_unknown_names, abstain_period_lookback (null: off) (rag.abstention), routing
+-- {enabled, weight, min_score, ratio, max_documents, min_terms, min_concentration, max_share (of the top k one
+-- document the query does not name may hold)}. Any it leaves out (all of them, from rag.search) are read from
 -- rag.search_settings: the pipeline writes its configured ranking there, and migrate() the configuration's defaults
 -- of any option never written (rag_pipeline.store.search). The defaults live in Python only.
 CREATE OR REPLACE FUNCTION rag.search_version(
@@ -54,8 +54,8 @@ BEGIN
     IF use_dense AND p_vector IS NULL THEN
         RAISE EXCEPTION 'mode % needs the query embedding', p_mode USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    unset := ARRAY(SELECT name FROM unnest(ARRAY['dense_weight', 'sparse_weight', 'page_weight', 'bm25_depth',
-                                                 'bm25_max_terms', 'abstain_unknown_names']) AS name
+    unset := ARRAY(SELECT name FROM unnest(ARRAY['dense_weight', 'sparse_weight', 'rrf_k', 'page_weight',
+                                                 'bm25_depth', 'bm25_max_terms', 'abstain_unknown_names']) AS name
                    WHERE o ->> name IS NULL
                    UNION ALL
                    SELECT 'routing.' || name
@@ -146,7 +146,7 @@ BEGIN
         ),
         fused AS (
             SELECT chunk_id, min(rank) FILTER (WHERE list = 'dense') AS dense_rank,
-                   min(rank) FILTER (WHERE list = 'sparse') AS sparse_rank, sum(weight / (60 + rank)) AS score
+                   min(rank) FILTER (WHERE list = 'sparse') AS sparse_rank, sum(weight / ($16 + rank)) AS score
             FROM lists GROUP BY chunk_id
         ),
         -- pages fused like chunks: each list ranks the pages by their best chunk in it, so a page one list reaches
@@ -156,7 +156,7 @@ BEGIN
             FROM lists l JOIN %1$I v USING (chunk_id) GROUP BY l.list, l.weight, v.doc_id, v.page_start
         ),
         pages AS (
-            SELECT doc_id, page_start, sum(weight / (60 + page_rank)) AS score FROM (
+            SELECT doc_id, page_start, sum(weight / ($16 + page_rank)) AS score FROM (
                 SELECT *, rank() OVER (PARTITION BY list ORDER BY best) AS page_rank FROM page_best) ranked
             GROUP BY doc_id, page_start
         ),
@@ -195,5 +195,5 @@ BEGIN
         USING p_vector, use_dense, exact_dense, p_labels, candidates, sparse_ids, named, routed_sparse_ids,
               (o ->> 'dense_weight')::double precision, (o ->> 'sparse_weight')::double precision,
               (routing ->> 'weight')::double precision, score_floor, p_k, (o ->> 'page_weight')::double precision,
-              per_document;
+              per_document, (o ->> 'rrf_k')::double precision;
 END $$;
