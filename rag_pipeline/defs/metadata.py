@@ -124,6 +124,7 @@ def chunk_metadata(stats: ChunkStats) -> dict:
     return {
         "documents_chunked": stats.documents_chunked,
         "chunks_written": stats.chunks_written,
+        "figure_chunks": stats.figure_chunks,  # of chunks_written: a chunk per picture that says something
         "requeued_for_new_chunker": stats.requeued_for_new_chunker,
         "chunker_version": stats.chunker_version,
         "llm_prefixes_generated": stats.prefixes_generated,
