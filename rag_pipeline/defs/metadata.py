@@ -91,6 +91,7 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
                hosts: list[str]) -> dict:
     return {
         "parsed": stats.parsed,
+        "requeued_for_new_parser": stats.requeued_for_new_parser,
         "content_unchanged": stats.content_unchanged,
         "dead_lettered": stats.dead_lettered,
         "pages": stats.pages,

@@ -50,6 +50,11 @@ class ParsedPage:
     text_layer: TextLayer | None = field(default=None, repr=False, compare=False)
 
 
+# PDFs parsed by an older parser are parsed again once (their text is unchanged; what rp9 keeps beside it, the
+# pictures, is new): rag_pipeline.store.queue.requeue_for_parser
+REPARSE_PDFS_BELOW = 9
+
+
 @lru_cache(maxsize=1)
 def parser_version() -> str:
     """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""

@@ -5,9 +5,11 @@ from ruled lines or aligned figures, and the structural signals the cascade judg
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from rag_pipeline.parsing.pages import DeadLetter, ParsedPage, TextLayer
 from rag_pipeline.parsing.pictures import page_pictures, picture_record
 from rag_pipeline.parsing.ruled_tables import find_page_tables, ragged_ratio, table_block
 
+log = logging.getLogger(__name__)
 CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
 UNMAPPED_RUN_RE = re.compile(r"(?:\(cid:\d+\)|\ufffd)+")  # glyphs in a row: a word the font could not map
 
@@ -191,7 +194,11 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
     words = page.extract_words()
     tables, table_stats = find_page_tables(page, words)
     # charts, diagrams and images with the words drawn inside them: kept with the page, chunked as figures
-    pictures = page_pictures(page, int(page.page_number), [t.bbox for t in tables], words)
+    try:
+        pictures = page_pictures(page, int(page.page_number), [t.bbox for t in tables], words)
+    except Exception as exc:  # a page whose drawings cannot be read keeps its text: its pictures are lost, not it
+        log.warning("pictures on page %s not read: %s: %s", page.page_number, type(exc).__name__, exc)
+        pictures = []
     # A table's caption is read with the table (it travels with every chunk of it), not as text.
     boxes = [t.bbox for t in tables] + [t.caption_bbox for t in tables if t.caption_bbox]
 
@@ -253,7 +260,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
         "rtl_lines": sum(1 for line in markdown.split("\n") if rtl.has_rtl(line)),
     }
     if pictures:
-        signals["pictures"] = [picture_record(p) for p in pictures]
+        signals["pictures"] = [picture_record(replace(p, text=rtl.logical_text(p.text))) for p in pictures]
     signals.update(table_stats)
     signals.update(annotation_stats)
     return markdown, len(table_blocks), signals, TextLayer(float(page.width), int(page.rotation or 0), words)

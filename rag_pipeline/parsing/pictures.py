@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import unicodedata
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ MAX_IMAGES = 500  # images a page is searched for pictures among, the largest fi
 MAX_PICTURES = 100  # pictures kept from one page, the largest first
 MAX_GRID = 400  # cells a side at most (a 612-point page at GAP has 102)
 MAX_PICTURE_CHARS = 2000  # of a picture's words, kept with the page
+MAX_CAPTION_CHARS = 300
+# what a picture's words may not carry into the page's signals: control characters (a NUL is refused by jsonb and
+# would lose the document; an escape has no business on a terminal) and glyphs the font could not map
+UNREADABLE_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]|\(cid:\d+\)")
 
 CAPTION_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
                         r"[\dIVXivx]*\b", re.IGNORECASE)
@@ -236,8 +241,9 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
 
 
 def without_furniture(pictures: Sequence[Picture], repeated_pages: int = REPEATED_PAGES) -> list[Picture]:
-    """The pictures less those drawn at the same place and size (within POSITION_TOLERANCE points) on
-    `repeated_pages` pages or more (a logo, a banner, a page frame)."""
+    """The pictures less those drawn at the same place and size (within POSITION_TOLERANCE points) with the same
+    words on `repeated_pages` pages or more (a logo, a banner, a page frame). A chart in the same place on every
+    page of a deck, with other figures each time, stays."""
     def cell(p: Picture) -> tuple[int, ...]:
         return tuple(int(v // POSITION_TOLERANCE) for v in p.box)
 
@@ -245,13 +251,18 @@ def without_furniture(pictures: Sequence[Picture], repeated_pages: int = REPEATE
     for picture in pictures:
         by_cell[cell(picture)].append(picture)
 
-    def pages_with(picture: Picture) -> set[int]:
-        home = cell(picture)
-        return {other.page for offset in itertools.product((-1, 0, 1), repeat=4)
-                for other in by_cell.get(tuple(c + o for c, o in zip(home, offset, strict=True)), ())
-                if all(abs(a - b) <= POSITION_TOLERANCE for a, b in zip(picture.box, other.box, strict=True))}
+    def repeated(picture: Picture) -> bool:
+        home, pages = cell(picture), set()
+        for offset in itertools.product((-1, 0, 1), repeat=4):
+            for other in by_cell.get(tuple(c + o for c, o in zip(home, offset, strict=True)), ()):
+                if other.text == picture.text and all(abs(a - b) <= POSITION_TOLERANCE
+                                                      for a, b in zip(picture.box, other.box, strict=True)):
+                    pages.add(other.page)
+                    if len(pages) >= repeated_pages:
+                        return True  # bounded: no need to count further
+        return False
 
-    return [p for p in pictures if len(pages_with(p)) < repeated_pages]
+    return [p for p in pictures if not repeated(p)]
 
 
 def page_pictures(page: Any, page_number: int, tables: Sequence[Box] = (),
@@ -263,10 +274,16 @@ def page_pictures(page: Any, page_number: int, tables: Sequence[Box] = (),
                          list(page.curves) + list(page.rects) + list(page.lines), words, tables)
 
 
+def _readable(text: str, limit: int) -> str:
+    return unicodedata.normalize("NFKC", UNREADABLE_RE.sub("", text[:4 * limit]))[:limit]
+
+
 def picture_record(picture: Picture) -> dict[str, Any]:
-    """A picture as a page's signals keep it (JSON), its words cut to MAX_PICTURE_CHARS."""
-    return {"kind": picture.kind, "box": list(picture.box), "caption": picture.caption,
-            "text": picture.text[:MAX_PICTURE_CHARS]}
+    """A picture as a page's signals keep it (JSON): its words and caption in NFKC, without control characters or
+    unmapped glyphs, cut to MAX_PICTURE_CHARS and MAX_CAPTION_CHARS."""
+    caption = _readable(picture.caption, MAX_CAPTION_CHARS).strip() if picture.caption else None
+    return {"kind": picture.kind, "box": list(picture.box), "caption": caption or None,
+            "text": _readable(picture.text, MAX_PICTURE_CHARS)}
 
 
 def picture_from_record(page: int, record: Any) -> Picture | None:

@@ -50,6 +50,12 @@ def document_pictures(conn: psycopg.Connection, doc_id: str) -> list[Picture]:
             for picture in (picture_from_record(page, record) for record in records) if picture]
 
 
+def picture_records(conn: psycopg.Connection, doc_id: str) -> list[Any]:
+    """Each stored page's pictures as parsing recorded them (None for a page without), in page order."""
+    return [row[0] for row in conn.execute(
+        "SELECT signals -> 'pictures' FROM document_pages WHERE doc_id = %s ORDER BY page", (doc_id,)).fetchall()]
+
+
 def table_continuations(conn: psycopg.Connection, doc_id: str) -> dict[int, int]:
     """Pages whose last table runs on over page breaks -> the last page it reaches."""
     rows = conn.execute(
