@@ -607,8 +607,14 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
         for page in report["pages"]:
             print(f"=== page {page['page']}: tier {page['tier']}, {len(page['markdown'])} chars, {page['tables']} "
                   f"tables, {page['seconds']:.3f} s")
-            print("signals: " + json.dumps(page["signals"], sort_keys=True, default=str))
+            pictures = page["signals"].get("pictures", [])
+            signals = {key: value for key, value in page["signals"].items() if key != "pictures"}
+            print("signals: " + json.dumps(signals, sort_keys=True, default=str))
             print(page["markdown"].rstrip() + "\n")
+            for number, picture in enumerate(pictures, 1):  # chunked as figures (rag_pipeline.text.figures)
+                words = " ".join(str(picture.get("text", "")).split())
+                print(f"picture {number}: {picture.get('kind')} at {picture.get('box')}, caption "
+                      f"{picture.get('caption')!r}: {words[:300]}")
         for tier, why in report["tiers_unavailable"].items():
             print(f"note: tier {tier} could not run: {why}")
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED

@@ -248,7 +248,7 @@ def test_changing_only_the_chunker_reembeds_nothing_that_stayed_the_same(make_se
     assert second["documents_chunked"] == 1 and second["chunks_written"] == 20  # re-chunked: new chunker version
     assert second["vectors_embedded"] == 0 and second["vectors_reused"] == 20
     versions = {r[0] for r in db.execute("SELECT DISTINCT chunker_version FROM chunks").fetchall()}
-    assert versions == {chunker_version(180, 0)} == {"structure+recursive-tokens/9;max=180;overlap=0"}
+    assert versions == {chunker_version(180, 0)} == {"structure+recursive-tokens/10;max=180;overlap=0"}
 
 
 @pytest.mark.torture

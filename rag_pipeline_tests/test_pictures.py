@@ -4,17 +4,24 @@ words inside them and their captions; decorations, page-sized scans and ruled ta
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
 from rag_pipeline.parsing.pictures import (
+    MAX_CAPTION_CHARS,
     MAX_OBJECTS,
+    MAX_PICTURE_CHARS,
     Picture,
     find_pictures,
     group_drawings,
     page_pictures,
+    picture_from_record,
+    picture_record,
     without_furniture,
 )
+from rag_pipeline.text.chunking import Chunk
+from rag_pipeline.text.figures import figure_chunks, figure_text
 from rag_pipeline_tests.conftest import MMLONGBENCH
 
 WIDTH, HEIGHT = 612.0, 792.0
@@ -119,3 +126,141 @@ def test_real_charts_keep_their_labels_and_numbers():
         pictures = [p for number in (1, 2) for p in page_pictures(pdf.pages[number - 1], number)]
     assert any(p.caption and p.caption.startswith("Figure 2") for p in pictures)
     assert any(p.kind == "image" and p.page == 1 for p in pictures)
+
+
+# --- pictures kept with their page, and chunked as figures ---------------------------------------------------------
+
+def test_a_picture_survives_its_page_record_and_a_bad_record_is_skipped():
+    chart = Picture(4, "drawing", (100.0, 200.0, 400.0, 404.0), "Figure 3: Revenue per region", "North South\n42.5")
+    assert picture_from_record(4, picture_record(chart)) == chart
+    long = Picture(1, "image", (1.0, 2.0, 3.0, 4.0), None, "word " * 5000)
+    assert len(picture_record(long)["text"]) == MAX_PICTURE_CHARS
+    for bad in (None, "chart", {"kind": "video", "box": [1, 2, 3, 4], "caption": None, "text": ""},
+                {"kind": "image", "box": [1, 2, 3], "caption": None, "text": ""},
+                {"kind": "image", "box": [1, 2, 3, float("nan")], "caption": None, "text": ""},
+                {"kind": "image", "box": [1, 2, 3, 4], "caption": 7, "text": ""}):
+        assert picture_from_record(1, bad) is None
+    # what a PDF draws is untrusted: no NUL (jsonb refuses it), no terminal escapes, no unmapped glyphs
+    hostile = Picture(1, "drawing", (1.0, 2.0, 3.0, 4.0), "Figure 1\x1b[2J" + "x" * 5000, "Sales\x00 (cid:12)ﬁrst\ufffd")
+    record = picture_record(hostile)
+    assert record["text"] == "Sales first" and record["caption"].startswith("Figure 1[2J")
+    assert len(record["caption"]) == MAX_CAPTION_CHARS
+
+
+def _text_chunk(ordinal: int, page: int, section: str) -> Chunk:
+    return Chunk(f"c{ordinal}", ordinal, "Some prose.", section, page, page, "text", 3, f"h{ordinal}")
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _first_words(text: str, tokens: int) -> str:  # as truncate_to_tokens cuts: only what is over
+    return text if _words(text) <= tokens else " ".join(text.split()[:tokens])
+
+
+def test_each_picture_that_says_something_is_a_figure_chunk_in_its_pages_section():
+    chart = Picture(5, "drawing", (100.0, 200.0, 400.0, 404.0), "Figure 3: Revenue per region",
+                    "Figure 3: Revenue per region\nRevenue by region\nNorth 42.5\nSouth 17.1")
+    photo = Picture(6, "image", (100.0, 450.0, 400.0, 650.0), "Photo 1: the plant", "")  # its caption alone
+    logo = [Picture(page, "drawing", (20.0, 20.0, 120.0, 60.0), None, "Acme Corp quality since 1900")
+            for page in (1, 2, 3)]
+    chunks = [_text_chunk(0, 1, "Overview"), _text_chunk(1, 4, "Results"), _text_chunk(2, 7, "Outlook")]
+    [figure] = figure_chunks("doc", "v", [photo, *logo, chart], chunks, _words, _first_words, 100)
+    assert figure.text == "Figure 3: Revenue per region\nRevenue by region\nNorth 42.5\nSouth 17.1"
+    assert (figure.page_start, figure.page_end, figure.content_type) == (5, 5, "figure")
+    assert figure.section_path == "Results"  # the page's section: the prefix keeps it whole
+    assert figure.ordinal == 3 and figure.chunk_id not in {c.chunk_id for c in chunks}
+    # the same pictures give the same chunk
+    assert figure_chunks("doc", "v", [chart], chunks, _words, _first_words, 100) == [figure]
+    [short] = figure_chunks("doc", "v", [chart], chunks, _words, _first_words, 8)
+    assert short.text == "Figure 3: Revenue per region Revenue by region" and short.token_count == 8
+    # a chart's title as its caption, or none: the chunk still says it is a figure
+    titled = Picture(2, "drawing", chart.box, "Latino perceptions of finances", "60% 51 General public 43")
+    assert figure_text(titled) == "Figure: Latino perceptions of finances\n60% 51 General public 43"
+    assert figure_text(replace(titled, caption=None)) == "Figure\n60% 51 General public 43"
+    assert figure_text(Picture(2, "image", chart.box, None, "two words")) is None
+
+
+def test_a_chart_in_the_same_place_with_other_figures_on_every_page_is_no_furniture():
+    deck = [Picture(page, "drawing", (50.0, 100.0, 550.0, 500.0), f"Slide {page}", f"Sales {page * 10} units west")
+            for page in range(1, 6)]
+    assert without_furniture(deck) == deck
+    logo = [Picture(page, "image", (20.0, 20.0, 120.0, 60.0), None, "") for page in range(1, 200)]
+    assert without_furniture(logo * 50) == []  # many at one place: bounded, and all furniture
+
+
+@pytest.mark.mmlongbench
+def test_parsing_keeps_a_real_reports_charts_with_their_pages():
+    from rag_pipeline.parsing.pdf import parse_pdf
+
+    pages = {page.page: page for page in parse_pdf(MMLONGBENCH / "pdfs" / "PH_2016.06.08_Economy-Final.pdf", None)}
+    charts = [picture_from_record(9, record) for record in pages[9].signals["pictures"]]
+    text = "\n".join(figure_text(chart) or "" for chart in charts if chart)
+    assert "Latino perceptions of personal finances" in text and "General public" in text
+
+
+def _report_with_a_chart(path) -> None:
+    """A page of prose and a bar chart drawn with paths: its title, labels and figures are text in the PDF."""
+    from reportlab.lib.pagesizes import letter
+    from reportlab.pdfgen import canvas
+
+    pdf = canvas.Canvas(str(path), pagesize=letter)
+    pdf.setFont("Helvetica", 10)
+    for n, line in enumerate(["Our plants shipped more robots this year than in any year before.",
+                              "The north plant led, the south plant recovered in the second half."]):
+        pdf.drawString(72, 720 - 14 * n, line)
+    pdf.drawString(150, 630, "Robots shipped by plant, in units")  # the chart's title, inside its frame
+    pdf.line(100, 350, 100, 620)
+    pdf.line(100, 350, 500, 350)
+    for i, (plant, units) in enumerate([("Lyon", 420), ("Turin", 310), ("Graz", 260), ("Porto", 180)]):
+        x = 130 + 90 * i
+        pdf.rect(x, 350, 40, units * 0.6, fill=1)
+        pdf.line(x + 20, 350, x + 20, 345)
+        pdf.drawString(x + 5, 335, plant)
+        pdf.drawString(x + 8, 355 + units * 0.6, str(units))
+    pdf.drawString(100, 310, "Figure 1: Robots shipped by plant")
+    pdf.showPage()
+    pdf.save()
+
+
+def test_a_drawn_chart_is_parsed_listed_and_indexed_as_a_figure_chunk(tmp_path, make_settings, db):
+    import subprocess
+    import sys
+
+    from dagster import DagsterInstance
+
+    from rag_pipeline.defs.runs import run_ingest
+    from rag_pipeline.retrieval.search import search
+
+    root = tmp_path / "reports"
+    root.mkdir()
+    _report_with_a_chart(root / "plants.pdf")
+    listed = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "parse", str(root / "plants.pdf")],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "picture 1: drawing at " in listed.stdout and "'Figure 1: Robots shipped by plant'" in listed.stdout
+    settings = make_settings([{"name": "reports", "root": str(root), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    [(text, section, page)] = db.execute(
+        "SELECT text, section_path, page_start FROM chunks WHERE content_type = 'figure'").fetchall()
+    assert text.startswith("Figure 1: Robots shipped by plant\n") and page == 1
+    assert all(word in text.split() for word in ("Lyon", "Turin", "420", "310")) and "Our" not in text.split()
+    assert text.split("\n")[1:] == ["420", "310", "260", "180", "Lyon Turin Graz Porto"]
+    hits = search(db, "how many robots did the Turin plant ship", ["staff"], k=3)
+    assert any(hit.content_type == "figure" and "Turin" in hit.text for hit in hits)
+
+    # An index parsed before pictures were kept (rp8): the next refresh parses its PDFs again, once, and chunks
+    # them for their figures; the unchanged text is not embedded again.
+    db.execute("UPDATE documents SET parser_version = 'rp8;pdfplumber=0'")
+    db.execute("UPDATE document_pages SET signals = signals - 'pictures'")
+    db.execute("DELETE FROM chunks WHERE content_type = 'figure'")
+    with DagsterInstance.ephemeral() as instance:
+        again = run_ingest(settings, instance=instance)
+    assert again["success"] and again["requeued_for_new_parser"] == 1 and again["documents_chunked"] == 1
+    assert again["vectors_embedded"] == 0  # the text unchanged, the figure's input in the embedding cache
+    assert db.execute("SELECT count(*) FROM chunks WHERE content_type = 'figure'").fetchone()[0] == 1
+    with DagsterInstance.ephemeral() as instance:
+        still = run_ingest(settings, instance=instance)
+    assert still["requeued_for_new_parser"] == 0 and still["documents_chunked"] == 0

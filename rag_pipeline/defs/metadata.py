@@ -91,6 +91,7 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
                hosts: list[str]) -> dict:
     return {
         "parsed": stats.parsed,
+        "requeued_for_new_parser": stats.requeued_for_new_parser,
         "content_unchanged": stats.content_unchanged,
         "dead_lettered": stats.dead_lettered,
         "pages": stats.pages,
@@ -124,6 +125,7 @@ def chunk_metadata(stats: ChunkStats) -> dict:
     return {
         "documents_chunked": stats.documents_chunked,
         "chunks_written": stats.chunks_written,
+        "figure_chunks": stats.figure_chunks,  # of chunks_written: a chunk per picture that says something
         "requeued_for_new_chunker": stats.requeued_for_new_chunker,
         "chunker_version": stats.chunker_version,
         "llm_prefixes_generated": stats.prefixes_generated,

@@ -50,6 +50,11 @@ class ParsedPage:
     text_layer: TextLayer | None = field(default=None, repr=False, compare=False)
 
 
+# PDFs parsed by an older parser are parsed again once (their text is unchanged; what rp9 keeps beside it, the
+# pictures, is new): rag_pipeline.store.queue.requeue_for_parser
+REPARSE_PDFS_BELOW = 9
+
+
 @lru_cache(maxsize=1)
 def parser_version() -> str:
     """Changes whenever a parser that shapes the text changes, so stored pages can be trusted."""
@@ -60,5 +65,7 @@ def parser_version() -> str:
     # rp7: only a broken grid gives way, decided per grid; a marker is its figure's only when set close to it
     # rp8: the first page's signals carry the PDF's Title, Author, Subject, Company (document identity; a document
     # parsed before has its identity read from its pages and name alone until its file changes)
-    return (f"rp8;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
+    # rp9: the first tier keeps each page's pictures (charts, diagrams, images: kind, box, caption, the words inside)
+    # on its signals; chunking makes them figure chunks
+    return (f"rp9;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

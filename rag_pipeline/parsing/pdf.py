@@ -5,9 +5,11 @@ from ruled lines or aligned figures, and the structural signals the cascade judg
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,10 @@ from rag_pipeline.parsing.columns import find_gutters, group_words_into_lines, s
 from rag_pipeline.parsing.fonts import unmapped_font_share, unmapped_scripts
 from rag_pipeline.parsing.limits import ParseLimits, check_page_content_size
 from rag_pipeline.parsing.pages import DeadLetter, ParsedPage, TextLayer
+from rag_pipeline.parsing.pictures import page_pictures, picture_record
 from rag_pipeline.parsing.ruled_tables import find_page_tables, ragged_ratio, table_block
 
+log = logging.getLogger(__name__)
 CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
 UNMAPPED_RUN_RE = re.compile(r"(?:\(cid:\d+\)|\ufffd)+")  # glyphs in a row: a word the font could not map
 
@@ -189,6 +193,12 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
         page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
     words = page.extract_words()
     tables, table_stats = find_page_tables(page, words)
+    # charts, diagrams and images with the words drawn inside them: kept with the page, chunked as figures
+    try:
+        pictures = page_pictures(page, int(page.page_number), [t.bbox for t in tables], words)
+    except Exception as exc:  # a page whose drawings cannot be read keeps its text: its pictures are lost, not it
+        log.warning("pictures on page %s not read: %s: %s", page.page_number, type(exc).__name__, exc)
+        pictures = []
     # A table's caption is read with the table (it travels with every chunk of it), not as text.
     boxes = [t.bbox for t in tables] + [t.caption_bbox for t in tables if t.caption_bbox]
 
@@ -249,6 +259,8 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
         "columns": column_count,
         "rtl_lines": sum(1 for line in markdown.split("\n") if rtl.has_rtl(line)),
     }
+    if pictures:
+        signals["pictures"] = [picture_record(replace(p, text=rtl.logical_text(p.text))) for p in pictures]
     signals.update(table_stats)
     signals.update(annotation_stats)
     return markdown, len(table_blocks), signals, TextLayer(float(page.width), int(page.rotation or 0), words)

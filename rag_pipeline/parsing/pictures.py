@@ -11,6 +11,7 @@ they belong to, they can be said together instead of scattered through the prose
     the page's table finders found (a ruled grid is a table, not a picture);
   * decorations: a picture at the same place and size on REPEATED_PAGES pages or more is page furniture (a logo, a
     banner) and is dropped by `without_furniture`;
+  * words: those whose middle lies in the picture's box or within WORD_MARGIN points of it (axis labels);
   * caption: the nearest line beginning "Figure 3", "Fig. 3", "Chart 2", "Exhibit 4", "Graph", "Diagram", "Map" or
     "Photo" within CAPTION_DISTANCE points above or below, else a line of three words or more, not ending a sentence,
     within TITLE_DISTANCE points above (a chart's title).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import unicodedata
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,12 +38,20 @@ MIN_DRAWING_OBJECTS = 8  # a box, an underline and an arrow are not a chart
 TABLE_OVERLAP = 0.6  # share of a drawing inside a found table that makes it the table's grid
 CAPTION_DISTANCE = 40.0  # points between a picture and its caption
 TITLE_DISTANCE = 12.0  # points between a picture and the title line set right above it
+# points around a picture's box whose words are its own: a chart's category and tick labels are set just outside
+# the lines of its axes
+WORD_MARGIN = 10.0
 REPEATED_PAGES = 3
 POSITION_TOLERANCE = 2.0  # points: the same place on another page
 MAX_OBJECTS = 20_000  # a page drawn with more paths is grouped by its first ones only (bounded time)
 MAX_IMAGES = 500  # images a page is searched for pictures among, the largest first
 MAX_PICTURES = 100  # pictures kept from one page, the largest first
 MAX_GRID = 400  # cells a side at most (a 612-point page at GAP has 102)
+MAX_PICTURE_CHARS = 2000  # of a picture's words, kept with the page
+MAX_CAPTION_CHARS = 300
+# what a picture's words may not carry into the page's signals: control characters (a NUL is refused by jsonb and
+# would lose the document; an escape has no business on a terminal) and glyphs the font could not map
+UNREADABLE_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]|\(cid:\d+\)")
 
 CAPTION_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
                         r"[\dIVXivx]*\b", re.IGNORECASE)
@@ -222,7 +232,8 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
     lines = _lines(placed)
     pictures = []
     for kind, box in sorted(kept, key=lambda c: (c[1][1], c[1][0])):
-        inside = [text for _, text in _lines([w for w in placed if _inside(w, box)])]
+        around = (box[0] - WORD_MARGIN, box[1] - WORD_MARGIN, box[2] + WORD_MARGIN, box[3] + WORD_MARGIN)
+        inside = [text for _, text in _lines([w for w in placed if _inside(w, around)])]
         pictures.append(Picture(page_number, kind, tuple(round(v, 1) for v in box),  # type: ignore[arg-type]
                                 _caption(box, [(b, t) for b, t in lines if _overlap(b, box) == 0]),
                                 "\n".join(inside)))
@@ -230,8 +241,9 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
 
 
 def without_furniture(pictures: Sequence[Picture], repeated_pages: int = REPEATED_PAGES) -> list[Picture]:
-    """The pictures less those drawn at the same place and size (within POSITION_TOLERANCE points) on
-    `repeated_pages` pages or more (a logo, a banner, a page frame)."""
+    """The pictures less those drawn at the same place and size (within POSITION_TOLERANCE points) with the same
+    words on `repeated_pages` pages or more (a logo, a banner, a page frame). A chart in the same place on every
+    page of a deck, with other figures each time, stays."""
     def cell(p: Picture) -> tuple[int, ...]:
         return tuple(int(v // POSITION_TOLERANCE) for v in p.box)
 
@@ -239,17 +251,48 @@ def without_furniture(pictures: Sequence[Picture], repeated_pages: int = REPEATE
     for picture in pictures:
         by_cell[cell(picture)].append(picture)
 
-    def pages_with(picture: Picture) -> set[int]:
-        home = cell(picture)
-        return {other.page for offset in itertools.product((-1, 0, 1), repeat=4)
-                for other in by_cell.get(tuple(c + o for c, o in zip(home, offset, strict=True)), ())
-                if all(abs(a - b) <= POSITION_TOLERANCE for a, b in zip(picture.box, other.box, strict=True))}
+    def repeated(picture: Picture) -> bool:
+        home, pages = cell(picture), set()
+        for offset in itertools.product((-1, 0, 1), repeat=4):
+            for other in by_cell.get(tuple(c + o for c, o in zip(home, offset, strict=True)), ()):
+                if other.text == picture.text and all(abs(a - b) <= POSITION_TOLERANCE
+                                                      for a, b in zip(picture.box, other.box, strict=True)):
+                    pages.add(other.page)
+                    if len(pages) >= repeated_pages:
+                        return True  # bounded: no need to count further
+        return False
 
-    return [p for p in pictures if len(pages_with(p)) < repeated_pages]
+    return [p for p in pictures if not repeated(p)]
 
 
-def page_pictures(page: Any, page_number: int, tables: Sequence[Box] = ()) -> list[Picture]:
-    """find_pictures() over a pdfplumber page."""
-    words = page.extract_words(keep_blank_chars=False, use_text_flow=False)
+def page_pictures(page: Any, page_number: int, tables: Sequence[Box] = (),
+                  words: Sequence[dict[str, Any]] | None = None) -> list[Picture]:
+    """find_pictures() over a pdfplumber page (`words`: its extract_words(), when already read)."""
+    if words is None:
+        words = page.extract_words(keep_blank_chars=False, use_text_flow=False)
     return find_pictures(page_number, float(page.width), float(page.height), page.images,
                          list(page.curves) + list(page.rects) + list(page.lines), words, tables)
+
+
+def _readable(text: str, limit: int) -> str:
+    return unicodedata.normalize("NFKC", UNREADABLE_RE.sub("", text[:4 * limit]))[:limit]
+
+
+def picture_record(picture: Picture) -> dict[str, Any]:
+    """A picture as a page's signals keep it (JSON): its words and caption in NFKC, without control characters or
+    unmapped glyphs, cut to MAX_PICTURE_CHARS and MAX_CAPTION_CHARS."""
+    caption = _readable(picture.caption, MAX_CAPTION_CHARS).strip() if picture.caption else None
+    return {"kind": picture.kind, "box": list(picture.box), "caption": caption or None,
+            "text": _readable(picture.text, MAX_PICTURE_CHARS)}
+
+
+def picture_from_record(page: int, record: Any) -> Picture | None:
+    """A stored picture_record() again, or None when it is not one (a page parsed by another version)."""
+    if not isinstance(record, dict):
+        return None
+    kind, box, caption, text = (record.get(key) for key in ("kind", "box", "caption", "text"))
+    if (kind not in ("image", "drawing") or not isinstance(box, list) or len(box) != 4
+            or not all(isinstance(v, int | float) and math.isfinite(v) for v in box)
+            or not isinstance(text, str) or not (caption is None or isinstance(caption, str))):
+        return None
+    return Picture(page, kind, tuple(float(v) for v in box), caption, text)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from rag_pipeline.embedding.locations import max_sequence_length, resolve_model
 from rag_pipeline.stages.common import StageStats, count
 from rag_pipeline.store.queue import PendingDocument
 from rag_pipeline.text.chunking import Chunk, Chunker, chunker_version, fitted_prefix, truncate_to_tokens
+from rag_pipeline.text.figures import figure_chunks
 from rag_pipeline.text.identity import COVER_PAGES, prefix_name
 from rag_pipeline.text.identity import derive as derive_identity
 from rag_pipeline.text.language import text_search_config
@@ -39,6 +40,7 @@ class ModelMismatchError(RuntimeError):
 class ChunkStats(StageStats):
     documents_chunked: int = 0
     chunks_written: int = 0
+    figure_chunks: int = 0  # of chunks_written: one per picture that says something (rag_pipeline.text.figures)
     requeued_for_new_chunker: int = 0
     chunker_version: str = ""
     prefixes_generated: int = 0  # LLM calls made
@@ -121,6 +123,7 @@ def chunk_one(
 ) -> None:
     document_pages = store.pages.document_pages(conn, doc.doc_id)
     table_reach = store.pages.table_continuations(conn, doc.doc_id)
+    pictures = store.pages.document_pictures(conn, doc.doc_id)
     # What the document says it is, read from its stored pages (so a new reading needs no re-parse), with its
     # sidecar's word over it
     derived = derive_identity(store.pages.pdf_metadata(conn, doc.doc_id),
@@ -129,6 +132,9 @@ def chunk_one(
     known = store.queue.document_identity(conn, doc.doc_id, derived)
     conn.commit()  # end the read: the write below must be a transaction of its own
     chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
+    figures = figure_chunks(doc.doc_id, chunker.version, pictures, chunks, chunker.count_tokens,
+                            lambda text, tokens: truncate_to_tokens(chunker.tokenizer, text, tokens), chunker.max_tokens)
+    chunks += figures
     # what the document is (its organisation, period and title), so a chunk that says "revenue" says whose and when
     title = prefix_name(known, doc.rel_path)
     budget = settings.chunking.prefix_token_budget or 0
@@ -162,6 +168,7 @@ def chunk_one(
         store.queue.mark_chunked(conn, doc.doc_id, chunker.version)
     stats.documents_chunked += 1
     stats.chunks_written += len(chunks)
+    stats.figure_chunks += len(figures)
     for key, where in derived.get("found", {}).items():
         count(stats.identity_found, f"{key}: {where.split(':')[0]}")
     stats.token_counts.extend(c.token_count for c in chunks)

@@ -42,6 +42,7 @@ D = DocumentStatus
 @dataclass
 class ParseStats(StageStats):
     parsed: int = 0
+    requeued_for_new_parser: int = 0  # PDFs parsed again for what a newer parser keeps (REPARSE_PDFS_BELOW)
     content_unchanged: int = 0  # file changed, text did not: no chunking, no embedding
     regrouped: int = 0  # of those, relabelled too: chunked again into their label set's groups (nothing embedded)
     dead_lettered: int = 0
@@ -58,7 +59,7 @@ class ParseStats(StageStats):
     escalation_reasons: dict[str, int] = field(default_factory=dict)
     unresolved_pages: int = 0  # failed the check and no tier could do better
     tiers_unavailable: dict[str, str] = field(default_factory=dict)
-    SUMMARY = ("parsed", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages",
+    SUMMARY = ("parsed", "requeued_for_new_parser", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages",
                "objects_downloaded", "bytes_downloaded")
 
 
@@ -100,9 +101,12 @@ def parse_one(
             # (a fixed Author or Title) chunks the document again
             retitled = unchanged and parsed and store.pages.pdf_metadata(conn, doc.doc_id) != (
                 parsed[0].signals.get("pdf_metadata") or {})
+            # and so are the pictures it keeps beside its text (figure chunks)
+            repictured = unchanged and store.pages.picture_records(conn, doc.doc_id) != [
+                page.signals.get("pictures") for page in parsed]
             store.pages.replace_pages(conn, doc.doc_id, parsed, version)
             store.queue.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
-                                   D.INDEXED if unchanged and not regroup and not retitled else D.PENDING_CHUNK,
+                                   D.INDEXED if unchanged and not (regroup or retitled or repictured) else D.PENDING_CHUNK,
                                    removed)
             store.pages.clear_dead_letter(conn, doc.doc_id)
     except UnsafePathError as exc:

@@ -30,7 +30,7 @@ from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.domain.refs import in_log
 from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.embedding.identity import adopt_model_identities
-from rag_pipeline.parsing.pages import DeadLetter
+from rag_pipeline.parsing.pages import REPARSE_PDFS_BELOW, DeadLetter
 from rag_pipeline.stages.chunk import (
     ChunkStats,
     check_configured_model,
@@ -223,6 +223,10 @@ def process_pending(
                 with conn.transaction():
                     store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
                     result.chunk.requeued_for_new_chunker = store.queue.requeue_for_chunker(conn, plan.version)
+            if parse:
+                with conn.transaction():
+                    store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
+                    result.parse.requeued_for_new_parser = store.queue.requeue_for_parser(conn, REPARSE_PDFS_BELOW)
         with leases_kept(db_url, execution.lease_seconds) as lease:
             parsing, stop = threading.Event(), threading.Event()
             indexer = (_IndexThread(db_url, settings, lease, result.index, parsing.is_set, stop.is_set)

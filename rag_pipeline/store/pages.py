@@ -10,6 +10,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from rag_pipeline.parsing.pages import ParsedPage
+from rag_pipeline.parsing.pictures import Picture, picture_from_record
 
 DETAIL_CHARS = 2000  # a dead letter's detail is for people; a parser's megabyte of traceback is not
 
@@ -39,6 +40,20 @@ def pdf_metadata(conn: psycopg.Connection, doc_id: str) -> dict[str, str]:
     row = conn.execute("SELECT signals -> 'pdf_metadata' FROM document_pages WHERE doc_id = %s AND page = 1",
                        (doc_id,)).fetchone()
     return row[0] if row and isinstance(row[0], dict) else {}
+
+
+def document_pictures(conn: psycopg.Connection, doc_id: str) -> list[Picture]:
+    """The pictures parsing found on the document's pages (rag_pipeline.parsing.pictures), page by page."""
+    rows = conn.execute("""SELECT page, signals -> 'pictures' FROM document_pages
+                           WHERE doc_id = %s AND signals ? 'pictures' ORDER BY page""", (doc_id,)).fetchall()
+    return [picture for page, records in rows if isinstance(records, list)
+            for picture in (picture_from_record(page, record) for record in records) if picture]
+
+
+def picture_records(conn: psycopg.Connection, doc_id: str) -> list[Any]:
+    """Each stored page's pictures as parsing recorded them (None for a page without), in page order."""
+    return [row[0] for row in conn.execute(
+        "SELECT signals -> 'pictures' FROM document_pages WHERE doc_id = %s ORDER BY page", (doc_id,)).fetchall()]
 
 
 def table_continuations(conn: psycopg.Connection, doc_id: str) -> dict[int, int]:

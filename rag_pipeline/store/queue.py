@@ -116,6 +116,17 @@ def requeue_for_chunker(conn: psycopg.Connection, chunker_version: str) -> int:
     ).rowcount
 
 
+def requeue_for_parser(conn: psycopg.Connection, below: int) -> int:
+    """PDFs in the index parsed by a parser older than rp`below` go back to parsing (once: the parse records the
+    new version). Their text is kept until the new parse replaces it; unchanged text is not embedded again."""
+    return conn.execute(
+        """UPDATE documents SET status = %s, changed_at = now()
+           WHERE status = ANY(%s) AND lower(rel_path) LIKE '%%.pdf'
+             AND coalesce(substring(parser_version from '^rp([0-9]+);')::integer, 0) < %s""",
+        (D.PENDING_PARSE, list(DOCUMENT_LIVE_IN_INDEX), below),
+    ).rowcount
+
+
 def finish_parse(
     conn: psycopg.Connection,
     doc_id: str,

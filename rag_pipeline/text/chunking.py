@@ -43,8 +43,9 @@ MAX_CAPTION_WORDS = 40
 MONEY_RE = re.compile(r"[$€£¥]\s?\(?\d")
 # /9: a chunk's prefix names its document by what it says it is (rag_pipeline.text.identity, read when chunking),
 # with its file's name for a title only guessed from the cover, in at most a third of the prefix's budget; a section
-# that repeats the name is left out
-CHUNKER_FAMILY = "structure+recursive-tokens/9"
+# that repeats the name is left out. /10: a chunk for each picture parsing found that says something
+# (rag_pipeline.text.figures)
+CHUNKER_FAMILY = "structure+recursive-tokens/10"
 
 
 def chunker_version(max_tokens: int, overlap_tokens: int) -> str:

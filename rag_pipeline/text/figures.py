@@ -1,0 +1,71 @@
+"""Figure chunks: one chunk per picture a page's parse found (rag_pipeline.parsing.pictures), saying its caption and
+the words drawn inside it (a chart's title, axis labels, legend and data labels), in the section of the page it is
+on (content_type `figure`). The same words are in the page's text too, scattered among the prose; said together,
+after the caption, they are found by a question about the chart. Deterministic: the same pictures give the same
+chunks, with or without a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from rag_pipeline.domain import ids
+from rag_pipeline.parsing.pictures import CAPTION_RE, Picture, without_furniture
+from rag_pipeline.text.chunking import Chunk
+
+CONTENT_TYPE = "figure"
+# A figure chunk's first line says what it is: its caption when that says so ("Figure 3: …", "Chart 2 …"), else
+# this word before the caption (a chart's title) or alone
+FIGURE_WORD = "Figure"
+# Words a picture must hold besides its caption: an image with a caption only is said by the page's text already.
+MIN_WORDS = 4
+
+
+def figure_text(picture: Picture) -> str | None:
+    """What a figure chunk says: a first line naming it a figure (with its caption), then the words inside it line
+    by line; None when it holds fewer than MIN_WORDS words of its own."""
+    lines = [" ".join(line.split()) for line in picture.text.split("\n")]
+    lines = [line for line in lines if line and line != picture.caption]
+    if sum(len(line.split()) for line in lines) < MIN_WORDS:
+        return None
+    caption = picture.caption or ""
+    head = caption if CAPTION_RE.match(caption) else f"{FIGURE_WORD}: {caption}" if caption else FIGURE_WORD
+    return "\n".join([head, *lines])
+
+
+def _section_on(page: int, chunks: Sequence[Chunk]) -> str:
+    """The section in force on a page: that of the last chunk that starts on or before it."""
+    path = ""
+    for chunk in chunks:
+        if chunk.page_start > page:
+            break
+        path = chunk.section_path
+    return path
+
+
+def figure_chunks(doc_id: str, chunker_version: str, pictures: Sequence[Picture], chunks: Sequence[Chunk],
+                  count_tokens: Callable[[str], int], cut: Callable[[str, int], str], max_tokens: int) -> list[Chunk]:
+    """A chunk for each picture that says something (page furniture left out: a logo on every page), numbered after
+    `chunks` (the document's text chunks, in order), its text cut to `max_tokens` (`cut(text, tokens)`, the
+    embedding model's tokenizer)."""
+    ordered = sorted(without_furniture(pictures), key=lambda p: (p.page, p.box[1], p.box[0]))
+    out: list[Chunk] = []
+    for picture in ordered:
+        text = figure_text(picture)
+        if text is None:
+            continue
+        text = cut(text, max_tokens).strip()
+        text_hash = ids.text_hash(text)
+        ordinal = len(chunks) + len(out)
+        out.append(Chunk(
+            chunk_id=ids.chunk_id(doc_id, chunker_version, ordinal, text_hash),
+            ordinal=ordinal,
+            text=text,
+            section_path=_section_on(picture.page, chunks),
+            page_start=picture.page,
+            page_end=picture.page,
+            content_type=CONTENT_TYPE,
+            token_count=count_tokens(text),
+            content_hash=text_hash,
+        ))
+    return out
