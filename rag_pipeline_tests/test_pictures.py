@@ -141,7 +141,8 @@ def test_a_picture_survives_its_page_record_and_a_bad_record_is_skipped():
                 {"kind": "image", "box": [1, 2, 3, 4], "caption": 7, "text": ""}):
         assert picture_from_record(1, bad) is None
     # what a PDF draws is untrusted: no NUL (jsonb refuses it), no terminal escapes, no unmapped glyphs
-    hostile = Picture(1, "drawing", (1.0, 2.0, 3.0, 4.0), "Figure 1\x1b[2J" + "x" * 5000, "Sales\x00 (cid:12)ﬁrst\ufffd")
+    hostile = Picture(1, "drawing", (1.0, 2.0, 3.0, 4.0), "Figure 1\x1b[2J" + "x" * 5000,
+                      "Sales\x00 (cid:12)ﬁrst\ufffd")
     record = picture_record(hostile)
     assert record["text"] == "Sales first" and record["caption"].startswith("Figure 1[2J")
     assert len(record["caption"]) == MAX_CAPTION_CHARS

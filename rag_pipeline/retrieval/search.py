@@ -73,7 +73,8 @@ class SearchOptions:
         retrieval = settings.retrieval
         values: dict[str, Any] = {
             "min_similarity": retrieval.min_similarity, "dense_weight": retrieval.dense_weight,
-            "sparse_weight": retrieval.sparse_weight, "rrf_k": retrieval.rrf_k, "embedding": settings.embedding, "bm25": retrieval.bm25,
+            "sparse_weight": retrieval.sparse_weight, "rrf_k": retrieval.rrf_k, "embedding": settings.embedding,
+            "bm25": retrieval.bm25,
             "candidates": retrieval.candidates, "routing": retrieval.document_routing,
             "page_weight": retrieval.page_weight, "query": retrieval.query, "reranker": retrieval.reranker,
             "abstention": retrieval.abstention,
@@ -85,7 +86,8 @@ class SearchOptions:
     def sql_options(self) -> dict[str, Any]:
         """The ranking as rag.search_version takes it (and rag.search_settings keeps it for SQL callers)."""
         return store.search.ranking_options(
-            dense_weight=self.dense_weight, sparse_weight=self.sparse_weight, rrf_k=self.rrf_k, candidates=self.candidates,
+            dense_weight=self.dense_weight, sparse_weight=self.sparse_weight, rrf_k=self.rrf_k,
+            candidates=self.candidates,
             ef_search=self.ef_search, min_similarity=self.min_similarity, page_weight=self.page_weight,
             bm25=self.bm25, routing=self.routing, abstention=self.abstention)
 

@@ -133,7 +133,8 @@ def chunk_one(
     conn.commit()  # end the read: the write below must be a transaction of its own
     chunks = chunker.chunk(doc.doc_id, document_pages, table_reach)
     figures = figure_chunks(doc.doc_id, chunker.version, pictures, chunks, chunker.count_tokens,
-                            lambda text, tokens: truncate_to_tokens(chunker.tokenizer, text, tokens), chunker.max_tokens)
+                            lambda text, tokens: truncate_to_tokens(chunker.tokenizer, text, tokens),
+                            chunker.max_tokens)
     chunks += figures
     # what the document is (its organisation, period and title), so a chunk that says "revenue" says whose and when
     title = prefix_name(known, doc.rel_path)

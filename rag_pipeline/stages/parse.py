@@ -59,8 +59,8 @@ class ParseStats(StageStats):
     escalation_reasons: dict[str, int] = field(default_factory=dict)
     unresolved_pages: int = 0  # failed the check and no tier could do better
     tiers_unavailable: dict[str, str] = field(default_factory=dict)
-    SUMMARY = ("parsed", "requeued_for_new_parser", "content_unchanged", "dead_lettered", "dead_letter_reasons", "pages",
-               "objects_downloaded", "bytes_downloaded")
+    SUMMARY = ("parsed", "requeued_for_new_parser", "content_unchanged", "dead_lettered", "dead_letter_reasons",
+               "pages", "objects_downloaded", "bytes_downloaded")
 
 
 def parse_one(
@@ -105,9 +105,9 @@ def parse_one(
             repictured = unchanged and store.pages.picture_records(conn, doc.doc_id) != [
                 page.signals.get("pictures") for page in parsed]
             store.pages.replace_pages(conn, doc.doc_id, parsed, version)
+            chunk_again = regroup or retitled or repictured
             store.queue.finish_parse(conn, doc.doc_id, new_hash, len(parsed), version,
-                                   D.INDEXED if unchanged and not (regroup or retitled or repictured) else D.PENDING_CHUNK,
-                                   removed)
+                                   D.INDEXED if unchanged and not chunk_again else D.PENDING_CHUNK, removed)
             store.pages.clear_dead_letter(conn, doc.doc_id)
     except UnsafePathError as exc:
         dead_letter(conn, doc, DeadLetter("unsupported", str(exc)), stats)

@@ -110,8 +110,8 @@ def record_settings(conn: psycopg.Connection, options: dict[str, Any]) -> None:
                  (Jsonb(options), Jsonb(options)))
 
 
-def ranking_options(*, dense_weight: float, sparse_weight: float, rrf_k: float, candidates: int | None, ef_search: int | None,
-                    min_similarity: float | None, page_weight: float, bm25: Bm25Config,
+def ranking_options(*, dense_weight: float, sparse_weight: float, rrf_k: float, candidates: int | None,
+                    ef_search: int | None, min_similarity: float | None, page_weight: float, bm25: Bm25Config,
                     routing: RoutingConfig, abstention: AbstentionConfig) -> dict[str, Any]:
     """A ranking as rag.search_version takes its options (and rag.search_settings keeps them): the one mapping from
     the configuration's names to the SQL's (rag_pipeline.retrieval.search.SearchOptions.sql_options uses it too)."""
