@@ -7,6 +7,7 @@ chunks, with or without a model.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 
 from rag_pipeline.domain import ids
@@ -33,14 +34,17 @@ def figure_text(picture: Picture) -> str | None:
     return "\n".join([head, *lines])
 
 
-def _section_on(page: int, chunks: Sequence[Chunk]) -> str:
-    """The section in force on a page: that of the last chunk that starts on or before it."""
-    path = ""
-    for chunk in chunks:
-        if chunk.page_start > page:
-            break
-        path = chunk.section_path
-    return path
+def _sections_by_page(chunks: Sequence[Chunk]) -> Callable[[int], str]:
+    """The section in force on a page: that of the last chunk that starts on or before it (found by bisection:
+    a long document may have many pictures)."""
+    starts = [chunk.page_start for chunk in chunks]
+    paths = [chunk.section_path for chunk in chunks]
+
+    def on(page: int) -> str:
+        index = bisect.bisect_right(starts, page)
+        return paths[index - 1] if index else ""
+
+    return on
 
 
 def figure_chunks(doc_id: str, chunker_version: str, pictures: Sequence[Picture], chunks: Sequence[Chunk],
@@ -49,6 +53,7 @@ def figure_chunks(doc_id: str, chunker_version: str, pictures: Sequence[Picture]
     `chunks` (the document's text chunks, in order), its text cut to `max_tokens` (`cut(text, tokens)`, the
     embedding model's tokenizer)."""
     ordered = sorted(without_furniture(pictures), key=lambda p: (p.page, p.box[1], p.box[0]))
+    section_on = _sections_by_page(chunks)
     out: list[Chunk] = []
     for picture in ordered:
         text = figure_text(picture)
@@ -61,7 +66,7 @@ def figure_chunks(doc_id: str, chunker_version: str, pictures: Sequence[Picture]
             chunk_id=ids.chunk_id(doc_id, chunker_version, ordinal, text_hash),
             ordinal=ordinal,
             text=text,
-            section_path=_section_on(picture.page, chunks),
+            section_path=section_on(picture.page),
             page_start=picture.page,
             page_end=picture.page,
             content_type=CONTENT_TYPE,
