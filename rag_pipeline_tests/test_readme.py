@@ -170,20 +170,32 @@ def support_bot(clone):
     conn.execute("DROP ROLE IF EXISTS support_bot")
     conn.execute(owner_part)
     url = psycopg.conninfo.make_conninfo(conn.info.dsn, user="support_bot", password="change-me")
-    yield url, "-- as support_bot" + role_part
+    yield url, "-- as support_bot" + role_part, settings
     conn.execute("DROP OWNED BY support_bot")
     conn.execute("DROP ROLE support_bot")
 
 
 def test_the_readme_sql_and_python_examples_find_the_travel_policy(support_bot):
-    url, role_sql = support_bot
+    url, role_sql, settings = support_bot
+    cli = [str(BIN / "rag-pipeline"), "--config", str(settings.config_file), "db"]
+    # `db psql`, where the SQL block says the owner's part is run: psql on the index database, from the venv
+    opened = subprocess.run([*cli, "psql", "--", "-tAc", "SELECT current_database()"], capture_output=True, text=True,
+                            timeout=120)
+    assert opened.returncode == 0 and opened.stdout.strip() == psycopg.conninfo.conninfo_to_dict(url)["dbname"], \
+        opened.stderr
     with psycopg.connect(url) as app:
         rows = app.execute(role_sql).fetchall()
     assert rows and rows[0][0] == "handbook/travel-policy.md", rows
 
     block = the_block("python", APPLICATION_MARKERS["python"])
+    # The URL as the README has the reader get it: the CLI's, as support_bot (the password from PGPASSWORD).
+    told = subprocess.run([*cli, "url", "--user", "support_bot"], capture_output=True, text=True, timeout=120,
+                          check=True).stdout.strip()
+    expected, given = psycopg.conninfo.conninfo_to_dict(url), psycopg.conninfo.conninfo_to_dict(told)
+    assert "password" not in given and all(given.get(key) == expected.get(key)
+                                           for key in ("user", "dbname", "host", "port")), told
     done = subprocess.run([sys.executable, "-c", block.text], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "RAG_APP_URL": url, "HF_HUB_OFFLINE": "1"})
+                          env={**os.environ, "RAG_APP_URL": told, "PGPASSWORD": "change-me", "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "handbook/travel-policy.md"
     assert "# handbook/travel-policy.md" in block.text  # what the README says it prints

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,27 +46,57 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
 
 
+@dataclass(frozen=True)
+class BertFolder:
+    """What a sentence-transformers folder of the one layout reproduced here says: its weights (names without the
+    `bert.` prefix), its transformer's configuration, its pooling ("mean" or "cls"), its length limit and prompts.
+    The numpy encoder below and the torch-free ONNX export (rag_pipeline.embedding.bert_graph) both compute it."""
+
+    folder: Path
+    weights: dict[str, np.ndarray]
+    config: dict[str, Any]
+    pooling: str
+    max_seq_length: int
+    query_prompt: str
+    document_prompt: str
+
+    @property
+    def heads(self) -> int:
+        return int(self.config["num_attention_heads"])
+
+    @property
+    def layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+    @property
+    def eps(self) -> float:
+        return float(self.config.get("layer_norm_eps", 1e-12))
+
+    @property
+    def hidden(self) -> int:
+        return int(self.config["hidden_size"])
+
+
 class BertEncoder:
     """One text at a time through a BERT encoder, pooled and normalised as the sentence-transformers folder says,
     with the folder's query and document prompts."""
 
-    def __init__(self, folder: Path, weights: dict[str, np.ndarray], config: dict[str, Any], pooling: str,
-                 max_seq_length: int, query_prompt: str, document_prompt: str) -> None:
+    def __init__(self, bert: BertFolder) -> None:
         from tokenizers import Tokenizer
 
-        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer = Tokenizer.from_file(str(bert.folder / "tokenizer.json"))
         self._tokenizer.no_padding()  # the file's own padding and truncation are the hub export's, not the model's
-        self._tokenizer.enable_truncation(max_seq_length)
+        self._tokenizer.enable_truncation(bert.max_seq_length)
         # Linear layers' weights stored transposed once, so each product reads them in order.
         self._w = {name: np.ascontiguousarray(value.T) if value.ndim == 2 and not name.startswith("embeddings.")
-                   else value for name, value in weights.items()}
-        self._heads = int(config["num_attention_heads"])
-        self._layers = int(config["num_hidden_layers"])
-        self._eps = float(config.get("layer_norm_eps", 1e-12))
-        self._pooling = pooling
-        self._query_prompt = query_prompt
-        self._document_prompt = document_prompt
-        self.dimensions = int(config["hidden_size"])
+                   else value for name, value in bert.weights.items()}
+        self._heads = bert.heads
+        self._layers = bert.layers
+        self._eps = bert.eps
+        self._pooling = bert.pooling
+        self._query_prompt = bert.query_prompt
+        self._document_prompt = bert.document_prompt
+        self.dimensions = bert.hidden
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         return x @ self._w[f"{name}.weight"] + self._w[f"{name}.bias"]
@@ -113,14 +144,20 @@ def _json(path: Path) -> dict[str, Any]:
 def load_bert_encoder(location: str) -> BertEncoder | None:
     """The numpy encoder for the sentence-transformers folder at `location`, or None where the folder is not the
     layout it reproduces exactly, or cannot be read (then the full model must be loaded, and says why if it cannot)."""
+    bert = read_bert_folder(Path(location))
+    return BertEncoder(bert) if bert else None
+
+
+def read_bert_folder(folder: Path) -> BertFolder | None:
+    """The folder as BertFolder, or None where it is not the layout reproduced here exactly, or cannot be read."""
     try:
-        return _load(Path(location))
+        return _read(folder)
     except Exception as exc:  # a folder it cannot read (JSON, safetensors): the full model reads it, or says why
-        log.info("the numpy encoder does not read %s (%s): the full model is used", location, exc)
+        log.info("%s is not read as a plain BERT encoder (%s): the full model is used", folder, exc)
         return None
 
 
-def _load(folder: Path) -> BertEncoder | None:
+def _read(folder: Path) -> BertFolder | None:
     modules = json.loads((folder / "modules.json").read_text()) if (folder / "modules.json").is_file() else None
     config = _json(folder / "config.json")
     if (not modules or [m.get("type") for m in modules] != SUPPORTED_MODULES or modules[0].get("path")
@@ -154,5 +191,5 @@ def _load(folder: Path) -> BertEncoder | None:
             value.dtype != np.float32 for name, value in weights.items() if not name.endswith("position_ids")):
         return None  # half-precision weights would compute in half precision here: other vectors
     max_seq_length = min(int(st_config["max_seq_length"]), int(config.get("max_position_embeddings", 512)))
-    return BertEncoder(folder, weights, config, "cls" if modes == {"cls_token"} else "mean", max_seq_length,
-                       prompts.get("query", ""), document_prompt)
+    return BertFolder(folder, weights, config, "cls" if modes == {"cls_token"} else "mean", max_seq_length,
+                      prompts.get("query", ""), document_prompt)

