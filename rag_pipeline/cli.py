@@ -445,9 +445,13 @@ def cmd_search(args: argparse.Namespace, settings: Settings | None) -> int:
                            version=version, options=SearchOptions.from_settings(settings))
             fetched = fetch(conn, planned)
             abstained = None if fetched else abstention_of(conn, planned)
+            unheld = store.search.unheld_labels(conn, version, planned.labels) if version is not None else []
         # The connection is closed before a reranker is asked: it may take until the search's deadline.
         result = finish(planned, fetched, abstained)
         hits = [hit.to_dict() for hit in result.hits]
+        if unheld:  # a misspelt label matches nothing and widens nothing: say so, or it reads as "no results"
+            print(f"note: no indexed document carries the label{'s' * (len(unheld) > 1)} "
+                  f"{', '.join(map(repr, unheld))} (labels match exactly, case included)", file=sys.stderr)
         if result.note:
             print(f"note: {result.note}", file=sys.stderr)
         if result.abstained:

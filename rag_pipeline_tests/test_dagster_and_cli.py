@@ -186,6 +186,12 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     assert {"chunk_id", "doc_id", "path", "page_start", "page_end", "score", "text"} <= set(hits[0])
     no_labels = subprocess.run([*cli, "search", "battery"], env=cli_env, capture_output=True, text=True)
     assert no_labels.returncode != 0 and "--labels" in no_labels.stderr
+    # A misspelt label widens nothing, and the CLI says that no document carries it (not just "no results").
+    misspelt = subprocess.run([*cli, "search", "battery", "--labels", "Staff,staf"], env=cli_env, capture_output=True,
+                              text=True, timeout=300)
+    assert misspelt.returncode == 0 and misspelt.stdout.strip() == "no results"
+    assert "no indexed document carries the labels 'Staff', 'staf'" in misspelt.stderr, misspelt.stderr
+    assert "carries the label" not in found.stderr  # staff is held: no note
 
     listed = subprocess.run([*cli, "index", "list", "--json"], env=cli_env, capture_output=True, text=True)
     (version,) = json.loads(listed.stdout)

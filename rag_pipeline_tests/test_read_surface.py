@@ -4,6 +4,7 @@ search service, and the LangChain and LlamaIndex retrievers, on the real databas
 from __future__ import annotations
 
 import hashlib
+import logging
 import json
 import os
 import subprocess
@@ -191,6 +192,22 @@ def test_the_service_searches_with_the_tokens_labels_and_refuses_everything_else
     assert ready["version"]["identity"].startswith("onnx-int8:sha256:")
     assert set(ready["checks"]) >= {"acl_coverage", "deletion_replay"}  # recorded by the ingest's checks
     assert "/search" in client.get("/openapi.json").json()["paths"]
+
+
+def test_a_token_whose_labels_no_document_has_is_named_in_the_log_never_to_its_caller(clone, caplog):
+    """A misspelt label in service.tokens: its searches come back empty (nothing is widened), the operator reads
+    which labels no document has in the service's log, once, and the caller's answer says nothing about labels."""
+    conn, settings = clone
+    token = "misspelt-" + "m" * 20
+    tokens = (ServiceToken(name="typo-bot", sha256=hashlib.sha256(token.encode()).hexdigest(), labels=["Staff"]),)
+    app = create_app(settings.model_copy(update={"service": ServiceConfig(tokens=tokens)}), conn.info.dsn)
+    with TestClient(app) as client, caplog.at_level(logging.WARNING, logger="rag_pipeline.retrieval.service"):
+        answers = [_search(client, token, query=QUERY) for _ in range(2)]
+    assert all(a.status_code == 200 and a.json()["results"] == [] for a in answers), answers[0].text
+    told = [r.getMessage() for r in caplog.records if "labels no document" in r.getMessage()]
+    assert told == ["search service: token typo-bot carries labels no document of v1 has: Staff (labels match "
+                    "exactly)"], told
+    assert "Staff" not in answers[0].text and "label" not in answers[0].text.lower()
 
 
 def _ready(client, headers: dict[str, str] | None = None, seconds: float = 120):

@@ -71,6 +71,27 @@ class Caller:
     labels: tuple[str, ...]
 
 
+class UnheldLabels:
+    """Tells the operator, in the service's log and once per token and index version, that a token carries labels
+    no indexed document has (a misspelt label in `service.tokens`): its searches come back empty, and the caller
+    is never told which labels exist."""
+
+    def __init__(self) -> None:
+        self._told: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def report(self, conn: psycopg.Connection, version: store.versions.IndexVersion, caller: Caller) -> None:
+        key = (caller.name, version.version_id)
+        with self._lock:
+            if key in self._told:
+                return
+            self._told.add(key)
+        unheld = store.search.unheld_labels(conn, version, caller.labels)
+        if unheld:
+            log.warning("search service: token %s carries labels no document of %s has: %s (labels match exactly)",
+                        caller.name, version.label, ", ".join(unheld))
+
+
 class TokenBook:
     """Which token is whose: sha256 digests only, compared in constant time."""
 
@@ -386,6 +407,8 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
             raise ApiError(401, "unauthenticated", "unknown API token", {"WWW-Authenticate": "Bearer"})
         return found
 
+    unheld_labels = UnheldLabels()
+
     # Evaluated here, not postponed: FastAPI reads the dependency from the annotation.
     @app.post("/search", response_model=SearchResponse, responses={401: {}, 403: {}, 413: {}, 422: {}, 503: {}})
     def search_endpoint(request: SearchRequest, who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
@@ -407,6 +430,8 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
             with database() as conn:
                 fetched = fetch(conn, planned)
                 abstained = None if fetched else abstention_of(conn, planned)
+                if not fetched:
+                    unheld_labels.report(conn, version, who)
         except SearchError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None
         except (PoolTimeout, psycopg.OperationalError) as exc:  # fail fast: a client can retry elsewhere

@@ -12,6 +12,7 @@ are few or a small share of the index. rag.search_version fuses them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,11 @@ def abstention_reason(conn: psycopg.Connection, version: IndexVersion, text: str
     return conn.execute("SELECT rag.abstention(%s, %s, %s, %s, %s, %s)",
                         (version.version_id, text, list(labels), named, options["abstain_unknown_names"],
                          options["abstain_period_lookback"])).fetchone()[0]
+
+
+def unheld_labels(conn: psycopg.Connection, version: IndexVersion, labels: Sequence[str]) -> list[str]:
+    """The labels no row of `version` carries (rag.unheld_labels): for operators, never for a caller."""
+    return list(conn.execute("SELECT rag.unheld_labels(%s, %s)", (version.version_id, list(labels))).fetchone()[0])
 
 
 def record_settings(conn: psycopg.Connection, options: dict[str, Any]) -> None:

@@ -25,6 +25,19 @@ BEGIN
     RETURN counted;
 END $$;
 
+-- The labels among p_labels that no row of the version carries (from the same per-label counts): a misspelt label
+-- matches nothing and widens nothing, and says so only to whoever asks this (the CLI, the service's log).
+CREATE OR REPLACE FUNCTION rag.unheld_labels(p_version integer, p_labels text[]) RETURNS text[] LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    unheld text[];
+BEGIN
+    EXECUTE format('SELECT coalesce(array_agg(l ORDER BY l), ''{}'') FROM unnest($1::text[]) AS l '
+                   'WHERE coalesce((SELECT sum(df) FROM %I WHERE term_id = rag_label_term_id(l)), 0) = 0',
+                   rag.version_table(p_version) || '_bm25_df')
+        INTO unheld USING p_labels;
+    RETURN unheld;
+END $$;
+
 CREATE OR REPLACE FUNCTION rag.total_rows(p_version integer) RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 DECLARE
     counted bigint;
