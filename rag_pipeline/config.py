@@ -979,7 +979,7 @@ def _error_line(error: dict[str, Any], root: type[BaseModel]) -> str:
         message = "expected a list, e.g. [a, b], not a string"
     if "input" in error and error["type"] not in ("missing", "extra_forbidden") and not isinstance(
         error["input"], dict | list
-    ) and not (loc and loc[-1] in UNECHOED_KEYS):
+    ) and not (loc and loc[-1] in UNECHOED_KEYS) and repr(error["input"]) not in message:  # said once
         message += f" (got {error['input']!r})"
     return f"{_path(loc)}: {message}"
 

@@ -136,6 +136,8 @@ CONFIG_MISTAKES = [
     ("retrieval: {min_similarty: 0.3}", "retrieval.min_similarty: unknown key; did you mean min_similarity?"),
     ("parsing: {vlm: {page_budgt: 3}}", "parsing.vlm.page_budgt: unknown key; did you mean page_budget?"),
     ("lock_timeout: soon", "lock_timeout: not a duration"),
+    ("sources: [{name: a, root: ., acl_labels: [x], freshness_sla: 24 hours}]",
+     "sources[0].freshness_sla: not a duration: '24 hours' (use e.g. 90s, 15m, 24h, 7d)"),
     ("refresh_cron: every hour", "refresh_cron: not a cron expression"),
     ("sources: [{name: a, root: .}, {name: a, root: .}]", "sources: duplicate source names"),
     ("sources: [{name: 'bad name', root: .}]", "sources[0].name: String should match pattern"),
@@ -156,8 +158,25 @@ def test_each_configuration_mistake_is_one_line_naming_the_key_and_file(tmp_path
         load_settings(config)
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"{config}: ") and expected in message, message
+    assert message.count("'24 hours'") <= 1  # the value is said once, not again as "(got ...)"
     assert main(["--config", str(config), "config", "show"]) == 2
     assert capsys.readouterr().err == f"configuration error: {message}\n"
+
+
+def test_a_command_run_without_a_configuration_file_says_so(tmp_path, monkeypatch, capsys):
+    """Outside a checkout no rag_pipeline.yaml is found: the defaults apply, and the command says which data folder
+    that means instead of silently using one."""
+    from rag_pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAG_CONFIG", raising=False)
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    main(["db", "status"])
+    err = capsys.readouterr().err
+    assert err.startswith("note: no configuration file (rag_pipeline.yaml here") and str(tmp_path / "data") in err, err
+    (tmp_path / "rag_pipeline.yaml").write_text("data_dir: here\n")
+    main(["db", "status"])
+    assert "no configuration file" not in capsys.readouterr().err
 
 
 def test_cli_configuration_error_exits_2_without_a_traceback(tmp_path):

@@ -123,6 +123,17 @@ def test_the_readme_command_lines_name_real_commands_and_variables():
     assert checked >= 25
 
 
+def test_the_readme_says_the_highest_rank_score_the_default_ranking_gives():
+    """The README's ceiling of a hit's score: each fused list's first hit adds weight / (rrf_k + 1), from the dense
+    and BM25 lists and, when the query names a document, their routed twins."""
+    retrieval = load_settings(REPO / "rag_pipeline.yaml").retrieval
+    ceiling = (retrieval.dense_weight + retrieval.sparse_weight) * (1 + retrieval.document_routing.weight) / (
+        retrieval.rrf_k + 1)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    said = re.search(r"the fused RRF value, up to (\d\.\d+) with the default weights", readme)
+    assert said and abs(float(said.group(1)) - ceiling) < 0.0005, (said and said.group(1), ceiling)
+
+
 def test_the_readme_module_map_names_files_that_exist():
     (block,) = [b for b in readme_blocks() if kind_of(b) == "module map"]
     entries: dict[str, str] = {}  # path -> its description, continuation lines included
