@@ -305,3 +305,20 @@ def test_escaped_pipes_in_rtl_table_cells():
     from rag_pipeline.parsing.rtl import logical_text
 
     assert logical_text("| א\\|ב | 12 |") == "| ב\\|א | 12 |"
+
+
+def test_a_missing_font_package_is_a_named_skip_here_and_a_failure_in_ci(monkeypatch, tmp_path):
+    """make test on a machine without the generated documents' fonts: skipped with the package named; in CI, which
+    installs them, a failure."""
+    from rag_pipeline_tests.conftest import skip_for_missing_package
+    from torture_set import generate
+
+    monkeypatch.setattr(generate, "WQY_MICROHEI", tmp_path / "absent.ttc")
+    with pytest.raises(generate.MissingSystemPackage) as missing:
+        generate.cjk_font_without_unicode_map(tmp_path / "cjk.pdf")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install fonts-wqy-microhei"):
+        skip_for_missing_package(missing.value)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(generate.MissingSystemPackage):
+        skip_for_missing_package(missing.value)

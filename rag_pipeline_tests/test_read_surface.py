@@ -4,8 +4,8 @@ search service, and the LangChain and LlamaIndex retrievers, on the real databas
 from __future__ import annotations
 
 import hashlib
-import logging
 import json
+import logging
 import os
 import subprocess
 import sys

@@ -231,9 +231,18 @@ RTL_PARAGRAPHS = [
 DEJAVU_SANS = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")  # Debian's fonts-dejavu-core
 
 
+class MissingSystemPackage(FileNotFoundError):
+    """A generator needs a file a system package installs (a font): the message names the package. The test suite
+    skips what needs it on a machine without it, and fails in CI, which installs it (.ci/run)."""
+
+    def __init__(self, path: Path, package: str) -> None:
+        super().__init__(f"{path} is missing: apt-get install {package}")
+        self.package = package
+
+
 def rtl_paragraphs(path: Path) -> dict[str, Any]:
     if not DEJAVU_SANS.exists():
-        raise FileNotFoundError(f"{DEJAVU_SANS} is missing: apt-get install fonts-dejavu-core")
+        raise MissingSystemPackage(DEJAVU_SANS, "fonts-dejavu-core")
     pdf = _pdf()
     pdf.add_page()
     pdf.add_font("DejaVu", fname=str(DEJAVU_SANS))
@@ -401,7 +410,7 @@ def cjk_font_without_unicode_map(path: Path) -> dict[str, Any]:
     """Chinese set in an embedded, subset CJK font whose /ToUnicode map is gone: the text layer reads as
     plausible Chinese characters that are not the ones drawn (pdfminer guesses from the subset font)."""
     if not WQY_MICROHEI.exists():
-        raise FileNotFoundError(f"{WQY_MICROHEI} is missing: apt-get install fonts-wqy-microhei")
+        raise MissingSystemPackage(WQY_MICROHEI, "fonts-wqy-microhei")
     pdf = _pdf()
     pdf.set_compression(False)  # so the map's key can be renamed in place, offsets unchanged
     pdf.add_font("WQY", fname=str(WQY_MICROHEI), collection_font_number=0)
