@@ -728,6 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML configuration (default: $RAG_CONFIG or ./rag_pipeline.yaml)")
     parser.add_argument("--version", action="version", version=f"rag-pipeline {package_version()}",
                         help="print the installed version and exit")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of every error, expected ones (one line without it) included")
     sub = parser.add_subparsers(dest="command", required=True)
 
     db = sub.add_parser("db", help="the embedded PostgreSQL server")
@@ -886,6 +888,8 @@ def main(argv: list[str] | None = None) -> int:
             found = (getattr(sys.modules.get(module), cls, None) for module, cls in (n.rsplit(".", 1) for n in names))
             return tuple(c for c in found if isinstance(c, type))
 
+        if args.debug:
+            print(redact_credentials(traceback.format_exc()), end="", file=sys.stderr)
         if isinstance(exc, raised("rag_pipeline.config.ConfigError")):
             print(f"configuration error: {redact_credentials(str(exc))}", file=sys.stderr)
             return EXIT_USAGE
@@ -901,9 +905,14 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, refused):
             print(f"refused: {redact_credentials(str(exc))}", file=sys.stderr)
             return EXIT_REFUSED
+        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            # a path the user gave (a golden set, a folder): the path and why, in one line
+            print(f"error: {exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else f"error: {exc}",
+                  file=sys.stderr)
+            return EXIT_USAGE
         if isinstance(exc, reported):
             print(f"error: {redact_credentials(str(exc))}", file=sys.stderr)
-        else:  # unexpected: the traceback is what a bug report needs
+        elif not args.debug:  # unexpected: the traceback is what a bug report needs
             print(redact_credentials(traceback.format_exc()), end="", file=sys.stderr)
         return EXIT_ERROR
 

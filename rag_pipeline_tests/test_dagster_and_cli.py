@@ -406,6 +406,12 @@ def test_exit_codes_follow_the_documented_table(clone, capsys):
     assert cli.main(["--config", str(tokenless), "serve"]) == cli.EXIT_USAGE
     said = capsys.readouterr()
     assert "service.tokens[0].env" in said.err and "search service on" not in said.out
+    # An expected failure is one line, and its traceback is there with --debug.
+    missing = str(settings.config_file.with_name("no-such-golden.jsonl"))
+    assert cli.main(["--config", config, "eval", missing, "--labels", "staff"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [f"error: No such file or directory: {missing}"]
+    assert cli.main(["--config", config, "--debug", "eval", missing, "--labels", "staff"]) == cli.EXIT_USAGE
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
     # The table in the module's help is the one these constants implement.
     for code in (cli.EXIT_OK, cli.EXIT_FAILED, cli.EXIT_USAGE, cli.EXIT_REFUSED, cli.EXIT_DELETIONS_HELD, cli.EXIT_ERROR):
         assert f"\n  {code}  " in cli.__doc__
