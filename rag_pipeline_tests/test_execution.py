@@ -145,6 +145,9 @@ def test_hostile_documents_are_dead_lettered_and_the_rest_is_indexed(make_settin
     assert stats.parse.dead_letter_reasons == {"timeout": 1, "memory": 1}
     assert any(line.startswith("parse and chunk: 9/9 documents") for line in lines), lines
     assert any(line.startswith("index: 7/7 documents") for line in lines), lines
+    # The index's total counts what is still being parsed: it never grows, so its ETA is never 0 s early.
+    totals = [int(m.group(1)) for m in (re.match(r"index: \d+/(\d+) documents", line) for line in lines) if m]
+    assert totals and totals == sorted(totals, reverse=True), lines
 
 
 def test_deletions_and_label_changes_reach_the_index_while_a_document_hangs(make_settings, db, db_url, tmp_path):

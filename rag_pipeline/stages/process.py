@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,9 +291,13 @@ class _IndexThread(threading.Thread):
             raise self.failure
 
 
-def _report_index(conn: psycopg.Connection, reporter: Reporter, stats: IndexStats) -> None:
-    reporter.report(stats.documents_indexed, store.work.queued(conn, [D.PENDING_INDEX])[D.PENDING_INDEX],
-                    stats.chunks_indexed)
+def _report_index(conn: psycopg.Connection, reporter: Reporter, stats: IndexStats,
+                  still_parsing: Sequence[DocumentStatus] = ()) -> None:
+    """The index stage's progress. While documents are still being parsed and chunked they count as left too: they
+    come to the index next, and a total of only what is queued for it now grew with every document parsed, its ETA
+    at 0 s long before the end (a few of them will need no new rows: an upper bound, settled as they arrive)."""
+    waiting = store.work.queued(conn, [D.PENDING_INDEX, *still_parsing])
+    reporter.report(stats.documents_indexed, sum(waiting.values()), stats.chunks_indexed)
 
 
 def _work_documents(
@@ -363,7 +367,7 @@ def _work_documents(
                     left = sum(store.work.queued(conn, statuses).values())
                     reporter.report(done, left, result.parse.pages)
                     if indexer is not None and index_reporter.due():
-                        _report_index(conn, index_reporter, result.index)
+                        _report_index(conn, index_reporter, result.index, statuses)
             result.workers_replaced = pool.replaced
         remove_orphaned_copies()  # of the workers killed over their budget in this run
     result.parse.seconds = time.perf_counter() - started
