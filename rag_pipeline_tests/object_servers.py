@@ -229,12 +229,15 @@ class SeaweedS3Server(ServerProcess):
     stop_grace = 0.0  # weed's graceful shutdown takes over 5 s and saves nothing a test needs
     region = "us-east-1"
 
-    def __init__(self, workdir: Path, identities: Sequence[S3Identity] = (), **kwargs: Any) -> None:
+    def __init__(self, workdir: Path, identities: Sequence[S3Identity] = (), port: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(workdir, **kwargs)
         self.identities = (ADMIN, *identities)
         # s3, master, volume, filer and their gRPC ports, all explicit: weed's default gRPC port is port+10000,
-        # which nothing reserved.
+        # which nothing reserved. The S3 port may be given (scripts/dev_s3.py); the others are free ones.
         self.port, *self._internal_ports = free_ports(8)
+        if port is not None:
+            self.port = port
 
     @property
     def endpoint(self) -> str:

@@ -256,3 +256,23 @@ def test_the_readme_service_example_and_its_retrievers_run_as_written(clone, tmp
     assert 0 < response["results"][0]["similarity"] <= 1
     paths = json.loads([line for line in printed if line.startswith('["')][-1])
     assert paths == ["handbook/travel-policy.md", "handbook/travel-policy.md"]
+
+
+def test_the_object_store_try_it_locally_block_indexes_the_sample_from_s3(tmp_path):
+    """docs/sources.md's "Try it locally": SeaweedFS started by scripts/dev_s3.py, the sample corpus uploaded,
+    ingested from s3:// and searched, as written (on a free port if 8333 is taken), from a copy of the checkout's
+    layout (the block's relative paths: .venv, scripts, sample_corpus)."""
+    sources_md = (REPO / "docs" / "sources.md").read_text(encoding="utf-8")
+    (script,) = [m.group(2) for m in FENCE_RE.finditer(sources_md) if "scripts/dev_s3.py" in m.group(2)]
+    if not _port_is_free(8333):
+        script = script.replace("8333", str(_free_port()))
+    for name in (".venv", "scripts", "sample_corpus", "rag_pipeline_tests"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RAG_", "AWS_"))}, "HF_HUB_OFFLINE": "1",
+           "RAG_MODELS_DIR": str(REPO / ".models")}
+    done = subprocess.run(["bash", "-c", "set -e\n" + script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=600, start_new_session=True)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    first_hit = next((line for line in done.stdout.splitlines() if line.startswith(" 1. ")), "")
+    assert "devs3:handbook/travel-policy.md" in first_hit, done.stdout[-2000:]
+    assert not (tmp_path / ".dev_s3" / "ready").exists()  # the server stopped with the script
