@@ -596,8 +596,17 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
     report: dict[str, Any] = {"file": str(path), "status": "ok", "reason": None, "detail": None,
                               "parser_version": parser_version(), "pages": []}
     cascade = Cascade(settings.parsing)
+    describer = None
+    if settings.parsing.vlm.describe_pictures:  # asked each time: a file parsed here has no cache to read
+        from rag_pipeline.parsing.descriptions import DescriptionCache, PictureDescriber
+
+        describer = PictureDescriber(settings.parsing.vlm, settings.parsing.max_render_pixels)
     try:
         pages = parse_document(path, args.password, cascade)
+        if describer is not None:
+            said: dict[str, str] = {}
+            report["pictures_described"] = describer.describe(
+                path, args.password, pages, DescriptionCache(said.get, said.__setitem__)).described
         report["chars_removed"] = clean_parsed_pages(pages)
         report["pages"] = [
             {"page": p.page, "tier": p.tier, "signals": p.signals, "markdown": p.markdown, "tables": p.tables,
@@ -610,6 +619,8 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
         report.update(status="dead_letter", reason="missing", detail=f"no such file: {path}")
     finally:
         cascade.close()
+        if describer is not None:
+            describer.close()
     report["tiers_unavailable"] = cascade.unavailable
     if args.json:
         _print_json(report)
@@ -627,6 +638,8 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
                 words = " ".join(str(picture.get("text", "")).split())
                 print(f"picture {number}: {picture.get('kind')} at {picture.get('box')}, caption "
                       f"{picture.get('caption')!r}: {words[:300]}")
+                if picture.get("description"):
+                    print(f"  described: {picture['description'][:500]}")
         for tier, why in report["tiers_unavailable"].items():
             print(f"note: tier {tier} could not run: {why}")
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED

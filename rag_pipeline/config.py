@@ -460,6 +460,17 @@ class VlmConfig(EndpointConfig):
     max_tokens: int = Field(2048, ge=1, le=65536)
     page_budget: int = Field(50, ge=0, description="pages per run at most: a runaway corpus must not run up a bill")
     dpi: int = Field(150, ge=36, le=600)
+    describe_pictures: bool = Field(False, description="also describe each picture a page holds (charts, figures, "
+                                    "photos) into its figure chunk; cached per document, picture and model")
+    picture_budget: int = Field(200, ge=0, description="pictures described per run and parse worker at most (cached "
+                                "descriptions are free)")
+    pictures_per_document: int = Field(30, ge=0, description="pictures described per document at most")
+
+    @model_validator(mode="after")
+    def _describing_needs_a_model(self) -> VlmConfig:
+        if self.describe_pictures and not self.enabled:
+            raise ValueError("describe_pictures needs endpoint and model")
+        return self
 
 
 class ParsingConfig(_Section):

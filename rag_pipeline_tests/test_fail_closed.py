@@ -378,6 +378,9 @@ def test_erase_removes_a_document_everywhere_and_records_it_without_its_path(clo
     conn, settings = clone
     path = "finance/q3-report.pdf"
     (doc_id,) = conn.execute("SELECT doc_id FROM documents WHERE rel_path = %s", (path,)).fetchone()
+    # what a vision model said of one of its pictures: derived from the document, erased with it
+    conn.execute("INSERT INTO picture_descriptions (doc_id, image_sha256, prompt_version, model, description) "
+                 "VALUES (%s, 'a1', 'picture-v1', 'vlm', 'A chart of Q3 revenue by region.')", (doc_id,))
     shas = {r[0] for r in conn.execute("SELECT embedding_input_sha FROM index_v1 WHERE doc_id = %s", (doc_id,))}
     assert shas and conn.execute("SELECT count(*) FROM embedding_cache WHERE input_sha = ANY(%s)",
                                  (list(shas),)).fetchone()[0] == len(shas)
@@ -389,7 +392,8 @@ def test_erase_removes_a_document_everywhere_and_records_it_without_its_path(clo
     monkeypatch.setenv("RAG_PIPELINE_ERASURE_KEY", key)
     report = erase(url, "sample", path)
     assert report.documents == 1 and report.removed["documents"] == 1 and report.removed["index_v1"] >= 1
-    for table in ("documents", "chunks", "document_pages", "prefix_cache", "dead_letters", "deletion_log", "index_v1"):
+    for table in ("documents", "chunks", "document_pages", "prefix_cache", "picture_descriptions", "dead_letters",
+                  "deletion_log", "index_v1"):
         assert conn.execute(f"SELECT count(*) FROM {table} WHERE doc_id = %s", (doc_id,)).fetchone()[0] == 0, table
     assert conn.execute("SELECT count(*) FROM embedding_cache WHERE input_sha = ANY(%s)", (list(shas),)
                         ).fetchone()[0] == 0

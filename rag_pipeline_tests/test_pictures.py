@@ -22,7 +22,7 @@ from rag_pipeline.parsing.pictures import (
 )
 from rag_pipeline.text.chunking import Chunk
 from rag_pipeline.text.figures import figure_chunks, figure_text
-from rag_pipeline_tests.conftest import MMLONGBENCH
+from rag_pipeline_tests.conftest import MMLONGBENCH, report_with_a_chart
 
 WIDTH, HEIGHT = 612.0, 792.0
 
@@ -201,30 +201,6 @@ def test_parsing_keeps_a_real_reports_charts_with_their_pages():
     assert "Latino perceptions of personal finances" in text and "General public" in text
 
 
-def _report_with_a_chart(path) -> None:
-    """A page of prose and a bar chart drawn with paths: its title, labels and figures are text in the PDF."""
-    from reportlab.lib.pagesizes import letter
-    from reportlab.pdfgen import canvas
-
-    pdf = canvas.Canvas(str(path), pagesize=letter)
-    pdf.setFont("Helvetica", 10)
-    for n, line in enumerate(["Our plants shipped more robots this year than in any year before.",
-                              "The north plant led, the south plant recovered in the second half."]):
-        pdf.drawString(72, 720 - 14 * n, line)
-    pdf.drawString(150, 630, "Robots shipped by plant, in units")  # the chart's title, inside its frame
-    pdf.line(100, 350, 100, 620)
-    pdf.line(100, 350, 500, 350)
-    for i, (plant, units) in enumerate([("Lyon", 420), ("Turin", 310), ("Graz", 260), ("Porto", 180)]):
-        x = 130 + 90 * i
-        pdf.rect(x, 350, 40, units * 0.6, fill=1)
-        pdf.line(x + 20, 350, x + 20, 345)
-        pdf.drawString(x + 5, 335, plant)
-        pdf.drawString(x + 8, 355 + units * 0.6, str(units))
-    pdf.drawString(100, 310, "Figure 1: Robots shipped by plant")
-    pdf.showPage()
-    pdf.save()
-
-
 def test_a_drawn_chart_is_parsed_listed_and_indexed_as_a_figure_chunk(tmp_path, make_settings, db):
     import subprocess
     import sys
@@ -236,7 +212,7 @@ def test_a_drawn_chart_is_parsed_listed_and_indexed_as_a_figure_chunk(tmp_path, 
 
     root = tmp_path / "reports"
     root.mkdir()
-    _report_with_a_chart(root / "plants.pdf")
+    report_with_a_chart(root / "plants.pdf")
     listed = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "parse", str(root / "plants.pdf")],
                             capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert listed.returncode == 0, listed.stderr[-2000:]

@@ -108,6 +108,10 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
         "bytes_downloaded": dg.MetadataValue.int(stats.bytes_downloaded),
         "left_for_next_run": stats.changed_since_scan + stats.unreadable,
         "escalations": typed_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
+        # parsing.vlm.describe_pictures: asked of the model, read from the cache, left without (budget, timeout)
+        "picture_descriptions": typed_table(("outcome", "pictures"), [
+            ("described", stats.pictures_described), ("cached", stats.picture_descriptions_cached),
+            ("over_budget", stats.pictures_over_budget), ("failed", stats.picture_description_failures)]),
         "tiers_unavailable": typed_table(("tier", "why"), sorted(stats.tiers_unavailable.items())),
         "chars_removed_by_cleaning": typed_table(("rule", "characters"), sorted(stats.chars_removed.items())),
         "dead_letters_this_run": typed_table(("reason", "documents"), sorted(stats.dead_letter_reasons.items())),

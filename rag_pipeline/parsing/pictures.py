@@ -49,6 +49,7 @@ MAX_PICTURES = 100  # pictures kept from one page, the largest first
 MAX_GRID = 400  # cells a side at most (a 612-point page at GAP has 102)
 MAX_PICTURE_CHARS = 2000  # of a picture's words, kept with the page
 MAX_CAPTION_CHARS = 300
+MAX_DESCRIPTION_CHARS = 2000  # of a model's description of it
 # what a picture's words may not carry into the page's signals: control characters (a NUL is refused by jsonb and
 # would lose the document; an escape has no business on a terminal) and glyphs the font could not map
 UNREADABLE_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]|\(cid:\d+\)")
@@ -66,6 +67,7 @@ class Picture:
     box: Box
     caption: str | None
     text: str  # the words drawn inside the box, line by line
+    description: str | None = None  # what a vision-language model said it shows (rag_pipeline.parsing.descriptions)
 
 
 def _box(obj: dict[str, Any]) -> Box:
@@ -282,8 +284,11 @@ def picture_record(picture: Picture) -> dict[str, Any]:
     """A picture as a page's signals keep it (JSON): its words and caption in NFKC, without control characters or
     unmapped glyphs, cut to MAX_PICTURE_CHARS and MAX_CAPTION_CHARS."""
     caption = _readable(picture.caption, MAX_CAPTION_CHARS).strip() if picture.caption else None
-    return {"kind": picture.kind, "box": list(picture.box), "caption": caption or None,
-            "text": _readable(picture.text, MAX_PICTURE_CHARS)}
+    record = {"kind": picture.kind, "box": list(picture.box), "caption": caption or None,
+              "text": _readable(picture.text, MAX_PICTURE_CHARS)}
+    if picture.description:  # only then: a parse without a model keeps the records it always had
+        record["description"] = _readable(picture.description, MAX_DESCRIPTION_CHARS).strip() or None
+    return record
 
 
 def picture_from_record(page: int, record: Any) -> Picture | None:
@@ -291,8 +296,10 @@ def picture_from_record(page: int, record: Any) -> Picture | None:
     if not isinstance(record, dict):
         return None
     kind, box, caption, text = (record.get(key) for key in ("kind", "box", "caption", "text"))
+    description = record.get("description")
     if (kind not in ("image", "drawing") or not isinstance(box, list) or len(box) != 4
             or not all(isinstance(v, int | float) and math.isfinite(v) for v in box)
-            or not isinstance(text, str) or not (caption is None or isinstance(caption, str))):
+            or not isinstance(text, str) or not (caption is None or isinstance(caption, str))
+            or not (description is None or isinstance(description, str))):
         return None
-    return Picture(page, kind, tuple(float(v) for v in box), caption, text)  # type: ignore[arg-type]
+    return Picture(page, kind, tuple(float(v) for v in box), caption, text, description)  # type: ignore[arg-type]

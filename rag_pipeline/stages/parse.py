@@ -25,8 +25,9 @@ from rag_pipeline.config import SourceConfig
 from rag_pipeline.domain.refs import in_log
 from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.parsing.cascade import Cascade, parse_document
+from rag_pipeline.parsing.descriptions import PROMPT_VERSION, DescriptionCache, PictureDescriber
 from rag_pipeline.parsing.limits import decode_content_encoding
-from rag_pipeline.parsing.pages import DeadLetter
+from rag_pipeline.parsing.pages import DeadLetter, ParsedPage
 from rag_pipeline.sources import kinds
 from rag_pipeline.sources.folders import ChangedSinceScanError, UnsafePathError, open_judged
 from rag_pipeline.sources.object_stores import SourceReadError, download_judged
@@ -59,13 +60,32 @@ class ParseStats(StageStats):
     escalation_reasons: dict[str, int] = field(default_factory=dict)
     unresolved_pages: int = 0  # failed the check and no tier could do better
     tiers_unavailable: dict[str, str] = field(default_factory=dict)
+    # pictures a vision-language model described (parsing.vlm.describe_pictures): asked now, from the cache, left
+    # without one (a budget spent), or not answered
+    pictures_described: int = 0
+    picture_descriptions_cached: int = 0
+    pictures_over_budget: int = 0
+    picture_description_failures: int = 0
     SUMMARY = ("parsed", "requeued_for_new_parser", "content_unchanged", "dead_lettered", "dead_letter_reasons",
-               "pages", "objects_downloaded", "bytes_downloaded")
+               "pages", "objects_downloaded", "bytes_downloaded", "pictures_described")
+
+
+def _describe_pictures(conn: psycopg.Connection, doc_id: str, path: Path, password: str | None,
+                       parsed: list[ParsedPage], describer: PictureDescriber, stats: ParseStats) -> None:
+    """The pictures' descriptions, from the document's cache in the database or the model (while the file is open)."""
+    cache = DescriptionCache(
+        lookup=lambda sha: store.pages.cached_description(conn, doc_id, sha, PROMPT_VERSION, describer.model),
+        keep=lambda sha, text: store.pages.keep_description(conn, doc_id, sha, PROMPT_VERSION, describer.model, text))
+    described = describer.describe(path, password, parsed, cache)
+    stats.pictures_described += described.described
+    stats.picture_descriptions_cached += described.cached
+    stats.pictures_over_budget += described.over_budget
+    stats.picture_description_failures += described.failed
 
 
 def parse_one(
     conn: psycopg.Connection, doc: PendingDocument, source: SourceConfig, version: str, cascade: Cascade,
-    stats: ParseStats,
+    stats: ParseStats, describer: PictureDescriber | None = None,
 ) -> None:
     read_path = doc.read_path or doc.rel_path
     size, mtime_ns = (int(part) for part in doc.fingerprint.split(":")[:2])  # an object's ETag follows
@@ -85,6 +105,8 @@ def parse_one(
                 stats.objects_downloaded += 1
                 stats.bytes_downloaded += size
             parsed = parse_document(path, password, cascade)
+            if describer is not None and any(page.signals.get("pictures") for page in parsed):
+                _describe_pictures(conn, doc.doc_id, path, password, parsed, describer, stats)
         removed = clean_parsed_pages(parsed)
         new_hash = content_hash([page.markdown for page in parsed])
         unchanged = new_hash == doc.indexed_content_hash

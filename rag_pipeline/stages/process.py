@@ -118,6 +118,7 @@ class _WorkerState:
     conn: psycopg.Connection
     parser_version: str
     cascade: Any = None
+    describer: Any = None
     chunker: Any = None
     prefixer: Any = None
 
@@ -137,6 +138,10 @@ class DocumentRunner:
             bound_compute_threads(settings.execution.threads_per_worker)
         state = _WorkerState(db_url, settings, plan, connect(db_url), parser_version())
         state.cascade = Cascade(settings.parsing)
+        if settings.parsing.vlm.describe_pictures:
+            from rag_pipeline.parsing.descriptions import PictureDescriber
+
+            state.describer = PictureDescriber(settings.parsing.vlm, settings.parsing.max_render_pixels)
         if plan is not None:
             from rag_pipeline.embedding.locations import load_chunking_tokenizer
             from rag_pipeline.text.chunking import Chunker
@@ -153,7 +158,8 @@ class DocumentRunner:
         doc: PendingDocument | None = task.doc
         if task.status == D.PENDING_PARSE:
             started = time.perf_counter()
-            parse_one(state.conn, task.doc, task.source, state.parser_version, state.cascade, result.parse)
+            parse_one(state.conn, task.doc, task.source, state.parser_version, state.cascade, result.parse,
+                      state.describer)
             result.parse.seconds = time.perf_counter() - started
             result.parse.tiers_unavailable = dict(state.cascade.unavailable)
             doc = store.queue.pending_document(state.conn, task.doc.doc_id, D.PENDING_CHUNK) if task.chunk else None

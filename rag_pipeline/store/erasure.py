@@ -17,7 +17,8 @@ from rag_pipeline.store import scans, versions
 from rag_pipeline.store.health import table_exists
 
 # Tables keyed by doc_id that outlive or sit beside the documents row (chunks and pages go with it).
-_BY_DOC_ID = ("dead_letters", "prefix_cache", "chunks", "document_pages", "deletion_log", "document_embedding_inputs")
+_BY_DOC_ID = ("dead_letters", "prefix_cache", "picture_descriptions", "chunks", "document_pages", "deletion_log",
+              "document_embedding_inputs")
 
 
 # A name is the same name whatever its Unicode normalisation (`café` typed as NFC, stored as NFD by a Mac): erasing

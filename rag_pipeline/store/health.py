@@ -16,7 +16,7 @@ from rag_pipeline.store.versions import ACTIVE_ALIAS, IndexVersion, index_versio
 D = DocumentStatus
 # Tables keyed by document, besides the per-version index tables. Groups emptied by a deletion are
 # checked separately: their occurrences are gone, so they no longer name a document.
-DOCUMENT_TABLES = ("chunks", "document_pages", "prefix_cache", "dead_letters")
+DOCUMENT_TABLES = ("chunks", "document_pages", "prefix_cache", "picture_descriptions", "dead_letters")
 # A document that came back to its source (same source and path) is live again, not deleted.
 _DELETED_DOCUMENTS = sql.SQL(
     """SELECT DISTINCT ON (l.doc_id) l.doc_id, l.source, l.rel_path, l.deleted_at

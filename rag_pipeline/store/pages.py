@@ -56,6 +56,25 @@ def picture_records(conn: psycopg.Connection, doc_id: str) -> list[Any]:
         "SELECT signals -> 'pictures' FROM document_pages WHERE doc_id = %s ORDER BY page", (doc_id,)).fetchall()]
 
 
+def cached_description(conn: psycopg.Connection, doc_id: str, image_sha256: str, prompt_version: str,
+                       model: str) -> str | None:
+    with conn.transaction():  # ended here: a worker's connection is not left inside a transaction
+        row = conn.execute(
+            "SELECT description FROM picture_descriptions WHERE doc_id = %s AND image_sha256 = %s"
+            " AND prompt_version = %s AND model = %s", (doc_id, image_sha256, prompt_version, model)).fetchone()
+    return row[0] if row else None
+
+
+def keep_description(conn: psycopg.Connection, doc_id: str, image_sha256: str, prompt_version: str, model: str,
+                     description: str) -> None:
+    """Committed at once: what the model was paid for survives a parse that fails later."""
+    with conn.transaction():
+        conn.execute(
+            """INSERT INTO picture_descriptions (doc_id, image_sha256, prompt_version, model, description)
+               VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+            (doc_id, image_sha256, prompt_version, model, description))
+
+
 def table_continuations(conn: psycopg.Connection, doc_id: str) -> dict[int, int]:
     """Pages whose last table runs on over page breaks -> the last page it reaches."""
     rows = conn.execute(

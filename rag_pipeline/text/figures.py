@@ -18,20 +18,24 @@ CONTENT_TYPE = "figure"
 # A figure chunk's first line says what it is: its caption when that says so ("Figure 3: …", "Chart 2 …"), else
 # this word before the caption (a chart's title) or alone
 FIGURE_WORD = "Figure"
+# What introduces a model's description in the chunk: derived text, said as such
+DESCRIPTION_WORD = "Described"
 # Words a picture must hold besides its caption: an image with a caption only is said by the page's text already.
 MIN_WORDS = 4
 
 
 def figure_text(picture: Picture) -> str | None:
     """What a figure chunk says: a first line naming it a figure (with its caption), then the words inside it line
-    by line; None when it holds fewer than MIN_WORDS words of its own."""
+    by line, then a model's description of it when one was asked for (last: the rest is the same with or without a
+    model); None when it holds fewer than MIN_WORDS words of its own and no description."""
     lines = [" ".join(line.split()) for line in picture.text.split("\n")]
     lines = [line for line in lines if line and line != picture.caption]
-    if sum(len(line.split()) for line in lines) < MIN_WORDS:
+    description = " ".join((picture.description or "").split())
+    if sum(len(line.split()) for line in lines) < MIN_WORDS and not description:
         return None
     caption = picture.caption or ""
     head = caption if CAPTION_RE.match(caption) else f"{FIGURE_WORD}: {caption}" if caption else FIGURE_WORD
-    return "\n".join([head, *lines])
+    return "\n".join([head, *lines, *([f"{DESCRIPTION_WORD}: {description}"] if description else [])])
 
 
 def _sections_by_page(chunks: Sequence[Chunk]) -> Callable[[int], str]:
