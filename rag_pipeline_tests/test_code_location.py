@@ -375,7 +375,8 @@ def test_a_core_install_reads_the_index_and_names_the_extra_each_command_lacks(t
         "from rag_pipeline.parsing.cascade import TierUnavailable, _rapidocr\n"
         "try:\n    _rapidocr()\nexcept TierUnavailable as exc:\n    print(exc)\n", tmp_path)
     assert read_path.returncode == 0, read_path.stderr[-2000:]
-    assert "'pipeline' extra" in read_path.stdout and "use embedding.backend: remote" in read_path.stdout
+    # the torch backend names the extra that brings torch, and that the default backend needs none
+    assert "'torch' extra" in read_path.stdout and "onnx-int8, runs without them" in read_path.stdout
     assert "pip install 'dagster-rag-pipeline[ocr]'" in read_path.stdout  # the OCR tier is reported unavailable, not a crash
 
     run = "from rag_pipeline.cli import main\nsys.exit(main(sys.argv[1:]))\n"
