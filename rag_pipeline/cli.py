@@ -636,8 +636,9 @@ def cmd_parse(args: argparse.Namespace, settings: Settings) -> int:
             print(page["markdown"].rstrip() + "\n")
             for number, picture in enumerate(pictures, 1):  # chunked as figures (rag_pipeline.text.figures)
                 words = " ".join(str(picture.get("text", "")).split())
+                read_by = " (words read by OCR)" if picture.get("text_read_by") == "ocr" else ""
                 print(f"picture {number}: {picture.get('kind')} at {picture.get('box')}, caption "
-                      f"{picture.get('caption')!r}: {words[:300]}")
+                      f"{picture.get('caption')!r}{read_by}: {words[:300]}")
                 if picture.get("description"):
                     print(f"  described: {picture['description'][:500]}")
         for tier, why in report["tiers_unavailable"].items():

@@ -503,6 +503,8 @@ class ParsingConfig(_Section):
                                    "layout tier; a larger page is rendered at a lower resolution")
     ocr_engine: Literal["rapidocr", "none"] = "rapidocr"
     ocr_dpi: int = Field(200, ge=72, le=600)
+    max_pictures_read: int = Field(40, ge=0, description="raster pictures of a document (the largest first) whose "
+                                   "region is read by OCR when the text layer holds no words of theirs; 0: none")
     vlm: VlmConfig = Field(default_factory=VlmConfig)
     document_kinds: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: dict(DEFAULT_DOCUMENT_KINDS),

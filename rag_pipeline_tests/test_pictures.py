@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -241,3 +242,44 @@ def test_a_drawn_chart_is_parsed_listed_and_indexed_as_a_figure_chunk(tmp_path, 
     with DagsterInstance.ephemeral() as instance:
         still = run_ingest(settings, instance=instance)
     assert still["requeued_for_new_parser"] == 0 and still["documents_chunked"] == 0
+
+
+def _page_with_a_screenshot(path, words: str) -> None:
+    """A page of prose and a raster picture (a screenshot of a web page's tabs): its words are pixels only."""
+    import reportlab
+    from PIL import Image, ImageDraw, ImageFont
+    from reportlab.lib.pagesizes import letter
+    from reportlab.lib.utils import ImageReader
+    from reportlab.pdfgen import canvas
+
+    font = ImageFont.truetype(str(Path(reportlab.__file__).parent / "fonts" / "Vera.ttf"), 36)
+    shot = Image.new("RGB", (900, 240), "white")
+    draw = ImageDraw.Draw(shot)
+    draw.rectangle((0, 0, 899, 70), fill=(40, 90, 160))
+    draw.text((30, 110), words, fill="black", font=font)
+    pdf = canvas.Canvas(str(path), pagesize=letter)
+    pdf.setFont("Helvetica", 10)
+    pdf.drawString(72, 720, "The connected app shows the activity of the watch on three tabs.")
+    pdf.drawImage(ImageReader(shot), 72, 420, width=450, height=120)
+    pdf.showPage()
+    pdf.save()
+
+
+def test_a_raster_pictures_words_are_read_by_ocr_of_its_region(tmp_path):
+    """A screenshot holds its words as pixels: OCR of its region puts them in its picture record (and so in its
+    figure chunk), once, marked as read by OCR; without OCR, or with the reading off, it keeps none."""
+    from rag_pipeline.config import ParsingConfig
+    from rag_pipeline.parsing.cascade import Cascade, parse_document
+
+    path = tmp_path / "app.pdf"
+    _page_with_a_screenshot(path, "Home   Features   Get Started")
+    [page] = parse_document(path, None, Cascade(ParsingConfig()))
+    [record] = page.signals["pictures"]
+    assert record["kind"] == "image" and record["text_read_by"] == "ocr"
+    assert {"Home", "Features", "Started"} <= set(record["text"].split()), record["text"]
+    assert "Features" not in page.markdown  # the page's own text is what its text layer says
+    assert "Home" in (figure_text(picture_from_record(1, record)) or "")
+    for config in (ParsingConfig(ocr_engine="none"), ParsingConfig(max_pictures_read=0)):
+        [page] = parse_document(path, None, Cascade(config))
+        [record] = page.signals["pictures"]
+        assert record["text"] == "" and "text_read_by" not in record

@@ -108,6 +108,7 @@ def parse_metadata(stats: ParseStats, dead: list[dict], workers: int, replaced: 
         "bytes_downloaded": dg.MetadataValue.int(stats.bytes_downloaded),
         "left_for_next_run": stats.changed_since_scan + stats.unreadable,
         "escalations": typed_table(("reason", "pages"), sorted(stats.escalation_reasons.items())),
+        "pictures": typed_table(("kind", "pictures"), sorted(stats.pictures.items())),
         # parsing.vlm.describe_pictures: asked of the model, read from the cache, left without (budget, timeout)
         "picture_descriptions": typed_table(("outcome", "pictures"), [
             ("described", stats.pictures_described), ("cached", stats.picture_descriptions_cached),

@@ -32,6 +32,7 @@ from typing import Any
 from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
 from rag_pipeline.parsing.pages import ParsedPage, TextLayer
+from rag_pipeline.parsing.pictures import Picture, picture_from_record, picture_record
 from rag_pipeline.workers import budget
 from rag_pipeline.workers.threads import compute_threads
 
@@ -404,6 +405,68 @@ class Cascade:
         return out
 
 
+# A raster picture (a screenshot, a chart pasted as an image, a slide's picture) holds no words in the text layer:
+# those with fewer than this many words inside their box have their region read by OCR, so their figure chunk
+# says what they show in words (rag_pipeline.text.figures makes a chunk from 4 words on).
+OCR_PICTURE_BELOW_WORDS = 4
+# A reading of a picture below this mean confidence is a photograph's texture read as letters, not its words.
+MIN_PICTURE_OCR_SCORE = 0.75
+
+
+def read_raster_pictures(path: Path, pages: list[ParsedPage], password: str | None, config: ParsingConfig) -> int:
+    """OCR of the regions of the document's raster pictures that have no words of their own (at most
+    `parsing.max_pictures_read` of them, the largest first), each page rendered once at `ocr_dpi`; their words go
+    into their picture records (`text`, `text_read_by: ocr`). Returns how many were read. Nothing without OCR."""
+    if config.ocr_engine == "none" or config.max_pictures_read == 0:
+        return 0
+    wanted = []
+    for page in pages:
+        for index, record in enumerate(page.signals.get("pictures") or []):
+            picture = picture_from_record(page.page, record)
+            if picture is not None and picture.kind == "image" and len(picture.text.split()) < OCR_PICTURE_BELOW_WORDS:
+                area = (picture.box[2] - picture.box[0]) * (picture.box[3] - picture.box[1])
+                wanted.append((area, page, index, picture))
+    if not wanted:
+        return 0
+    try:
+        _rapidocr()
+    except TierUnavailable:
+        return 0  # without the OCR extra a raster picture keeps only its caption, as before
+    chosen = sorted(wanted, key=lambda item: -item[0])[: config.max_pictures_read]
+    by_page: dict[int, list[tuple[ParsedPage, int, Picture]]] = {}
+    for _, page, index, picture in chosen:
+        by_page.setdefault(page.page, []).append((page, index, picture))
+    read = 0
+    for page_number, items in sorted(by_page.items()):
+        image = render_page(path, page_number, config.ocr_dpi, password, config.max_render_pixels)
+        scale = image.width / page_width(path, page_number, password)
+        for page, index, picture in items:
+            left, top, right, bottom = (max(0, round(v * scale)) for v in picture.box)
+            if min(right, image.width) - left < MIN_CROP_PIXELS or min(bottom, image.height) - top < MIN_CROP_PIXELS:
+                continue
+            reading = _read(image.crop((left, top, min(right, image.width), min(bottom, image.height))))
+            if not reading.lines or reading.score < MIN_PICTURE_OCR_SCORE:
+                continue
+            words = Picture(picture.page, picture.kind, picture.box, picture.caption, "\n".join(reading.lines))
+            page.signals["pictures"][index] = {**picture_record(words), "text_read_by": "ocr"}
+            read += 1
+    return read
+
+
+MIN_CROP_PIXELS = 32  # a side: smaller crops carry nothing OCR can read
+
+
+def page_width(path: Path, page_number: int, password: str | None) -> float:
+    """A page's width in PDF points (what picture boxes are measured in), to scale a box onto its rendering."""
+    import pypdfium2 as pdfium
+
+    document = pdfium.PdfDocument(str(path), password=password or None)
+    try:
+        return float(document[page_number - 1].get_width())
+    finally:
+        document.close()
+
+
 def parse_document(path: Path, password: str | None, cascade: Cascade | None) -> list[ParsedPage]:
     """Parse a file with tier 1, then escalate its failing PDF pages through the cascade."""
     from rag_pipeline.parsing.formats import PDF_SUFFIXES, parse_file
@@ -419,4 +482,5 @@ def parse_document(path: Path, password: str | None, cascade: Cascade | None) ->
         budget.pages_parsed()  # each page adds to the document's time budget in a worker process
     if cascade is not None and path.suffix.lower() in PDF_SUFFIXES:
         pages = cascade.run(path, pages, password)
+        read_raster_pictures(path, pages, password, config)
     return pages

@@ -50,9 +50,9 @@ class ParsedPage:
     text_layer: TextLayer | None = field(default=None, repr=False, compare=False)
 
 
-# PDFs parsed by an older parser are parsed again once (their text is unchanged; what rp9 keeps beside it, the
-# pictures, is new): rag_pipeline.store.queue.requeue_for_parser
-REPARSE_PDFS_BELOW = 9
+# PDFs parsed by an older parser are parsed again once (their text is unchanged; what rp9 and rp10 keep beside it,
+# the pictures and a raster picture's words, is new): rag_pipeline.store.queue.requeue_for_parser
+REPARSE_PDFS_BELOW = 10
 
 
 @lru_cache(maxsize=1)
@@ -67,5 +67,6 @@ def parser_version() -> str:
     # parsed before has its identity read from its pages and name alone until its file changes)
     # rp9: the first tier keeps each page's pictures (charts, diagrams, images: kind, box, caption, the words inside)
     # on its signals; chunking makes them figure chunks
-    return (f"rp9;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
+    # rp10: a raster picture whose words are not in the text layer has them read by OCR of its region
+    return (f"rp10;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

@@ -60,6 +60,7 @@ class ParseStats(StageStats):
     escalation_reasons: dict[str, int] = field(default_factory=dict)
     unresolved_pages: int = 0  # failed the check and no tier could do better
     tiers_unavailable: dict[str, str] = field(default_factory=dict)
+    pictures: dict[str, int] = field(default_factory=dict)  # found, by kind (and whose words OCR read)
     # pictures a vision-language model described (parsing.vlm.describe_pictures): asked now, from the cache, left
     # without one (a budget spent), or not answered
     pictures_described: int = 0
@@ -166,6 +167,10 @@ def parse_one(
             count(stats.escalation_reasons, page.signals["escalation"])
         if page.signals.get("unresolved"):
             stats.unresolved_pages += 1
+        for record in page.signals.get("pictures") or []:
+            if isinstance(record, dict):
+                read_by = " (words by OCR)" if record.get("text_read_by") == "ocr" else ""
+                count(stats.pictures, f"{record.get('kind')}{read_by}")
     for rule, removed_chars in removed.items():
         count(stats.chars_removed, rule, removed_chars)
 
