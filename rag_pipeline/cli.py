@@ -885,12 +885,14 @@ def main(argv: list[str] | None = None) -> int:
 
             settings = load_settings(args.config)
             keep_secrets_of(settings.model_dump(mode="json"))
-            if settings.config_file is None and args.command != "config":
-                from rag_pipeline.config import DEFAULT_CONFIG_NAME
+            from rag_pipeline.config import DEFAULT_CONFIG_NAME, ENV_OVERRIDES
 
+            if settings.config_file is None and args.command != "config" and not any(
+                    variable in os.environ for variable in ENV_OVERRIDES):
                 # Outside a checkout, no file silently meant defaults: a data folder and sources other than meant.
+                # (Configured by RAG_* variables alone, as in a container, it is meant: no note.)
                 print(f"note: no configuration file ({DEFAULT_CONFIG_NAME} here, or --config, or $RAG_CONFIG): the "
-                      f"built-in defaults and RAG_* variables; data in {settings.data_dir}", file=sys.stderr)
+                      f"built-in defaults; data in {settings.data_dir}", file=sys.stderr)
         return args.func(args, settings)
     except (MissingExtraError, UsageError) as exc:  # MissingExtraError: the install lacks what the command needs
         print(f"error: {redact_credentials(str(exc))}", file=sys.stderr)

@@ -168,12 +168,18 @@ def test_a_command_run_without_a_configuration_file_says_so(tmp_path, monkeypatc
     that means instead of silently using one."""
     from rag_pipeline.cli import main
 
+    from rag_pipeline.config import ENV_OVERRIDES
+
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("RAG_CONFIG", raising=False)
-    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    for variable in ("RAG_CONFIG", *ENV_OVERRIDES):
+        monkeypatch.delenv(variable, raising=False)
     main(["db", "status"])
     err = capsys.readouterr().err
-    assert err.startswith("note: no configuration file (rag_pipeline.yaml here") and str(tmp_path / "data") in err, err
+    assert err.startswith("note: no configuration file (rag_pipeline.yaml here") and str(tmp_path / ".rag_data") in err
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))  # configured by variables alone: meant, no note
+    main(["db", "status"])
+    assert "no configuration file" not in capsys.readouterr().err
+    monkeypatch.delenv("RAG_DATA_DIR")
     (tmp_path / "rag_pipeline.yaml").write_text("data_dir: here\n")
     main(["db", "status"])
     assert "no configuration file" not in capsys.readouterr().err
