@@ -167,7 +167,6 @@ def test_a_command_run_without_a_configuration_file_says_so(tmp_path, monkeypatc
     """Outside a checkout no rag_pipeline.yaml is found: the defaults apply, and the command says which data folder
     that means instead of silently using one."""
     from rag_pipeline.cli import main
-
     from rag_pipeline.config import ENV_OVERRIDES
 
     monkeypatch.chdir(tmp_path)
