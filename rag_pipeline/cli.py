@@ -895,6 +895,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"built-in defaults; data in {settings.data_dir}", file=sys.stderr)
         return args.func(args, settings)
     except (MissingExtraError, UsageError) as exc:  # MissingExtraError: the install lacks what the command needs
+        if args.debug:
+            print(redact_credentials(traceback.format_exc()), end="", file=sys.stderr)
         print(f"error: {redact_credentials(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
@@ -923,8 +925,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_REFUSED
         if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
             # a path the user gave (a golden set, a folder): the path and why, in one line
-            print(f"error: {exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else f"error: {exc}",
-                  file=sys.stderr)
+            said = f"{exc.strerror}: {exc.filename}" if exc.filename and exc.strerror else str(exc)
+            print(f"error: {redact_credentials(said)}", file=sys.stderr)
             return EXIT_USAGE
         if isinstance(exc, reported):
             print(f"error: {redact_credentials(str(exc))}", file=sys.stderr)

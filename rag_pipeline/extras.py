@@ -39,6 +39,13 @@ def require(extra: str, purpose: str) -> None:
         )
 
 
+# torch on the public index is a CUDA build of several GB: a machine without a GPU takes it from PyTorch's CPU index.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
 def install_hint(extra: str) -> str:
     """The install line for `extra`, as every message that names a missing extra says it."""
+    if extra == "torch":
+        return (f"pip install '{DISTRIBUTION}[torch]' (without a GPU, first pip install torch --index-url "
+                f"{TORCH_CPU_INDEX})")
     return f"pip install '{DISTRIBUTION}[{extra}]'"

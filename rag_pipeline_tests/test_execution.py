@@ -408,3 +408,12 @@ def test_a_bounded_worker_builds_its_onnx_sessions_and_torch_with_that_many_thre
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-3:] == ["1", "1", "1"]
+
+
+def test_a_steady_total_never_grows_and_is_never_below_what_is_done():
+    reporter = Reporter("index", "chunks", 1, lambda line: None, steady_total=True)
+    assert reporter.report(done=5, left=15, units=0).total == 20
+    assert reporter.report(done=6, left=15, units=0).total == 20  # read a moment apart: counted twice, not grown
+    assert reporter.report(done=12, left=5, units=0).total == 17
+    assert reporter.report(done=18, left=0, units=0).total == 18
+    assert reporter.report(done=19, left=0, units=0).total == 19  # more done than was known: the total follows

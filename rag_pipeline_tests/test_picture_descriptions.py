@@ -125,3 +125,22 @@ def test_the_budget_and_the_timeout_leave_a_picture_undescribed_and_the_document
     assert db.execute("SELECT status FROM documents").fetchone()[0] == "indexed"
     assert "Described" not in _figure_texts(db)[0]
     assert db.execute("SELECT count(*) FROM picture_descriptions").fetchone()[0] == 0
+
+
+def test_an_answer_without_text_is_no_description():
+    """A reasoning model that spends its tokens thinking answers `content: null`: an endpoint failure (the picture
+    left undescribed), never the text "None" cached and indexed."""
+    from rag_pipeline.endpoints.chat import ChatClient, EndpointError
+
+    class Silent(JsonServer):
+        def reply(self, path: str, body: Any) -> Any:
+            return {"choices": [{"message": {"role": "assistant", "content": None}, "finish_reason": "length"}]}
+
+    server = Silent("/v1")
+    try:
+        client = ChatClient(server.url, "m", max_retries=0, timeout_seconds=5)
+        with pytest.raises(EndpointError, match="holds no text"):
+            client.chat([{"type": "text", "text": "describe"}], 10)
+        client.close()
+    finally:
+        server.stop()

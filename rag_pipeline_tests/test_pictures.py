@@ -283,3 +283,54 @@ def test_a_raster_pictures_words_are_read_by_ocr_of_its_region(tmp_path):
         [page] = parse_document(path, None, Cascade(config))
         [record] = page.signals["pictures"]
         assert record["text"] == "" and "text_read_by" not in record
+
+
+def _cropped_page_with_a_black_box(path, rotate: int = 0) -> None:
+    """A page whose CropBox is 36 points inside its MediaBox, with a black box drawn at known PDF coordinates."""
+    from reportlab.lib.pagesizes import letter
+    from reportlab.pdfgen import canvas
+
+    pdf = canvas.Canvas(str(path), pagesize=letter)
+    pdf.setCropBox((36, 36, 576, 756))
+    if rotate:
+        pdf.setPageRotation(rotate)
+    pdf.rect(100, 400, 200, 100, fill=1)
+    pdf.showPage()
+    pdf.save()
+
+
+def test_a_pictures_box_is_cut_from_the_rendered_page_where_it_is_drawn_whatever_the_cropbox(tmp_path):
+    """pdfplumber measures a box from the MediaBox, pdfium renders the CropBox: the crop is shifted back, so what
+    is sent to OCR or a model is the picture, not the prose beside it. A page turned by /Rotate is not cut."""
+    import pdfplumber
+
+    from rag_pipeline.parsing.cascade import PagePlacement, render_page
+
+    path = tmp_path / "cropped.pdf"
+    _cropped_page_with_a_black_box(path)
+    with pdfplumber.open(path) as pdf:
+        [rect] = pdf.pages[0].rects
+        box = (rect["x0"], rect["top"], rect["x1"], rect["bottom"])
+    image = render_page(path, 1, 72, None).convert("L")
+    place = PagePlacement.of(path, 1, None, image.width)
+    crop = place.crop(image, box)
+    assert crop.size == (200, 100)
+    assert sum(crop.getdata()) / (200 * 100) < 10  # all black: the box itself, not 36 points beside it
+    _cropped_page_with_a_black_box(tmp_path / "turned.pdf", rotate=90)
+    assert PagePlacement.of(tmp_path / "turned.pdf", 1, None, 720) is None
+
+
+def test_a_page_that_cannot_be_rendered_loses_its_pictures_words_not_the_document(tmp_path, monkeypatch):
+    from rag_pipeline.config import ParsingConfig
+    from rag_pipeline.parsing import cascade
+    from rag_pipeline.parsing.cascade import Cascade, parse_document
+
+    path = tmp_path / "app.pdf"
+    _page_with_a_screenshot(path, "Home   Features   Get Started")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("pdfium could not load the page")
+
+    monkeypatch.setattr(cascade, "render_page", broken)
+    [page] = parse_document(path, None, Cascade(ParsingConfig()))
+    assert "connected app" in page.markdown and page.signals["pictures"][0]["text"] == ""

@@ -187,6 +187,21 @@ def support_bot(clone):
     conn.execute("DROP ROLE support_bot")
 
 
+def test_db_psql_passes_the_password_in_the_environment_not_on_the_command_line(tmp_path, monkeypatch):
+    """Any local user can read a process's command line: the password of the URL goes to psql as PGPASSWORD."""
+    from rag_pipeline.store import database
+
+    fake = tmp_path / "psql"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/argv"\nprintf "%s" "$PGPASSWORD" > '
+                    '"$(dirname "$0")/password"\nexit 3\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(database, "psql_binary", lambda: str(fake))
+    code = database.run_psql("postgresql://owner:s3cret-pw@db.example:5433/rag", ["-c", "SELECT 1"])
+    argv = (tmp_path / "argv").read_text()
+    assert code == 3 and "s3cret-pw" not in argv and (tmp_path / "password").read_text() == "s3cret-pw"
+    assert "host=db.example" in argv and "port=5433" in argv and "user=owner" in argv and "-c\nSELECT 1" in argv
+
+
 def test_the_readme_sql_and_python_examples_find_the_travel_policy(support_bot):
     url, role_sql, settings = support_bot
     cli = [str(BIN / "rag-pipeline"), "--config", str(settings.config_file), "db"]
@@ -270,8 +285,16 @@ def test_the_object_store_try_it_locally_block_indexes_the_sample_from_s3(tmp_pa
         (tmp_path / name).symlink_to(REPO / name)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RAG_", "AWS_"))}, "HF_HUB_OFFLINE": "1",
            "RAG_MODELS_DIR": str(REPO / ".models")}
-    done = subprocess.run(["bash", "-c", "set -e\n" + script], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=600, start_new_session=True)
+    shell = subprocess.Popen(["bash", "-c", "set -e\n" + script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        stdout, stderr = shell.communicate(timeout=600)
+    finally:  # on a failure, SeaweedFS and the script stop with the shell's group; the data's Postgres is stopped
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGTERM)
+        subprocess.run([str(BIN / "rag-pipeline"), "--config", str(tmp_path / "s3-demo" / "rag_pipeline.yaml"), "db",
+                        "stop"], capture_output=True, env=env, cwd=tmp_path, timeout=120)
+    done = subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     first_hit = next((line for line in done.stdout.splitlines() if line.startswith(" 1. ")), "")
     assert "devs3:handbook/travel-policy.md" in first_hit, done.stdout[-2000:]

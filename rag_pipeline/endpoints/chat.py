@@ -64,7 +64,10 @@ class ChatClient:
             try:
                 response = self._client.post("/chat/completions", json=body)
                 if response.status_code == 200:
-                    return str(response.json()["choices"][0]["message"]["content"])
+                    content = response.json()["choices"][0]["message"]["content"]
+                    if not isinstance(content, str):  # null: a reasoning model that spent its tokens thinking
+                        raise TypeError(f"the answer holds no text ({type(content).__name__})")
+                    return content
                 last_error = f"HTTP {response.status_code}: {response.text[:200]}"
                 if response.status_code not in RETRYABLE_STATUS and response.status_code < 500:
                     break  # the server will never accept this request: retrying only wastes time

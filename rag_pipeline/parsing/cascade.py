@@ -32,7 +32,7 @@ from typing import Any
 from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
 from rag_pipeline.parsing.pages import ParsedPage, TextLayer
-from rag_pipeline.parsing.pictures import Picture, picture_from_record, picture_record
+from rag_pipeline.parsing.pictures import Picture, picture_from_record, picture_record, without_furniture
 from rag_pipeline.workers import budget
 from rag_pipeline.workers.threads import compute_threads
 
@@ -415,56 +415,102 @@ MIN_PICTURE_OCR_SCORE = 0.75
 
 def read_raster_pictures(path: Path, pages: list[ParsedPage], password: str | None, config: ParsingConfig) -> int:
     """OCR of the regions of the document's raster pictures that have no words of their own (at most
-    `parsing.max_pictures_read` of them, the largest first), each page rendered once at `ocr_dpi`; their words go
-    into their picture records (`text`, `text_read_by: ocr`). Returns how many were read. Nothing without OCR."""
+    `parsing.max_pictures_read` of them, page furniture left out, the largest first), each page rendered once at
+    `ocr_dpi`; their words go into their picture records (`text`, `text_read_by: ocr`). Returns how many were read.
+    Nothing without OCR; a page that cannot be rendered or read loses its pictures' words, never the document."""
     if config.ocr_engine == "none" or config.max_pictures_read == 0:
         return 0
-    wanted = []
+    found = []
     for page in pages:
         for index, record in enumerate(page.signals.get("pictures") or []):
             picture = picture_from_record(page.page, record)
-            if picture is not None and picture.kind == "image" and len(picture.text.split()) < OCR_PICTURE_BELOW_WORDS:
-                area = (picture.box[2] - picture.box[0]) * (picture.box[3] - picture.box[1])
-                wanted.append((area, page, index, picture))
+            if picture is not None:
+                found.append((page, index, picture))
+    kept = {id(picture) for picture in without_furniture([picture for _, _, picture in found])}
+    wanted = [(page, index, picture) for page, index, picture in found if id(picture) in kept
+              and picture.kind == "image" and len(picture.text.split()) < OCR_PICTURE_BELOW_WORDS]
     if not wanted:
         return 0
     try:
         _rapidocr()
     except TierUnavailable:
         return 0  # without the OCR extra a raster picture keeps only its caption, as before
-    chosen = sorted(wanted, key=lambda item: -item[0])[: config.max_pictures_read]
+    chosen = sorted(wanted, key=lambda item: -_area(item[2].box))[: config.max_pictures_read]
     by_page: dict[int, list[tuple[ParsedPage, int, Picture]]] = {}
-    for _, page, index, picture in chosen:
+    for page, index, picture in chosen:
         by_page.setdefault(page.page, []).append((page, index, picture))
     read = 0
     for page_number, items in sorted(by_page.items()):
-        image = render_page(path, page_number, config.ocr_dpi, password, config.max_render_pixels)
-        scale = image.width / page_width(path, page_number, password)
-        for page, index, picture in items:
-            left, top, right, bottom = (max(0, round(v * scale)) for v in picture.box)
-            if min(right, image.width) - left < MIN_CROP_PIXELS or min(bottom, image.height) - top < MIN_CROP_PIXELS:
-                continue
-            reading = _read(image.crop((left, top, min(right, image.width), min(bottom, image.height))))
-            if not reading.lines or reading.score < MIN_PICTURE_OCR_SCORE:
-                continue
-            words = Picture(picture.page, picture.kind, picture.box, picture.caption, "\n".join(reading.lines))
-            page.signals["pictures"][index] = {**picture_record(words), "text_read_by": "ocr"}
-            read += 1
+        try:
+            read += _read_page_pictures(path, page_number, password, config, items)
+        except Exception as exc:  # a page pdfium will not render, an OCR failure: its pictures keep no words
+            log.warning("reading the pictures of %s page %s: %s: %s", path.name, page_number, type(exc).__name__, exc)
     return read
 
 
-MIN_CROP_PIXELS = 32  # a side: smaller crops carry nothing OCR can read
+def _read_page_pictures(path: Path, page_number: int, password: str | None, config: ParsingConfig,
+                        items: list[tuple[ParsedPage, int, Picture]]) -> int:
+    image = render_page(path, page_number, config.ocr_dpi, password, config.max_render_pixels)
+    place = PagePlacement.of(path, page_number, password, image.width)
+    if place is None:
+        return 0
+    read = 0
+    for page, index, picture in items:
+        crop = place.crop(image, picture.box)
+        if crop is None:
+            continue
+        reading = _read(crop)
+        if not reading.lines or reading.score < MIN_PICTURE_OCR_SCORE:
+            continue
+        words = Picture(picture.page, picture.kind, picture.box, picture.caption, "\n".join(reading.lines))
+        page.signals["pictures"][index] = {**picture_record(words), "text_read_by": "ocr"}
+        read += 1
+    return read
 
 
-def page_width(path: Path, page_number: int, password: str | None) -> float:
-    """A page's width in PDF points (what picture boxes are measured in), to scale a box onto its rendering."""
-    import pypdfium2 as pdfium
+def _area(box: tuple[float, float, float, float]) -> float:
+    return (box[2] - box[0]) * (box[3] - box[1])
 
-    document = pdfium.PdfDocument(str(path), password=password or None)
-    try:
-        return float(document[page_number - 1].get_width())
-    finally:
-        document.close()
+
+MIN_CROP_PIXELS = 32  # a side: smaller crops carry nothing OCR or a model can read
+
+
+@dataclass(frozen=True)
+class PagePlacement:
+    """Where a picture's box, as pdfplumber measures it (x as the PDF says it, top as the MediaBox's height less
+    the PDF's y), falls on the page as render_page draws it (the CropBox, at `scale` pixels a point)."""
+
+    scale: float
+    dx: float  # points to add to a box's x to measure it from the CropBox's left
+    dy: float  # points to add to a box's top to measure it from the CropBox's top
+
+    @classmethod
+    def of(cls, path: Path, page_number: int, password: str | None, image_width: int) -> PagePlacement | None:
+        """None for a page turned by /Rotate (its boxes and its rendering do not share axes) or without width."""
+        import pypdfium2 as pdfium
+
+        document = pdfium.PdfDocument(str(path), password=password or None)
+        try:
+            page = document[page_number - 1]
+            if page.get_rotation() % 360:
+                return None
+            _, media_bottom, _, media_top = page.get_mediabox()
+            crop_left, _, crop_right, crop_top = page.get_cropbox()
+        finally:
+            document.close()
+        if crop_right - crop_left <= 0:
+            return None
+        return cls(image_width / (crop_right - crop_left), -crop_left, crop_top - (media_top - media_bottom))
+
+    def crop(self, image: Any, box: tuple[float, float, float, float]) -> Any | None:
+        """The box cut from the rendered page (a PIL image), or None when too little of it is on the page."""
+        x0, top, x1, bottom = box
+        left, upper = max(0, round((x0 + self.dx) * self.scale)), max(0, round((top + self.dy) * self.scale))
+        right = min(image.width, round((x1 + self.dx) * self.scale))
+        lower = min(image.height, round((bottom + self.dy) * self.scale))
+        if right - left < MIN_CROP_PIXELS or lower - upper < MIN_CROP_PIXELS:
+            return None
+        return image.crop((left, upper, right, lower))
 
 
 def parse_document(path: Path, password: str | None, cascade: Cascade | None) -> list[ParsedPage]:

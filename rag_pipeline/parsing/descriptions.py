@@ -23,11 +23,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rag_pipeline.config import VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
-from rag_pipeline.parsing.cascade import MIN_CROP_PIXELS, page_width, render_page
+from rag_pipeline.parsing.cascade import PagePlacement, render_page
 from rag_pipeline.parsing.pages import ParsedPage
 from rag_pipeline.parsing.pictures import Picture, picture_from_record, picture_record, without_furniture
 
@@ -103,22 +102,33 @@ class PictureDescriber:
         for item in wanted:
             by_page[item[0].page].append(item)
         for page_number, items in sorted(by_page.items()):
-            image, scale = self._render(path, page_number, password)
-            for page, index, picture in items:
-                crop = _crop(image, picture.box, scale)
-                if crop is None:
-                    continue
-                description = self._description(crop, cache, stats)
-                if description:
-                    described = Picture(picture.page, picture.kind, picture.box, picture.caption, picture.text,
-                                        description)
-                    record = page.signals["pictures"][index]
-                    page.signals["pictures"][index] = {**record, **picture_record(described)}
+            try:
+                self._describe_page(path, page_number, password, items, cache, stats)
+            except Exception as exc:  # a page pdfium will not render, a cache write refused: no descriptions
+                stats.failed += len(items)  # for its pictures, never a document lost
+                log.warning("describing the pictures of %s page %s: %s: %s", path.name, page_number,
+                            type(exc).__name__, exc)
         return stats
 
-    def _render(self, path: Path, page_number: int, password: str | None) -> tuple[Any, float]:
+    def _describe_page(self, path: Path, page_number: int, password: str | None,
+                       items: list[tuple[ParsedPage, int, Picture]], cache: DescriptionCache,
+                       stats: DescriptionStats) -> None:
         image = render_page(path, page_number, self.config.dpi, password, self.max_pixels)
-        return image, image.width / page_width(path, page_number, password)
+        place = PagePlacement.of(path, page_number, password, image.width)
+        if place is None:
+            return
+        for page, index, picture in items:
+            crop = place.crop(image, picture.box)
+            if crop is None:
+                continue
+            buffer = io.BytesIO()
+            crop.save(buffer, format="PNG")
+            description = self._description(buffer.getvalue(), cache, stats)
+            if description:
+                described = Picture(picture.page, picture.kind, picture.box, picture.caption, picture.text,
+                                    description)
+                record = page.signals["pictures"][index]
+                page.signals["pictures"][index] = {**record, **picture_record(described)}
 
     def _description(self, png: bytes, cache: DescriptionCache, stats: DescriptionStats) -> str | None:
         sha = hashlib.sha256(png).hexdigest()
@@ -143,14 +153,3 @@ class PictureDescriber:
         cache.keep(sha, answer)
         stats.described += 1
         return answer
-
-
-def _crop(image: Any, box: tuple[float, float, float, float], scale: float) -> bytes | None:
-    """The picture's box (PDF points, top-left origin as pdfplumber gives it) cut from the rendered page, as PNG."""
-    left, top, right, bottom = (max(0, round(v * scale)) for v in box)
-    right, bottom = min(right, image.width), min(bottom, image.height)
-    if right - left < MIN_CROP_PIXELS or bottom - top < MIN_CROP_PIXELS:
-        return None
-    buffer = io.BytesIO()
-    image.crop((left, top, right, bottom)).save(buffer, format="PNG")
-    return buffer.getvalue()

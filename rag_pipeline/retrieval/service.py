@@ -73,8 +73,8 @@ class Caller:
 
 class UnheldLabels:
     """Tells the operator, in the service's log and once per token and index version, that a token carries labels
-    no indexed document has (a misspelt label in `service.tokens`): its searches come back empty, and the caller
-    is never told which labels exist."""
+    no indexed document has (a misspelt label in `service.tokens`: nothing it widens, so its searches miss what it
+    was meant to reach); the caller is never told which labels exist."""
 
     def __init__(self) -> None:
         self._told: set[tuple[str, int]] = set()
@@ -86,7 +86,12 @@ class UnheldLabels:
             if key in self._told:
                 return
             self._told.add(key)
-        unheld = store.search.unheld_labels(conn, version, caller.labels)
+        try:
+            unheld = store.search.unheld_labels(conn, version, caller.labels)
+        except psycopg.Error as exc:  # a hint for the operator must never fail the caller's search
+            log.warning("search service: could not check the labels of token %s: %s", caller.name,
+                        type(exc).__name__)
+            return
         if unheld:
             log.warning("search service: token %s carries labels no document of %s has: %s (labels match exactly)",
                         caller.name, version.label, ", ".join(unheld))
@@ -430,8 +435,7 @@ def create_app(settings: Settings, database_url: str, environ: Mapping[str, str]
             with database() as conn:
                 fetched = fetch(conn, planned)
                 abstained = None if fetched else abstention_of(conn, planned)
-                if not fetched:
-                    unheld_labels.report(conn, version, who)
+                unheld_labels.report(conn, version, who)  # once per token and version: then free
         except SearchError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None
         except (PoolTimeout, psycopg.OperationalError) as exc:  # fail fast: a client can retry elsewhere

