@@ -127,7 +127,8 @@ def _rapidocr() -> Any:
         raise TierUnavailable(f"OCR needs the 'ocr' extra (rapidocr): {install_hint('ocr')}")
     from rapidocr import RapidOCR
 
-    return RapidOCR(params={"Global.log_level": "warning",
+    # "error": an empty reading (a photograph, a blank region) is an outcome the caller handles, not a warning
+    return RapidOCR(params={"Global.log_level": "error",
                             "EngineConfig.onnxruntime.intra_op_num_threads": compute_threads()})
 
 
