@@ -44,3 +44,6 @@ def test_torture_scores_do_not_regress():
     assert by_key["generated/gen_image_only.pdf|cascade"].text_recall >= 0.95
     assert by_key["generated/gen_table_over_page_break.pdf|cascade"].single_table is True
     assert by_key["docs/fedreg_2020-17221_3col.pdf|cascade"].must_be_absent == 1.0
+    # Pictures keep their words: a drawn chart's from the text layer, a pasted screenshot's by OCR of its region.
+    assert by_key["generated/gen_drawn_chart.pdf|cascade"].picture_text_recall >= 0.85
+    assert by_key["generated/gen_raster_screenshot.pdf|cascade"].picture_text_recall >= 0.95

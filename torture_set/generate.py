@@ -458,6 +458,63 @@ def truncated(path: Path) -> dict[str, Any]:
     return {"outcome": "dead_letter:truncated"}
 
 
+CHART_PROSE = ["Our plants shipped more robots this year than in any year before.",
+               "The north plant led, the south plant recovered in the second half."]
+CHART_WORDS = "Robots shipped by plant, in units 420 310 260 180 Lyon Turin Graz Porto"
+
+
+def drawn_chart(path: Path) -> dict[str, Any]:
+    """A page of prose and a bar chart drawn with paths: its title, labels and figures are text in the PDF, inside
+    the chart's box (the picture's words, from the text layer)."""
+    from reportlab.lib.pagesizes import letter
+    from reportlab.pdfgen import canvas
+
+    pdf = canvas.Canvas(str(path), pagesize=letter)
+    pdf.setFont("Helvetica", 10)
+    for n, line in enumerate(CHART_PROSE):
+        pdf.drawString(72, 720 - 14 * n, line)
+    pdf.drawString(150, 630, "Robots shipped by plant, in units")
+    pdf.line(100, 350, 100, 620)
+    pdf.line(100, 350, 500, 350)
+    for i, (plant, units) in enumerate([("Lyon", 420), ("Turin", 310), ("Graz", 260), ("Porto", 180)]):
+        x = 130 + 90 * i
+        pdf.rect(x, 350, 40, units * 0.6, fill=1)
+        pdf.line(x + 20, 350, x + 20, 345)
+        pdf.drawString(x + 5, 335, plant)
+        pdf.drawString(x + 8, 355 + units * 0.6, str(units))
+    pdf.drawString(100, 310, "Figure 1: Robots shipped by plant")
+    pdf.showPage()
+    pdf.save()
+    return {"outcome": "ok", "picture_text": CHART_WORDS}
+
+
+SCREENSHOT_WORDS = "Home Features Get Started Pricing"
+
+
+def raster_screenshot(path: Path) -> dict[str, Any]:
+    """A page of prose and a screenshot pasted as an image: the picture's words are pixels only (read by OCR of
+    its region)."""
+    import reportlab
+    from PIL import Image, ImageDraw, ImageFont
+    from reportlab.lib.pagesizes import letter
+    from reportlab.lib.utils import ImageReader
+    from reportlab.pdfgen import canvas
+
+    font = ImageFont.truetype(str(Path(reportlab.__file__).parent / "fonts" / "Vera.ttf"), 36)
+    shot = Image.new("RGB", (1100, 240), "white")
+    draw = ImageDraw.Draw(shot)
+    draw.rectangle((0, 0, 1099, 70), fill=(40, 90, 160))
+    draw.text((30, 110), "Home   Features   Get Started   Pricing", fill="black", font=font)
+    pdf = canvas.Canvas(str(path), pagesize=letter)
+    pdf.setFont("Helvetica", 10)
+    pdf.drawString(72, 720, "The connected app shows the activity of the watch on its tabs.")
+    pdf.drawImage(ImageReader(shot), 72, 420, width=468, height=102)
+    pdf.showPage()
+    pdf.save()
+    return {"outcome": "ok", "text": "The connected app shows the activity of the watch on its tabs.",
+            "picture_text": SCREENSHOT_WORDS}
+
+
 GENERATORS = {
     "gen_two_columns.pdf": two_columns,
     "gen_borderless_table.pdf": borderless_table,
@@ -475,6 +532,8 @@ GENERATORS = {
     "gen_running_furniture.pdf": running_furniture,
     "gen_encrypted.pdf": encrypted,
     "gen_truncated.pdf": truncated,
+    "gen_drawn_chart.pdf": drawn_chart,
+    "gen_raster_screenshot.pdf": raster_screenshot,
 }
 
 

@@ -57,6 +57,7 @@ class Score:
     must_contain: float | None = None
     must_be_absent: float | None = None  # share of furniture strings that are gone
     single_table: bool | None = None
+    picture_text_recall: float | None = None  # of the words the document's pictures show, those their records hold
 
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -195,6 +196,10 @@ def score_document(name: str, path: Path, truth: dict[str, Any], tier: str, casc
     if "tables" in truth or truth.get("statements"):
         score.lone_row_tables = sum(1 for t in markdown_tables(text) if len(t) < 2)
     score.cid_tokens = text.count("(cid:")
+    if "picture_text" in truth:
+        said = "\n".join(f"{r.get('caption') or ''}\n{r.get('text', '')}" for p in pages
+                         for r in p.signals.get("pictures") or [] if isinstance(r, dict))
+        score.picture_text_recall = text_recall(said, truth["picture_text"])
     if "must_contain" in truth:
         score.must_contain = round(sum(1 for s in truth["must_contain"] if s in text) / len(truth["must_contain"]), 4)
     if "absent" in truth:
@@ -254,7 +259,8 @@ def markdown_scoreboard(scores: list[Score]) -> str:
         checks = " ".join(
             f"{label}={show(value)}"
             for label, value in (("contains", s.must_contain), ("absent", s.must_be_absent),
-                                 ("one_table", s.single_table), ("cid", s.cid_tokens or None))
+                                 ("one_table", s.single_table), ("cid", s.cid_tokens or None),
+                                 ("pictures", s.picture_text_recall))
             if value is not None
         )
         outcome = s.outcome if s.outcome_ok else f"**{s.outcome}** (expected {s.expected})"
@@ -269,7 +275,7 @@ def markdown_scoreboard(scores: list[Score]) -> str:
 PINNED = HERE / "pinned_scores.json"
 PINNED_TIERS = ("pdfplumber", "cascade")
 HIGHER_IS_BETTER = ("text_recall", "table_cell_f1", "table_cell_recall", "header_rows_preserved", "must_contain",
-                    "must_be_absent")
+                    "must_be_absent", "picture_text_recall")
 LOWER_IS_BETTER = ("reading_order_errors", "lone_row_tables", "cid_tokens")
 
 
