@@ -23,6 +23,7 @@ import io
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -132,6 +133,18 @@ def _rapidocr() -> Any:
                             "EngineConfig.onnxruntime.intra_op_num_threads": compute_threads()})
 
 
+@lru_cache(maxsize=1)
+def _rapidocr_for_pictures() -> Any:
+    """RapidOCR for a picture cut from a page: its detector scales an image down to 1,280 pixels a side at most and
+    never up (the page engine scales every image up to 736 pixels on its short side: a 674 x 164 signature became
+    3,024 x 736 and took 1.7 s; this reads it in 0.07 s, a chart in 0.9 s instead of 1.2, with the same words)."""
+    _rapidocr()  # the extra, or TierUnavailable naming it
+    from rapidocr import RapidOCR
+
+    return RapidOCR(params={"Global.log_level": "error", "Det.limit_type": "max", "Det.limit_side_len": 1280,
+                            "EngineConfig.onnxruntime.intra_op_num_threads": compute_threads()})
+
+
 _ocr_lock = threading.Lock()
 
 
@@ -146,11 +159,11 @@ UPRIGHT_SCORE = 0.9  # an upright page read with this confidence is not tried tu
 TURN_MARGIN = 0.05  # how much more confident an upside-down reading must be to replace the page as it lies
 
 
-def _read(image: Any) -> OcrReading:
+def _read(image: Any, engine: Callable[[], Any] | None = None) -> OcrReading:
     # Without the per-line 180° classifier, text read upside down scores low: that is what tells the page's
     # orientation (with it, a turned page reads well but its lines come out in reverse order).
-    with _ocr_lock:  # one ONNX session, already multi-threaded
-        result = _rapidocr()(image, use_cls=False)
+    with _ocr_lock:  # one ONNX session at a time, each already multi-threaded
+        result = (engine or _rapidocr)()(image, use_cls=False)
     scores = list(result.scores or ())
     texts = tuple(result.txts or ())
     boxes = result.boxes if result.boxes is not None else []
@@ -433,7 +446,7 @@ def read_raster_pictures(path: Path, pages: list[ParsedPage], password: str | No
     if not wanted:
         return 0
     try:
-        _rapidocr()
+        _rapidocr_for_pictures()
     except TierUnavailable:
         return 0  # without the OCR extra a raster picture keeps only its caption, as before
     chosen = sorted(wanted, key=lambda item: -_area(item[2].box))[: config.max_pictures_read]
@@ -460,7 +473,7 @@ def _read_page_pictures(path: Path, page_number: int, password: str | None, conf
         crop = place.crop(image, picture.box)
         if crop is None:
             continue
-        reading = _read(crop)
+        reading = _read(crop, _rapidocr_for_pictures)
         if not reading.lines or reading.score < MIN_PICTURE_OCR_SCORE:
             continue
         words = Picture(picture.page, picture.kind, picture.box, picture.caption, "\n".join(reading.lines))
