@@ -397,3 +397,22 @@ def test_the_document_identity_migration_upgrades_the_database_the_previous_main
             assert (identity["organisation"], identity["year"], identity["title"]) == ("Northwind", 2021, "Fleet review")
             assert identity["found"] == {"organisation": "sidecar", "year": "sidecar", "title": "sidecar"}
             assert named_by("Northwind FY2021") and not named_by("Harbourline")
+
+
+def test_the_picture_descriptions_migration_upgrades_the_database_the_previous_main_left(pg_admin_url, tmp_path):
+    """Migration 008 on a database at 007 (the schema main left at 8e0cb58): documents are kept, and a description
+    of one of their pictures is deleted with its document."""
+    with _database_at(pg_admin_url, tmp_path, "007_document_identity.sql") as url:
+        with connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) "
+                         "VALUES ('s', '/x', '{}', 60)")
+            conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                                   acl_labels, status)
+                            VALUES ('d', 's', 'deck.pdf', 'f', 1, now(), '{staff}', 'indexed')""")
+        assert "008_picture_descriptions.sql" in migrate(url)
+        with connect(url, autocommit=True) as conn:
+            assert conn.execute("SELECT doc_id, status FROM documents").fetchall() == [("d", "indexed")]
+            conn.execute("INSERT INTO picture_descriptions (doc_id, image_sha256, prompt_version, model, description)"
+                         " VALUES ('d', 'a1', 'picture-v1', 'vlm', 'A bar chart.')")
+            conn.execute("DELETE FROM documents WHERE doc_id = 'd'")
+            assert conn.execute("SELECT count(*) FROM picture_descriptions").fetchone()[0] == 0
