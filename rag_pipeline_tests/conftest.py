@@ -315,27 +315,11 @@ def skip_for_missing_package(exc: FileNotFoundError) -> None:
 
 
 def report_with_a_chart(path) -> None:
-    """A page of prose and a bar chart drawn with paths: its title, labels and figures are text in the PDF."""
-    from reportlab.lib.pagesizes import letter
-    from reportlab.pdfgen import canvas
+    """A page of prose and a bar chart drawn with paths (its title, labels and figures are text in the PDF): the
+    torture set's generated chart."""
+    from torture_set.generate import drawn_chart
 
-    pdf = canvas.Canvas(str(path), pagesize=letter)
-    pdf.setFont("Helvetica", 10)
-    for n, line in enumerate(["Our plants shipped more robots this year than in any year before.",
-                              "The north plant led, the south plant recovered in the second half."]):
-        pdf.drawString(72, 720 - 14 * n, line)
-    pdf.drawString(150, 630, "Robots shipped by plant, in units")  # the chart's title, inside its frame
-    pdf.line(100, 350, 100, 620)
-    pdf.line(100, 350, 500, 350)
-    for i, (plant, units) in enumerate([("Lyon", 420), ("Turin", 310), ("Graz", 260), ("Porto", 180)]):
-        x = 130 + 90 * i
-        pdf.rect(x, 350, 40, units * 0.6, fill=1)
-        pdf.line(x + 20, 350, x + 20, 345)
-        pdf.drawString(x + 5, 335, plant)
-        pdf.drawString(x + 8, 355 + units * 0.6, str(units))
-    pdf.drawString(100, 310, "Figure 1: Robots shipped by plant")
-    pdf.showPage()
-    pdf.save()
+    drawn_chart(path)
 
 
 PORT_WORDS = ("harbour ledger cargo tariff vessel manifest customs berth crane tonnage pilot tide dredging quay "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +23,7 @@ from rag_pipeline.parsing.pictures import (
 from rag_pipeline.text.chunking import Chunk
 from rag_pipeline.text.figures import figure_chunks, figure_text
 from rag_pipeline_tests.conftest import MMLONGBENCH, report_with_a_chart
+from torture_set.generate import raster_screenshot
 
 WIDTH, HEIGHT = 612.0, 792.0
 
@@ -244,27 +244,6 @@ def test_a_drawn_chart_is_parsed_listed_and_indexed_as_a_figure_chunk(tmp_path, 
     assert still["requeued_for_new_parser"] == 0 and still["documents_chunked"] == 0
 
 
-def _page_with_a_screenshot(path, words: str) -> None:
-    """A page of prose and a raster picture (a screenshot of a web page's tabs): its words are pixels only."""
-    import reportlab
-    from PIL import Image, ImageDraw, ImageFont
-    from reportlab.lib.pagesizes import letter
-    from reportlab.lib.utils import ImageReader
-    from reportlab.pdfgen import canvas
-
-    font = ImageFont.truetype(str(Path(reportlab.__file__).parent / "fonts" / "Vera.ttf"), 36)
-    shot = Image.new("RGB", (900, 240), "white")
-    draw = ImageDraw.Draw(shot)
-    draw.rectangle((0, 0, 899, 70), fill=(40, 90, 160))
-    draw.text((30, 110), words, fill="black", font=font)
-    pdf = canvas.Canvas(str(path), pagesize=letter)
-    pdf.setFont("Helvetica", 10)
-    pdf.drawString(72, 720, "The connected app shows the activity of the watch on three tabs.")
-    pdf.drawImage(ImageReader(shot), 72, 420, width=450, height=120)
-    pdf.showPage()
-    pdf.save()
-
-
 def test_a_raster_pictures_words_are_read_by_ocr_of_its_region(tmp_path):
     """A screenshot holds its words as pixels: OCR of its region puts them in its picture record (and so in its
     figure chunk), once, marked as read by OCR; without OCR, or with the reading off, it keeps none."""
@@ -272,7 +251,7 @@ def test_a_raster_pictures_words_are_read_by_ocr_of_its_region(tmp_path):
     from rag_pipeline.parsing.cascade import Cascade, parse_document
 
     path = tmp_path / "app.pdf"
-    _page_with_a_screenshot(path, "Home   Features   Get Started")
+    raster_screenshot(path)  # the torture set's: a screenshot of a page's tabs pasted as an image
     [page] = parse_document(path, None, Cascade(ParsingConfig()))
     [record] = page.signals["pictures"]
     assert record["kind"] == "image" and record["text_read_by"] == "ocr"
@@ -326,7 +305,7 @@ def test_a_page_that_cannot_be_rendered_loses_its_pictures_words_not_the_documen
     from rag_pipeline.parsing.cascade import Cascade, parse_document
 
     path = tmp_path / "app.pdf"
-    _page_with_a_screenshot(path, "Home   Features   Get Started")
+    raster_screenshot(path)  # the torture set's: a screenshot of a page's tabs pasted as an image
 
     def broken(*args, **kwargs):
         raise RuntimeError("pdfium could not load the page")

@@ -11,6 +11,7 @@ source for rag_pipeline.yaml.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -55,9 +56,8 @@ def main(argv: list[str] | None = None) -> int:
               "{access_key_id: DEV_S3_KEY_ID, secret_access_key: DEV_S3_SECRET}}", flush=True)
         ready.write_text(server.endpoint)
         try:
-            stopped.wait()
-        except KeyboardInterrupt:
-            pass
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the way a user stops it
+                stopped.wait()
         finally:
             ready.unlink(missing_ok=True)
     return 0

@@ -33,7 +33,7 @@ from typing import Any
 from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
 from rag_pipeline.parsing.pages import ParsedPage, TextLayer
-from rag_pipeline.parsing.pictures import Picture, picture_from_record, picture_record, without_furniture
+from rag_pipeline.parsing.pictures import Picture, picture_record, pictures_kept
 from rag_pipeline.workers import budget
 from rag_pipeline.workers.threads import compute_threads
 
@@ -434,15 +434,8 @@ def read_raster_pictures(path: Path, pages: list[ParsedPage], password: str | No
     Nothing without OCR; a page that cannot be rendered or read loses its pictures' words, never the document."""
     if config.ocr_engine == "none" or config.max_pictures_read == 0:
         return 0
-    found = []
-    for page in pages:
-        for index, record in enumerate(page.signals.get("pictures") or []):
-            picture = picture_from_record(page.page, record)
-            if picture is not None:
-                found.append((page, index, picture))
-    kept = {id(picture) for picture in without_furniture([picture for _, _, picture in found])}
-    wanted = [(page, index, picture) for page, index, picture in found if id(picture) in kept
-              and picture.kind == "image" and len(picture.text.split()) < OCR_PICTURE_BELOW_WORDS]
+    wanted = [(page, index, picture) for page, index, picture in pictures_kept(pages)
+              if picture.kind == "image" and len(picture.text.split()) < OCR_PICTURE_BELOW_WORDS]
     if not wanted:
         return 0
     try:

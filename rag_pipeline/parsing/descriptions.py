@@ -28,7 +28,7 @@ from rag_pipeline.config import VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
 from rag_pipeline.parsing.cascade import PagePlacement, render_page
 from rag_pipeline.parsing.pages import ParsedPage
-from rag_pipeline.parsing.pictures import Picture, picture_from_record, picture_record, without_furniture
+from rag_pipeline.parsing.pictures import Picture, picture_record, pictures_kept
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +89,9 @@ class PictureDescriber:
         """Adds a `description` to the picture records of `pages` (in their signals), from `cache` (the document's,
         keyed by the cropped picture's sha256, this prompt version and model) or the model."""
         stats = DescriptionStats()
-        found: list[tuple[ParsedPage, int, Picture]] = []
-        for page in pages:
-            for index, record in enumerate(page.signals.get("pictures") or []):
-                picture = picture_from_record(page.page, record)
-                if picture is not None:
-                    found.append((page, index, picture))
-        kept = {id(p) for p in without_furniture([picture for _, _, picture in found])}
-        wanted = [item for item in found if id(item[2]) in kept][: self.config.pictures_per_document]
-        stats.over_budget += len([item for item in found if id(item[2]) in kept]) - len(wanted)
+        kept = pictures_kept(pages)
+        wanted = kept[: self.config.pictures_per_document]
+        stats.over_budget += len(kept) - len(wanted)
         by_page: dict[int, list[tuple[ParsedPage, int, Picture]]] = defaultdict(list)
         for item in wanted:
             by_page[item[0].page].append(item)

@@ -26,9 +26,12 @@ import unicodedata
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rag_pipeline.parsing.pages import ParsedPage
 
 MIN_AREA_SHARE = 0.02  # of the page: an icon or a bullet glyph is no picture
 MAX_AREA_SHARE = 0.9  # of the page: a page-sized image is a scan or a background
@@ -265,6 +268,16 @@ def without_furniture(pictures: Sequence[Picture], repeated_pages: int = REPEATE
         return False
 
     return [p for p in pictures if not repeated(p)]
+
+
+def pictures_kept(pages: Sequence[ParsedPage]) -> list[tuple[ParsedPage, int, Picture]]:
+    """The pictures the records of `pages` hold, page furniture left out, each with its page and its index in the
+    page's `pictures` record list (where what is learnt of it later goes: OCR'd words, a description)."""
+    found = [(page, index, picture) for page in pages
+             for index, record in enumerate(page.signals.get("pictures") or [])
+             if (picture := picture_from_record(page.page, record)) is not None]
+    kept = {id(picture) for picture in without_furniture([picture for _, _, picture in found])}
+    return [item for item in found if id(item[2]) in kept]
 
 
 def page_pictures(page: Any, page_number: int, tables: Sequence[Box] = (),
