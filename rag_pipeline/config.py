@@ -478,6 +478,10 @@ class ParsingConfig(_Section):
 
     min_chars_per_page: int = Field(80, ge=0, description="fewer on a mostly-image page: a scan")
     min_image_coverage: Fraction = Field(0.3, description="share of the page covered by images for 'mostly image'")
+    min_chars_on_scanned_page: int = Field(400, ge=0, description="fewer on a page that is one image (a scan "
+                                           "stamped with a line of text: a court's filing header, a Bates number) "
+                                           "has it read by OCR too; OCR's reading is kept when it holds twice "
+                                           "the characters")
     max_bad_glyph_ratio: Fraction = Field(0.05, description="(cid:NN), U+FFFD and private-use glyphs per character")
     max_unmapped_run: int = Field(3, ge=1, description="a word of this many unmapped glyphs in a row (a font "
                                   "without a Unicode map) escalates the page, whatever their share")

@@ -46,6 +46,42 @@ def test_hidden_text_is_never_extracted_and_a_lying_ocr_layer_loses_to_the_image
     assert page.tier == "ocr" and "1250" in page.markdown and "9999" not in page.markdown
 
 
+def test_a_scan_stamped_with_a_line_of_text_is_read_by_ocr_and_words_over_a_photograph_keep_their_layer(tmp_path):
+    from reportlab.lib.pagesizes import A4
+    from reportlab.lib.utils import ImageReader
+    from reportlab.pdfgen import canvas
+
+    from torture_set import generate
+
+    truth = generate.stamped_scan(tmp_path / "stamped.pdf")
+    (tier_one,) = parse_file(tmp_path / "stamped.pdf")
+    assert tier_one.signals["chars"] > ParsingConfig().min_chars_per_page  # more than an empty scan's threshold
+    assert escalation_reason(tier_one.signals, ParsingConfig()) == "thin_text_layer"
+    (page,) = parse_document(tmp_path / "stamped.pdf", None, Cascade(ParsingConfig()))
+    assert page.tier == "ocr" and page.signals["escalation"] == "thin_text_layer"
+    assert "jointly request an extension" in page.markdown and len(page.markdown) > 3 * tier_one.signals["chars"]
+    assert truth["text"].startswith("Dear Judge")
+
+    # A brochure's page: a photograph over the whole page, its words in the text layer. OCR reads no more than
+    # the layer holds, so the layer stays, and the reading tried is on record.
+    from PIL import Image
+
+    photo = Image.linear_gradient("L").resize((600, 850)).convert("RGB")
+    words = ["Study at the business school", "Four years in the heart of the city", "Apply by the first of March"]
+    pdf = canvas.Canvas(str(tmp_path / "brochure.pdf"), pagesize=A4)
+    pdf.drawImage(ImageReader(photo), 0, 0, width=A4[0], height=A4[1])
+    pdf.setFont("Helvetica-Bold", 20)
+    for i, line in enumerate(words):
+        pdf.drawString(60, 700 - i * 40, line)
+    pdf.showPage()
+    pdf.save()
+    (brochure,) = parse_document(tmp_path / "brochure.pdf", None, Cascade(ParsingConfig()))
+    assert brochure.tier == "pdfplumber" and brochure.signals["escalation"] == "thin_text_layer"
+    assert [a["outcome"] for a in brochure.signals["attempts"]] == ["no more than the text layer"]
+    assert all(line in brochure.markdown for line in words)
+    assert escalation_reason({"chars": 900, "image_coverage": 1.0}, ParsingConfig()) is None  # a full text layer
+
+
 def test_font_without_unicode_map_escalates_and_rotation_is_honoured(tmp_path):
     from torture_set import generate
 

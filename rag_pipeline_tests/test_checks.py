@@ -192,7 +192,12 @@ def test_parse_health_fails_on_empty_pages_and_dead_letters(clone):
     assert "near-empty" in outcome.summary and "have no text" in outcome.summary
     for page, markdown in saved:
         conn.execute("UPDATE document_pages SET markdown = %s WHERE doc_id = %s AND page = %s", (markdown, doc_id, page))
-    assert health.parse_health(conn, settings.checks).passed
+    # Pages whose words were set apart by gaps alone, or printed twice, are counted, not failed.
+    conn.execute("""UPDATE document_pages SET signals = signals || '{"word_gaps_spaced": 12, "overprinted_glyphs": 4}'
+                    WHERE doc_id = %s AND page = 1""", (doc_id,))
+    outcome = health.parse_health(conn, settings.checks)
+    assert outcome.passed
+    assert (outcome.numbers["pages_words_spaced_by_gaps"], outcome.numbers["pages_overprinted"]) == (1, 1)
 
     # One dead letter among six live documents is over a 10% limit.
     strict = ChecksConfig(max_dead_letter_share=0.1)

@@ -322,3 +322,72 @@ def test_a_missing_font_package_is_a_named_skip_here_and_a_failure_in_ci(monkeyp
     monkeypatch.setenv("CI", "true")
     with pytest.raises(generate.MissingSystemPackage):
         skip_for_missing_package(missing.value)
+
+
+def test_words_set_apart_by_gaps_alone_are_read_as_words_and_overprinted_bold_once(tmp_path):
+    """A pdfTeX-like text layer draws no spaces: its words are 0.2 em apart, under pdfplumber's 3-point tolerance."""
+    from reportlab.pdfbase.pdfmetrics import stringWidth
+    from reportlab.pdfgen import canvas
+
+    def set_apart(pdf, x, y, words, font, size, word_gap, letter_gap=0.0):
+        for word in words:
+            for letter in word:
+                pdf.setFont(font, size)
+                pdf.drawString(x, y, letter)
+                x += stringWidth(letter, font, size) + letter_gap * size
+            x += (word_gap - letter_gap) * size
+
+    body = "This is version 0.21 of the Shared MIME-info Database specification".split()
+    tracked = "ANNUAL REVIEW".split()
+    path = tmp_path / "pdftex.pdf"
+    pdf = canvas.Canvas(str(path))
+    set_apart(pdf, 72, 700, body, "Times-Roman", 10, word_gap=0.2)
+    pdf.saveState()  # a sideways margin stamp drawn between the lines, as arXiv stamps a paper's first page
+    pdf.translate(30, 300)
+    pdf.rotate(90)
+    pdf.drawString(0, 0, "arXiv:2312.09390v1 [cs.CL] 14 Dec 2023")
+    pdf.restoreState()
+    set_apart(pdf, 72, 680, ["I", "am", "a", "short", "line"], "Times-Roman", 10, word_gap=0.2)
+    set_apart(pdf, 72, 660, tracked, "Helvetica-Bold", 12, word_gap=0.5, letter_gap=0.12)  # a tracked heading
+    pdf.setFont("Helvetica", 10)
+    pdf.drawString(72, 620, "A line that draws its own spaces stays as it is.")
+    for offset in (0.0, 0.3, 0.6):  # bold faked by printing the line three times a hair apart
+        pdf.drawString(72 + offset, 580, "Residential Home")
+    pdf.showPage()
+    pdf.save()
+
+    [page] = parse_file(path)
+    lines = page.markdown.splitlines()
+    assert " ".join(body) in lines and "I am a short line" in lines
+    assert any(line.lstrip("# ") == "ANNUAL REVIEW" for line in lines)  # letters apart, words whole
+    assert "A line that draws its own spaces stays as it is." in lines and "Residential Home" in lines
+    assert page.signals["word_gaps_spaced"] == len(body) - 1 + 4 and page.signals["overprinted_glyphs"] == 2 * len("Residential Home")
+
+
+def test_word_gaps_put_no_space_between_chinese_characters_nor_inside_a_drawn_space():
+    from rag_pipeline.parsing.word_gaps import word_gap_spaces
+
+    def line(text, gap):
+        x, out = 0.0, []
+        for ch in text:
+            out.append({"text": ch, "x0": x, "x1": x + 10, "top": 100.0, "bottom": 110.0, "size": 10.0})
+            x += 10 + (gap if ch != " " else 0)
+        return out
+
+    assert word_gap_spaces(line("中文字符的句子", 1.5)) == []
+    assert word_gap_spaces(line("a b c d", 0.0)) == []
+    [(glyph, space)] = word_gap_spaces(line("wordsx", 0.0)[:3] + [dict(c, x0=c["x0"] + 2, x1=c["x1"] + 2)
+                                                                 for c in line("wordsx", 0.0)[3:]])
+    assert glyph["text"] == "r" and space["text"] == " " and (space["x0"], space["x1"]) == (30.0, 32.0)
+
+
+def test_a_real_pdftex_manual_reads_as_words():
+    """Debian's shared-mime-info specification, set by pdfTeX without space characters."""
+    from torture_set.generate import MissingSystemPackage
+
+    spec = Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")
+    if not spec.exists():
+        raise MissingSystemPackage(spec, "shared-mime-info")
+    first = next(iter(parse_file(spec)))
+    assert "This is version 0.21 of the Shared MIME-info Database specification" in first.markdown
+    assert first.signals["word_gaps_spaced"] > 100

@@ -313,6 +313,30 @@ def test_a_sideways_margin_stamp_joins_no_row(tmp_path):
     assert "| Revenue | 1,234 | 1,100 |" in page.markdown and "Table:" not in page.markdown
 
 
+def test_a_page_framed_by_rules_is_prose_not_a_table_and_its_side_tab_is_no_heading(tmp_path):
+    """A report's page drawn in a frame, its text box beside a side tab that runs up the margin: the rules make a
+    grid, but no row of it sets two values side by side."""
+    prose = [f"Paragraph line {i} of the report says what the rezoning did to the city." for i in range(12)]
+
+    def draw(pdf, height):
+        pdf.rect(40, 60, 520, 680)
+        pdf.line(100, 60, 100, 740)  # the side tab's edge, the page's height
+        pdf.line(40, 400, 100, 400)  # the tab's own box, in the margin only
+        for i, line in enumerate(prose):
+            pdf.drawString(110, 720 - i * 14, line)
+        pdf.saveState()
+        pdf.translate(75, 100)
+        pdf.rotate(90)
+        pdf.setFont("Helvetica-Bold", 18)
+        pdf.drawString(0, 0, "Rezoning and growth")
+        pdf.restoreState()
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "framed.pdf", draw))
+    assert page.tables == 0 and page.signals["ruled_tables"] == 0
+    assert all(line in page.markdown for line in prose) and "|" not in page.markdown
+    assert not any(line.startswith("#") for line in page.markdown.splitlines())
+
+
 def test_a_table_in_one_column_of_two_takes_nothing_from_the_other(tmp_path):
     left = "In this section we describe the method used to collect the data for every firm"
 

@@ -42,6 +42,7 @@ def test_torture_scores_do_not_regress():
     # What the cascade is for, in numbers: scans become text, tables over page breaks become one table.
     assert by_key["docs/docling_ocr_test_scanned.pdf|cascade"].text_recall >= 0.95
     assert by_key["generated/gen_image_only.pdf|cascade"].text_recall >= 0.95
+    assert by_key["generated/gen_stamped_scan.pdf|cascade"].text_recall >= 0.95  # a text layer that is a stamp
     assert by_key["generated/gen_table_over_page_break.pdf|cascade"].single_table is True
     assert by_key["docs/fedreg_2020-17221_3col.pdf|cascade"].must_be_absent == 1.0
     # Pictures keep their words: a drawn chart's from the text layer, a pasted screenshot's by OCR of its region.

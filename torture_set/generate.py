@@ -327,6 +327,25 @@ def image_only(path: Path) -> dict[str, Any]:
     return {"outcome": "ok", "text": " ".join(SCANNED_TEXT)}
 
 
+# What a court's electronic filing system stamps over every page of a scanned filing: a text layer of one line.
+FILING_STAMP = "Case 1:21-cv-04417-JMF   Document 12   Filed 03/04/21   Page 1 of 1   PageID #: 118"
+FILED_LETTER = ["Dear Judge Furman,", "The parties jointly request an extension", "of the discovery deadline to May 14.",
+                "The plaintiff served its requests late", "because its counsel was replaced.",
+                "No prior extension has been sought.", "Respectfully submitted,", "Counsel for the defendant"]
+
+
+def stamped_scan(path: Path) -> dict[str, Any]:
+    """A scan whose text layer is a stamp over it (more characters than an empty page's threshold): the page's own
+    words are only in its picture."""
+    pdf = _pdf()
+    _scanned_page(pdf, FILED_LETTER)
+    pdf.set_font("Helvetica", size=8)
+    pdf.set_xy(12, 4)
+    pdf.cell(0, 5, FILING_STAMP)
+    pdf.output(str(path))
+    return {"outcome": "ok", "text": " ".join(FILED_LETTER)}
+
+
 def lying_ocr_layer(path: Path) -> dict[str, Any]:
     """A scan with an invisible (render mode 3) text layer that says something else than the image."""
     pdf = _pdf()
@@ -525,6 +544,7 @@ GENERATORS = {
     "gen_rotated_scans.pdf": rotated_scans,
     "gen_cjk_font_without_unicode_map.pdf": cjk_font_without_unicode_map,
     "gen_image_only.pdf": image_only,
+    "gen_stamped_scan.pdf": stamped_scan,
     "gen_lying_ocr_layer.pdf": lying_ocr_layer,
     "gen_hidden_text.pdf": hidden_text,
     "gen_rotated_page.pdf": rotated_page,

@@ -318,7 +318,9 @@ def parse_health(conn: psycopg.Connection, config: ChecksConfig) -> CheckOutcome
         summary="; ".join(problems) or f"{pages} pages, {near_empty_share:.1%} near-empty, {dead_total} dead letters",
         numbers={"pages": pages, "near_empty_pages": near_empty, "near_empty_share": round(near_empty_share, 4),
                  "zero_text_documents": len(zero_text), "dead_letters": dead_total,
-                 "dead_letter_share": round(dead_share, 4), "chunks_flagged_prompt_injection": len(flagged)},
+                 "dead_letter_share": round(dead_share, 4), "chunks_flagged_prompt_injection": len(flagged),
+                 # counted, not failed: their words were read whole (rag_pipeline.parsing.word_gaps)
+                 "pages_words_spaced_by_gaps": counts.spaced_pages, "pages_overprinted": counts.overprinted_pages},
         tables={
             "tier_mix": Table(("tier", "pages"), tiers),
             "dead_letters_by_reason": Table(("reason", "documents"), dead),

@@ -50,10 +50,18 @@ OCR_SCRIPTS = ("Latin", "Chinese")
 # Which tiers can fix which failure, in the order they are tried.
 REMEDIES = {
     "image_only": ("ocr", "vlm"),
+    "thin_text_layer": ("ocr", "vlm"),  # kept only where it reads far more than the text layer holds
     "invisible_text": ("ocr", "vlm"),  # what is drawn, read from the rendered page
     "glyph_failure": ("docling", "ocr", "vlm"),
     "table_structure": ("docling", "layout", "vlm"),
 }
+
+
+# A page this covered by images is a picture of a page (a scan), whatever its text layer says.
+SCANNED_PAGE_COVERAGE = 0.9
+# A thin text layer gives way to a reading of the page's picture only when that holds this many times its characters:
+# a brochure's cover, its words over a photograph, keeps the text layer OCR would only read again.
+THIN_LAYER_OCR_GAIN = 2.0
 
 
 def layout_may_read(signals: dict[str, Any], config: ParsingConfig) -> bool:
@@ -78,6 +86,8 @@ def escalation_reason(signals: dict[str, Any], config: ParsingConfig) -> str | N
     if (float(signals.get("ragged_table_ratio", 0.0)) > config.max_ragged_table_ratio
             or int(signals.get("stray_figure_rows", 0)) > config.max_stray_figure_rows):
         return "table_structure"  # rows of a table tier 1 broke, or figures aligned like a table it did not find
+    if chars < config.min_chars_on_scanned_page and coverage >= SCANNED_PAGE_COVERAGE:
+        return "thin_text_layer"  # a scan whose text layer is a stamp on it, not what the picture says
     return None
 
 
@@ -243,6 +253,7 @@ def read_text_layer(document: OpenPdf, page_number: int, close: bool) -> TextLay
     """A page's text layer as tier 1 reads it (rag_pipeline.parsing.pdf), for a page that comes without one."""
     from rag_pipeline.parsing import rtl
     from rag_pipeline.parsing.pdf import INVISIBLE_RENDER_MODE, render_aware
+    from rag_pipeline.parsing.word_gaps import plain_words
 
     try:
         with document.lock:
@@ -251,7 +262,7 @@ def read_text_layer(document: OpenPdf, page_number: int, close: bool) -> TextLay
                 page = render_aware(original)
                 for char in page.chars:
                     char["text"] = rtl.visual_glyph(char["text"])
-                visible = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
+                visible, _ = plain_words(page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE))
                 return TextLayer(float(page.width), int(page.rotation or 0), visible.extract_words())
             finally:
                 original.close()  # its parsed objects: a long filing would otherwise keep every page's
@@ -375,6 +386,12 @@ class Cascade:
                 attempts.append({"tier": tier, "outcome": "error", "detail": f"{type(exc).__name__}: {exc}"})
                 continue
             seconds = time.perf_counter() - started
+            layer_chars = int(page.signals.get("chars", 0))
+            if reason == "thin_text_layer" and 0 < len(markdown.strip()) < THIN_LAYER_OCR_GAIN * layer_chars:
+                # the text layer says as much as the picture: it stays, and what was tried is on record
+                attempts.append({"tier": tier, "outcome": "no more than the text layer", "seconds": round(seconds, 3)})
+                signals = {**page.signals, "escalation": reason, "attempts": attempts}
+                return ParsedPage(page.page, page.tier, page.markdown, page.seconds + seconds, page.tables, signals)
             if markdown.strip():
                 attempts.append({"tier": tier, "outcome": "ok", "seconds": round(seconds, 3)})
                 gaps = [s for s in page.signals.get("unmapped_scripts", []) if s not in OCR_SCRIPTS]

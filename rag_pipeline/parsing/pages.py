@@ -50,9 +50,10 @@ class ParsedPage:
     text_layer: TextLayer | None = field(default=None, repr=False, compare=False)
 
 
-# PDFs parsed by an older parser are parsed again once (their text is unchanged; what rp9 and rp10 keep beside it,
-# the pictures and a raster picture's words, is new): rag_pipeline.store.queue.requeue_for_parser
-REPARSE_PDFS_BELOW = 10
+# PDFs parsed by an older parser are parsed again once (what rp9 and rp10 keep beside the text, the pictures and a
+# raster picture's words, is new; rp11 spaces glued words, reads stamped scans and framed pages):
+# rag_pipeline.store.queue.requeue_for_parser
+REPARSE_PDFS_BELOW = 11
 
 
 @lru_cache(maxsize=1)
@@ -68,5 +69,8 @@ def parser_version() -> str:
     # rp9: the first tier keeps each page's pictures (charts, diagrams, images: kind, box, caption, the words inside)
     # on its signals; chunking makes them figure chunks
     # rp10: a raster picture whose words are not in the text layer has them read by OCR of its region
-    return (f"rp10;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
+    # rp11: a scan stamped with a line of text is read by OCR; a ruled grid none of whose rows fills two cells (a
+    # page's frame) is prose, not a table; sideways words are no heading; words a text layer sets apart by gaps
+    # alone are spaced, overprinted glyphs read once (rag_pipeline.parsing.word_gaps)
+    return (f"rp11;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

@@ -21,6 +21,7 @@ from rag_pipeline.parsing.limits import ParseLimits, check_page_content_size
 from rag_pipeline.parsing.pages import DeadLetter, ParsedPage, TextLayer
 from rag_pipeline.parsing.pictures import page_pictures, picture_record
 from rag_pipeline.parsing.ruled_tables import find_page_tables, ragged_ratio, table_block
+from rag_pipeline.parsing.word_gaps import plain_words
 
 log = logging.getLogger(__name__)
 CID_GLYPH_RE = re.compile(r"\(cid:\d+\)")
@@ -90,6 +91,8 @@ def heading_levels(page: Any) -> dict[str, int]:
         line_chars = [c for c in line["chars"] if c["text"].strip()]
         if not line_chars or not 1 <= len(words) <= 12 or len(text) > 90 or text.endswith((".", ",", ";")):
             continue
+        if not all(c.get("upright", True) for c in line_chars):
+            continue  # set sideways (a side tab, a margin stamp): each of its words would read as a heading
         size = max(float(c["size"]) for c in line_chars)
         bold = all("bold" in str(c.get("fontname", "")).lower() for c in line_chars)
         ratio = size / body if body else 1.0
@@ -191,6 +194,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
     if invisible:
         # Only what is drawn is the page's text; the hidden layer is counted, never extracted.
         page = page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE)
+    page, spacing = plain_words(page)  # words a pdfTeX layer sets apart by gaps alone; overprinted bold read once
     words = page.extract_words()
     tables, table_stats = find_page_tables(page, words)
     # charts, diagrams and images with the words drawn inside them: kept with the page, chunked as figures
@@ -241,7 +245,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
         max(0.0, float(i["x1"]) - float(i["x0"])) * max(0.0, float(i["bottom"]) - float(i["top"])) for i in page.images
     )
     signals = {
-        "chars": len(page.chars),
+        "chars": len(page.chars) - spacing["word_gaps_spaced"],  # drawn glyphs, each once
         "text_layer": bool(page.chars),
         "invisible_chars": invisible,
         "invisible_ratio": round(invisible / all_chars, 3) if all_chars else 0.0,
@@ -263,6 +267,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
         signals["pictures"] = [picture_record(replace(p, text=rtl.logical_text(p.text))) for p in pictures]
     signals.update(table_stats)
     signals.update(annotation_stats)
+    signals.update(spacing)
     return markdown, len(table_blocks), signals, TextLayer(float(page.width), int(page.rotation or 0), words)
 
 

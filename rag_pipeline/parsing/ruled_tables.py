@@ -50,10 +50,13 @@ class PageTable:
 
 
 def _is_real_table(rows: list[list[Any]]) -> bool:
-    """Two rows and two columns at least: a ruled "table" of one row is an underlined line (a subtotal rule,
-    a box around a note), and is read as text or as part of the aligned table around it."""
+    """Two rows and two columns at least, and a row that sets two values side by side. A ruled "table" of one row
+    is an underlined line (a subtotal rule, a box around a note), and is read as text or as part of the aligned
+    table around it; a grid none of whose rows fills two cells is a page's frame (a text box beside a sidebar or a
+    side tab), whose prose is read as prose, column by column."""
     rows = _drop_empty_rows_and_columns(rows)
-    return len(rows) >= 2 and max(len(r) for r in rows) >= 2
+    return (len(rows) >= 2 and max(len(r) for r in rows) >= 2
+            and any(sum(1 for cell in row if cell not in (None, "")) >= 2 for row in rows))
 
 
 # A grid this ragged is broken (the default of parsing.max_ragged_table_ratio, above which a page escalates): only

@@ -187,11 +187,16 @@ class ParseCounts:
     dead_letters: list[tuple[str, int]]  # reason, documents
     live_documents: int
     flagged_chunks: list[tuple[str, str, int, str]]  # source, path, ordinal, patterns
+    # pages whose text layer set words apart by gaps alone, or printed glyphs twice (rag_pipeline.parsing.word_gaps)
+    spaced_pages: int = 0
+    overprinted_pages: int = 0
 
 
 def parse_counts(conn: psycopg.Connection, near_empty_chars: int) -> ParseCounts:
-    pages, near_empty = conn.execute(
-        """SELECT count(*), count(*) FILTER (WHERE length(btrim(p.markdown)) < %s)
+    pages, near_empty, spaced, overprinted = conn.execute(
+        """SELECT count(*), count(*) FILTER (WHERE length(btrim(p.markdown)) < %s),
+                  count(*) FILTER (WHERE (p.signals ->> 'word_gaps_spaced')::int > 0),
+                  count(*) FILTER (WHERE (p.signals ->> 'overprinted_glyphs')::int > 0)
            FROM document_pages p JOIN documents d USING (doc_id) WHERE d.status <> %s""",
         (near_empty_chars, D.DEAD_LETTER),
     ).fetchone()
@@ -212,7 +217,7 @@ def parse_counts(conn: psycopg.Connection, near_empty_chars: int) -> ParseCounts
            FROM chunks c JOIN documents d USING (doc_id) WHERE cardinality(c.flags) > 0
            ORDER BY d.source, d.rel_path, c.ordinal"""
     ).fetchall()
-    return ParseCounts(pages, near_empty, zero_text, tiers, dead, live, flagged)
+    return ParseCounts(pages, near_empty, zero_text, tiers, dead, live, flagged, spaced, overprinted)
 
 
 # --- the latest check outcomes ----------------------------------------------------------------------------------
