@@ -101,20 +101,27 @@ def _index_url(settings: Settings) -> str:
     return url
 
 
-def _prepare_instance(settings: Settings) -> Path:
-    """The index database ready, and DAGSTER_HOME pointing at Dagster's storage on the same server."""
+def _prepare_instance(settings: Settings, check_model: bool = False) -> Path:
+    """The index database ready, and DAGSTER_HOME pointing at Dagster's storage on the same server. With
+    `check_model`, a configured model that is not the one the live index was embedded by is refused first, in one
+    line that says what to set (a refresh would refuse it too, after a run had started)."""
     require("pipeline", "ingestion and the Dagster UI")
     from rag_pipeline.defs.runs import prepare_dagster_home
-    from rag_pipeline.store.database import resolve_urls
+    from rag_pipeline.store.database import connect, resolve_urls
 
-    _index_url(settings)
+    url = _index_url(settings)
+    if check_model:
+        from rag_pipeline.stages.chunk import check_configured_model
+
+        with connect(url) as conn:
+            check_configured_model(conn, settings)
     return prepare_dagster_home(settings, resolve_urls(settings).dagster)
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from rag_pipeline.config import parse_labels
 
-    _prepare_instance(settings)
+    _prepare_instance(settings, check_model=True)
     from rag_pipeline.defs.runs import run_ingest
 
     bars = sys.stdout.isatty() and not args.json
@@ -508,6 +515,12 @@ def _search_service(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
         client.close()
 
 
+def _gate_line(gate: dict[str, Any]) -> str:
+    from rag_pipeline.lifecycle.blue_green import GATE_RESULT_WORDS
+
+    return f"gate {gate['gate']}: {GATE_RESULT_WORDS[gate['passed']]} ({gate['detail']})"
+
+
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     """Index versions (blue/green): list, build, promote, roll back, retire."""
     from rag_pipeline import store
@@ -532,30 +545,45 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
                   f"{summary['rows']} rows; {sum(r['success'] for r in summary['shards'])}/{len(summary['shards'])}"
                   f" shards succeeded. Next: rag-pipeline index promote {summary['version']}")
         return 0 if summary["success"] else 1
-    if args.index_command in ("promote", "rollback", "retire"):
-        with connect(_index_url(settings)) as conn, conn.transaction():
+    if args.index_command in ("promote", "rollback"):
+        url = _index_url(settings)
+        gates = None
+        with connect(url) as conn, conn.transaction():
             if args.index_command == "promote":
-                _searchable_version(conn, args.version)  # a version that does not exist is an error, not a refusal
+                _searchable_version(conn, args.version)  # a version that does not exist is an error
                 try:
                     gates = blue_green.promote_with_gates(
                         conn, args.version, settings, golden=Path(args.golden) if args.golden else None,
                         labels=list(parse_labels(args.labels)) if args.labels else None, k=args.k,
                         tolerance=args.tolerance, force=bool(args.force), reason=args.force)
                 except blue_green.PromotionRefused as refused:
-                    for failure in refused.gates.failures:
-                        print(f"gate failed: {failure}", file=sys.stderr)
+                    for gate in blue_green.gate_results(refused.gates):
+                        print(_gate_line(gate), file=sys.stderr)
                     raise
-                for failure in gates.failures:
-                    print(f"gate failed: {failure}", file=sys.stderr)
-                if gates.failures:
-                    print(f"--force: promoted despite failed gates, because: {args.force} (recorded)",
-                          file=sys.stderr)
-                print(f"v{args.version} is active")
-            elif args.index_command == "rollback":
-                print(f"rolled back: {blue_green.rollback(conn).label} is active")
+                active = args.version
             else:
-                blue_green.retire(conn, args.version)
-                print(f"v{args.version} retired; its table is dropped")
+                active = blue_green.rollback(conn).version_id
+        with connect(url) as conn:  # after the commit: what the swap leaves to do is read, never held under its locks
+            swap = blue_green.swap_report(conn, settings, active, gates)
+        if args.json:
+            _print_json(swap)
+            return 0
+        for gate in swap["gates"]:
+            print(_gate_line(gate))
+        if any(gate["passed"] is False for gate in swap["gates"]):
+            print(f"--force: promoted despite failed gates, because: {args.force} (recorded)", file=sys.stderr)
+        print(f"{swap['active']} is active: {swap['embedding_model']} ({swap['dimensions']} dims)")
+        if swap["set"]:
+            print("next: set " + ", ".join(f"{key}: {value}" for key, value in swap["set"].items())
+                  + f" in the configuration; until then a refresh is refused (it would embed with "
+                  f"{swap['configured_model']})")
+        print(f"roll back: `rag-pipeline index rollback` returns to {swap['rollback_to']}"
+              if swap["rollback_to"] else "roll back: no older version is kept to return to")
+        return 0
+    if args.index_command == "retire":
+        with connect(_index_url(settings)) as conn, conn.transaction():
+            blue_green.retire(conn, args.version)
+        print(f"v{args.version} retired; its table is dropped")
         return 0
 
     with connect(_index_url(settings)) as conn:
@@ -843,9 +871,12 @@ def build_parser() -> argparse.ArgumentParser:
                                help="allowed drop in recall@k / nDCG@k (default: checks.quality_tolerance)")
     index_promote.add_argument("--force", metavar="REASON",
                                help="promote even if a gate fails; the reason is recorded with the promotion")
+    index_promote.add_argument("--json", action="store_true", help=JSON_HELP)
     index_promote.set_defaults(func=cmd_index)
-    index_sub.add_parser("rollback", help="re-activate the version active before the current one (older; only goes "
-                         "back)").set_defaults(func=cmd_index)
+    index_rollback = index_sub.add_parser("rollback", help="re-activate the version active before the current one "
+                                          "(older; only goes back)")
+    index_rollback.add_argument("--json", action="store_true", help=JSON_HELP)
+    index_rollback.set_defaults(func=cmd_index)
     index_retire = index_sub.add_parser("retire", help="drop a version that is not active")
     index_retire.add_argument("version", type=int, metavar="V", help="the index version to drop (not the active one)")
     index_retire.set_defaults(func=cmd_index)

@@ -91,8 +91,14 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         assert events == ["build", "drop", "build", "promote", "rollback", "drop"]
 
 
-def test_swap_minilm_to_mpnet(make_settings, corpus, db):
-    """The real swap: all-MiniLM-L6-v2 (384 dims) -> all-mpnet-base-v2 (768 dims, installed by `make`)."""
+def test_swap_minilm_to_mpnet(make_settings, corpus, db, capsys):
+    """The real swap: all-MiniLM-L6-v2 (384 dims) -> all-mpnet-base-v2 (768 dims, installed by `make`). The CLI's
+    promotion says each gate and what to set next; a refresh under the old setting is refused in one line naming
+    the setting and the rollback; the rollback says what to set back."""
+    import json
+
+    from rag_pipeline import cli
+
     settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
     with DagsterInstance.ephemeral() as instance:
         assert run_ingest(settings, instance=instance)["success"]
@@ -107,25 +113,38 @@ def test_swap_minilm_to_mpnet(make_settings, corpus, db):
         assert column == "halfvec(768)"
         (corpus / "handbook" / "onboarding-guide.docx").unlink()  # deleted during the build
         assert run_ingest(settings, instance=instance)["deleted"] == 1
-        gates = blue_green.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
-        assert gates.replayed_deletions_left == 0 and gates.missing_groups == 0
-        assert gates.passed, gates.failures
-        with db.transaction():
-            blue_green.promote(db, v2.version_id, gates)
+        config = ["--config", str(settings.config_file)]
+        capsys.readouterr()
+        assert cli.main([*config, "index", "promote", str(v2.version_id), "--golden", str(GOLDEN),
+                         "--labels", "staff,finance", "-k", "3", "--json"]) == cli.EXIT_OK
+        swap = json.loads(capsys.readouterr().out)
+        assert [(g["gate"], g["passed"]) for g in swap["gates"]] == [
+            ("complete", True), ("deletions replayed", True), ("quality", True)]
+        assert swap["active"] == v2.label and swap["dimensions"] == 768 and swap["rollback_to"] == v1.label
+        assert swap["set"] == {"embedding.model": "all-mpnet-base-v2", "embedding.backend": "onnx-int8"}
         hits = search(db, "which extension reaches the security desk", ["staff"], k=3)
         assert hits and all(h.path != "handbook/onboarding-guide.docx" for h in hits)
         assert store.versions.active_version(db).dimensions == 768
-        # The configuration still names the old model: a refresh is refused, pointing at the swap commands.
+        # The configuration still names the old model: a refresh is refused, naming what to set and the rollback
+        # to the version the configured model did embed (not a build of it).
         refused = run_ingest(settings, instance=instance)
-        assert not refused["success"] and any("index build" in e for e in refused["errors"])
+        assert not refused["success"] and any("index rollback" in e for e in refused["errors"])
+        capsys.readouterr()
+        assert cli.main([*config, "ingest"]) == cli.EXIT_USAGE
+        [said] = capsys.readouterr().err.strip().splitlines()
+        assert said.startswith("error: embedding.model") and "embedding.model: all-mpnet-base-v2" in said
+        assert "`rag-pipeline index rollback`" in said and "index build" not in said
         # Chunks are sized for the shortest window among written versions: the swap re-chunks nothing.
         settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}],
                                  embedding={"model": "all-mpnet-base-v2", "models_dir": str(MODELS_DIR)})
         after_swap = run_ingest(settings, instance=instance)
         assert after_swap["success"], after_swap.get("errors")
         assert after_swap["documents_chunked"] == 0 and after_swap["vectors_embedded"] == 0
-        with db.transaction():
-            assert blue_green.rollback(db).version_id == v1.version_id
+        assert cli.main(["--config", str(settings.config_file), "index", "rollback"]) == cli.EXIT_OK
+        said = capsys.readouterr().out
+        assert f"{v1.label} is active: onnx-int8:all-MiniLM-L6-v2 (384 dims)" in said
+        assert "next: set embedding.model: all-MiniLM-L6-v2, embedding.backend: onnx-int8" in said
+        assert store.versions.active_version(db).version_id == v1.version_id
         assert search(db, "which extension reaches the security desk", ["staff"], k=3)
 
 
@@ -209,6 +228,25 @@ def test_rollback_only_goes_back_and_is_refused_with_nothing_older(clone, capsys
                           " WHERE event = 'rollback' ORDER BY id").fetchall()
     assert events == [(v2, str(v3)), (v2, str(v4)), (v1, str(v2))]
 
+    # The UI's promotion (the promote_index_version job) records each gate (the clone's checks name a golden set),
+    # and that nothing needs setting.
+    from rag_pipeline.defs.code_location import build_definitions
+
+    v5 = blue_green.start_version_build(url, settings, first.embedding_model).version_id
+    for shard in range(SHARDS):
+        blue_green.backfill_version(url, settings, v5, shard, SHARDS)
+    with DagsterInstance.ephemeral() as instance:
+        promoted = build_definitions(settings).resolve_job_def("promote_index_version").execute_in_process(
+            instance=instance, run_config={"ops": {"promote_version": {"config": {"version_id": v5}}}})
+    assert promoted.success and active() == v5
+    [output] = [e for e in promoted.all_events if e.event_type_value == "STEP_OUTPUT"]
+    metadata = output.event_specific_data.metadata
+    assert [row.data for row in metadata["gates"].value.records] == [
+        {"gate": "complete", "result": "passed", "detail": "every chunk group of the indexed documents has a row"},
+        {"gate": "deletions replayed", "result": "passed", "detail": "no row of a deleted document"},
+        {"gate": "quality", "result": "passed", "detail": "the golden set scores within 0.02 of the active version's"}]
+    assert metadata["set_next"].value == {}
+
 
 def test_index_build_takes_only_a_model_name_or_a_model_folder(clone, tmp_path):
     """`index build --model` with anything but a model name or a folder holding a model is refused up front: exit 2,
@@ -251,3 +289,17 @@ def test_index_build_takes_only_a_model_name_or_a_model_folder(clone, tmp_path):
     for model in ("all-MiniLM-L6-v2", "sentence-transformers/all-mpnet-base-v2", "onnx-int8:all-MiniLM-L6-v2",
                   model_folder, f"onnx-int8:{model_folder}", "remote:nomic-embed-text:latest"):
         check_model_argument(model)
+
+
+def test_gate_results_say_what_was_not_checked_and_why_a_gate_failed():
+    report = blue_green.GateReport(7, missing_groups=3, failures=["incomplete: 3 chunk groups have no row"])
+    results = blue_green.gate_results(report)
+    assert [(r["gate"], r["passed"]) for r in results] == [
+        ("complete", False), ("deletions replayed", True), ("quality", None)]
+    assert results[0]["detail"] == "3 chunk groups have no row (backfill not done)"
+    assert blue_green.GATE_RESULT_WORDS[results[2]["passed"]] == "not checked"
+    quality = {"active": {"recall@k": 0.9}, "candidate": {"recall@k": 0.8}, "tolerance": 0.02}
+    failed = blue_green.gate_results(blue_green.GateReport(7, quality=quality,
+                                                           failures=["quality: recall@k fell by 0.10"]))
+    assert failed[2] == {"gate": "quality", "passed": False, "detail": "recall@k fell by 0.10",
+                         "active": quality["active"], "candidate": quality["candidate"]}

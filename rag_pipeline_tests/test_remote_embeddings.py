@@ -101,7 +101,7 @@ def test_an_index_built_remotely_is_its_own_version_and_searchable(server, db, d
     with DagsterInstance.ephemeral() as instance:
         refused = run_ingest(local, instance=instance)
     assert not refused["success"]
-    assert any("A model, weights or backend change is a new index version" in e for e in refused["errors"])
+    assert any("a model, weights or backend change is a new index version" in e for e in refused["errors"])
     assert ModelMismatchError.__doc__  # the error class the message comes from
 
 

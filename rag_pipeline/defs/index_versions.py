@@ -104,12 +104,21 @@ def promote_version(context: dg.OpExecutionContext, config: PromoteConfig, rag: 
             raise dg.Failure(str(refused)) from None
         except blue_green.VersionError as exc:
             raise dg.Failure(str(exc)) from None
-        context.add_output_metadata(_gate_metadata(gates, forced=config.force))
-    context.log.info(f"v{config.version_id} is active")
+    with connect(rag.database_url()) as conn:  # after the commit, under no lock of the promotion
+        swap = blue_green.swap_report(conn, rag.settings(), config.version_id, gates)
+    context.add_output_metadata({**_gate_metadata(gates, forced=config.force),
+                                 "set_next": dg.MetadataValue.json(swap["set"])})
+    context.log.info(f"{swap['active']} is active: {swap['embedding_model']}"
+                     + ("; set " + ", ".join(f"{k}: {v}" for k, v in swap["set"].items()) + " before the next refresh"
+                        if swap["set"] else ""))
 
 
 def _gate_metadata(gates: blue_green.GateReport, forced: bool) -> dict:
-    return {"gate_failures": typed_table(("failure",), [(f,) for f in gates.failures]), "forced": forced,
+    results = blue_green.gate_results(gates)
+    return {"gates": typed_table(("gate", "result", "detail"),
+                                 [(g["gate"], blue_green.GATE_RESULT_WORDS[g["passed"]],
+                                   g["detail"]) for g in results]),
+            "gate_failures": typed_table(("failure",), [(f,) for f in gates.failures]), "forced": forced,
             "quality": dg.MetadataValue.json(gates.quality)}
 
 

@@ -81,6 +81,12 @@ class VersionModelError(ModelUnavailableError):
     """No model on this machine gives an index version's vectors."""
 
 
+def version_settings(version: IndexVersion) -> dict[str, str]:
+    """The embedding settings under which a refresh embeds with `version`'s model (what to set after a swap)."""
+    backend, name = split_backend(version.embedding_model)
+    return {"embedding.model": name, "embedding.backend": backend}
+
+
 def cache_key(version: IndexVersion) -> str:
     """The key of `version`'s vectors in the embedding cache."""
     if version.model_identity is None:  # from before model identities, and no machine has identified its weights

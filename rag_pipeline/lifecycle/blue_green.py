@@ -22,12 +22,17 @@ from rag_pipeline.config import Settings, backend_model_name
 from rag_pipeline.domain.ids import ModelIdentity
 from rag_pipeline.domain.status import DocumentStatus, VersionStatus, check_version_transition
 from rag_pipeline.embedding.embedders import get_embedder
-from rag_pipeline.embedding.identity import for_database, identity_of
-from rag_pipeline.embedding.locations import check_model_argument
+from rag_pipeline.embedding.identity import for_database, identity_of, version_settings
+from rag_pipeline.embedding.locations import ModelUnavailableError, check_model_argument
 from rag_pipeline.parsing.pages import parser_version
 from rag_pipeline.retrieval.evaluation import evaluate, load_golden, paired_differences, regressions
 from rag_pipeline.retrieval.search import SearchOptions
-from rag_pipeline.stages.chunk import current_chunker_version, sizing_model_location
+from rag_pipeline.stages.chunk import (
+    ModelMismatchError,
+    check_configured_model,
+    current_chunker_version,
+    sizing_model_location,
+)
 from rag_pipeline.stages.common import Progress, locked_stage, log_progress
 from rag_pipeline.stages.index import EMBED_BATCHES, IndexStats, rebalance_bm25, vectors_ahead, write_document
 from rag_pipeline.stages.progress import Reporter
@@ -244,6 +249,55 @@ def promote_with_gates(
         raise PromotionRefused(gates)
     promote(conn, version_id, gates, force=force, reason=reason)
     return gates
+
+
+GATE_RESULT_WORDS = {True: "passed", False: "FAILED", None: "not checked"}
+
+
+def gate_results(gates: GateReport) -> list[dict[str, Any]]:
+    """Each promotion gate and its result (passed: True, False, or None where it was not checked), as `index
+    promote` prints it and returns it with --json."""
+    quality_failures = [f.removeprefix("quality: ") for f in gates.failures if f.startswith("quality: ")]
+    results: list[dict[str, Any]] = [
+        {"gate": "complete", "passed": not gates.missing_groups,
+         "detail": f"{gates.missing_groups} chunk groups have no row (backfill not done)" if gates.missing_groups
+         else "every chunk group of the indexed documents has a row"},
+        {"gate": "deletions replayed", "passed": not gates.replayed_deletions_left,
+         "detail": f"{gates.replayed_deletions_left} rows of documents deleted since the build began"
+         if gates.replayed_deletions_left else "no row of a deleted document"},
+    ]
+    if gates.quality:
+        results.append({"gate": "quality", "passed": not quality_failures,
+                        "detail": "; ".join(quality_failures) or "the golden set scores within "
+                        f"{gates.quality['tolerance']} of the active version's",
+                        "active": gates.quality["active"], "candidate": gates.quality["candidate"]})
+    else:
+        results.append({"gate": "quality", "passed": None, "detail": "no golden set to compare the versions on "
+                        "(checks.golden_set, or --golden), or no other version active"})
+    return results
+
+
+def swap_report(conn: psycopg.Connection, settings: Settings, version_id: int,
+                gates: GateReport | None) -> dict[str, Any]:
+    """What a promotion or rollback did and what it leaves the operator to do: the gates checked, the model now
+    served, the embedding settings a refresh needs from now on (empty when the configuration already names the
+    model), and the version a rollback would return to."""
+    version = _require(conn, version_id)
+    embedding = settings.embedding.for_index(version.embedding_model)
+    try:
+        check_configured_model(conn, settings)
+        to_set: dict[str, str] = {}
+    except (ModelMismatchError, ModelUnavailableError, OSError):
+        # The configured model is not the one now served, or cannot be identified here: the version's own
+        # settings are right either way.
+        to_set = version_settings(version)
+    previous = store.versions.rollback_target(conn, version.version_id)
+    return {
+        "active": version.label, "version": version.version_id, "embedding_model": version.embedding_model,
+        "dimensions": version.dimensions, "gates": gate_results(gates) if gates is not None else [],
+        "configured_model": backend_model_name(settings.embedding.model, embedding), "set": to_set,
+        "rollback_to": f"v{previous}" if previous is not None else None,
+    }
 
 
 def rollback(conn: psycopg.Connection) -> IndexVersion:

@@ -16,7 +16,13 @@ from rag_pipeline import store
 from rag_pipeline.config import ConfigError, Settings
 from rag_pipeline.domain.refs import in_log
 from rag_pipeline.domain.status import DocumentStatus
-from rag_pipeline.embedding.identity import cache_key, configured_identity, for_database, model_for_version
+from rag_pipeline.embedding.identity import (
+    cache_key,
+    configured_identity,
+    for_database,
+    model_for_version,
+    version_settings,
+)
 from rag_pipeline.embedding.locations import max_sequence_length, resolve_model
 from rag_pipeline.stages.common import StageStats, count
 from rag_pipeline.store.queue import PendingDocument
@@ -70,14 +76,24 @@ def check_configured_model(conn: psycopg.Connection, settings: Settings) -> None
     active_key = cache_key(active)
     embedding = settings.embedding.for_index(active.embedding_model)
     configured = configured_identity(embedding)
-    if configured.key != active_key:
-        raise ModelMismatchError(
-            f"embedding.model (with embedding.backend {embedding.backend}) is {configured.backend_model!r} "
-            f"({configured.key}) but the active index version {active.label} was embedded by "
-            f"{active.embedding_model!r} ({active_key}). A model, weights or backend change is a new index version: "
-            f"run `rag-pipeline index build --model {settings.embedding.model}`, then `rag-pipeline index promote`; "
-            "or set embedding.model and embedding.backend back."
-        )
+    if configured.key == active_key:
+        return
+    # What to do depends on where the configured model is: the version a rollback returns to, or no version yet.
+    previous_id = store.versions.rollback_target(conn, active.version_id)
+    previous = store.versions.get_version(conn, previous_id) if previous_id is not None else None
+    keep = ", ".join(f"{key}: {value}" for key, value in version_settings(active).items())
+    if previous is not None and previous.model_identity == configured.key:
+        other = (f"or, to serve {previous.label} ({previous.embedding_model}) again, "
+                 "`rag-pipeline index rollback`")
+    else:
+        other = (f"or, to swap models (a model, weights or backend change is a new index version), "
+                 f"`rag-pipeline index build --model {settings.embedding.model}`, then `rag-pipeline index promote`")
+    raise ModelMismatchError(
+        f"embedding.model (with embedding.backend {embedding.backend}) is {configured.backend_model!r} "
+        f"({configured.key}) but the active index version {active.label} was embedded by "
+        f"{active.embedding_model!r} ({active_key}): a refresh would mix models. To refresh {active.label}, set "
+        f"{keep}; {other}."
+    )
 
 
 def sizing_model_location(conn: psycopg.Connection, settings: Settings) -> str:
