@@ -18,7 +18,10 @@ WORD_GAP_EM = 0.1
 # pdfplumber starts a new word past this gap (its default x_tolerance); only narrower gaps glue words
 PDFPLUMBER_X_TOLERANCE = 3.0
 SAME_LINE_TOLERANCE = 3.0  # points between glyphs' tops on one line (pdfplumber's y_tolerance)
-OVERPRINT_TOLERANCE = 1.0  # points: a glyph repeated this close is the same glyph printed again
+# A glyph repeated within a tenth of its type size (and half its width) is the same glyph printed again: fake bold
+# a fraction of a point apart, a headline's shadow a point apart at 35 points.
+OVERPRINT_EM = 0.1
+OVERPRINT_CELL = 4.0  # points: the hashed grid's cells, the most any overprint may be apart
 
 
 def _unspaced_script(ch: str) -> bool:
@@ -54,7 +57,7 @@ def word_gap_spaces(chars: list[dict[str, Any]]) -> list[tuple[dict[str, Any], d
             continue
         # The line's own letter spacing, from its narrower gaps (most of a line's glyphs are inside words): about 0
         # in body type, 0.06 em in small capitals, more in a tracked heading.
-        letter_spacing = sorted(em for *_, em in gaps)[len(gaps) // 4]
+        letter_spacing = max(0.0, sorted(em for *_, em in gaps)[len(gaps) // 4])  # kerned or overlapping: 0
         for a, b, width, em in gaps:
             if em >= letter_spacing + WORD_GAP_EM and not (_unspaced_script(a["text"]) or _unspaced_script(b["text"])):
                 spaces.append((a, {**a, "text": " ", "x0": float(a["x1"]), "x1": float(b["x0"]), "width": width,
@@ -63,17 +66,18 @@ def word_gap_spaces(chars: list[dict[str, Any]]) -> list[tuple[dict[str, Any], d
 
 
 def overprints_removed(chars: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`chars` less every glyph that repeats an earlier one (same text, font and size) within OVERPRINT_TOLERANCE
-    points. What pdfplumber's dedupe_chars does, in linear time: its clustering took 1.6 s on a filing's page of
-    6,600 characters, a hashed grid of cells as wide as the tolerance takes milliseconds."""
+    """`chars` less every glyph that repeats an earlier one (same text, font and size) within OVERPRINT_EM of its
+    size. What pdfplumber's dedupe_chars does with a size-aware tolerance, in linear time: its clustering took
+    1.6 s on a filing's page of 6,600 characters, a hashed grid takes milliseconds."""
     kept: list[dict[str, Any]] = []
     cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for char in chars:
         x, y = float(char["x0"]), float(char["top"])
+        size = float(char.get("size") or 0)
         # at most half the glyph's width: two narrow letters in tiny type ("ll" at 4 points) are not one printed twice
-        tolerance = min(OVERPRINT_TOLERANCE, 0.5 * (float(char["x1"]) - x))
-        key = (char["text"], char.get("fontname"), round(float(char.get("size") or 0), 2), char.get("upright", True))
-        column, row = int(x // OVERPRINT_TOLERANCE), int(y // OVERPRINT_TOLERANCE)
+        tolerance = min(OVERPRINT_EM * size, 0.5 * (float(char["x1"]) - x), OVERPRINT_CELL)
+        key = (char["text"], char.get("fontname"), round(size, 2), char.get("upright", True))
+        column, row = int(x // OVERPRINT_CELL), int(y // OVERPRINT_CELL)
         if any(abs(float(other["x0"]) - x) <= tolerance and abs(float(other["top"]) - y) <= tolerance
                for dx in (-1, 0, 1) for dy in (-1, 0, 1) for other in cells.get((*key, column + dx, row + dy), ())):
             continue
