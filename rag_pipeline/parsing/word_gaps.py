@@ -2,12 +2,12 @@
 
 pdfTeX and other producers draw no space characters: a word ends where the next glyph starts further right.
 pdfplumber joins glyphs less than a fixed 3 points apart into one word, which in small or tightly justified type
-glues whole lines into one token ("Thisisversion0.21oftheSharedMIME-info"), and BM25 and the embedding model see
-no words. In such a line glyphs within a word sit within 0.05 em of each other (0.06 em in small capitals) and words
+glues whole lines into one token ("Thisisversion0.21oftheSharedMIME-info"), and BM25 and the embedding model see no
+words. In such a line glyphs within a word sit within 0.05 em of each other (0.06 em in small capitals) and words
 are 0.2 em apart or more (measured on the papers, manuals and journal articles of the long-document set): a space is
-put into every gap wider than the line's own letter spacing (its median gap) by WORD_GAP_EM of the type size. A
-tracked heading, every letter set apart, keeps its words whole. Text drawn two or three times a hair apart (bold
-faked by overprinting) is read once.
+put into every gap wider than the line's own letter spacing (its first quartile of gaps) by WORD_GAP_EM of the type
+size. A tracked heading, every letter set apart, keeps its words whole. Text drawn two or three times a hair apart
+(bold faked by overprinting) is read once.
 """
 
 from __future__ import annotations
