@@ -298,14 +298,19 @@ def test_text_beside_a_table_is_kept(tmp_path):
     assert page.tables == 1 and "Shipments are counted at the dock" in page.markdown
 
 
+def _sideways(pdf, x: float, y: float, text: str, font: str, size: float) -> None:
+    """`text` running up the page from (x, y), as a margin stamp or a side tab is set."""
+    pdf.saveState()
+    pdf.translate(x, y)
+    pdf.rotate(90)
+    pdf.setFont(font, size)
+    pdf.drawString(0, 0, text)
+    pdf.restoreState()
+
+
 def test_a_sideways_margin_stamp_joins_no_row(tmp_path):
     def draw(pdf, height):
-        pdf.saveState()
-        pdf.translate(30, 250)
-        pdf.rotate(90)
-        pdf.setFont("Times-Roman", 20)
-        pdf.drawString(0, 0, "arXiv:2101.00001v1 [cs.CL] 1 Jan 2021")
-        pdf.restoreState()
+        _sideways(pdf, 30, 250, "arXiv:2101.00001v1 [cs.CL] 1 Jan 2021", "Times-Roman", 20)
         pdf.setFont("Helvetica", 10)
         _rows(pdf, height - 300, 14)
 
@@ -324,12 +329,7 @@ def test_a_page_framed_by_rules_is_prose_not_a_table_and_its_side_tab_is_no_head
         pdf.line(40, 400, 100, 400)  # the tab's own box, in the margin only
         for i, line in enumerate(prose):
             pdf.drawString(110, 720 - i * 14, line)
-        pdf.saveState()
-        pdf.translate(75, 100)
-        pdf.rotate(90)
-        pdf.setFont("Helvetica-Bold", 18)
-        pdf.drawString(0, 0, "Rezoning and growth")
-        pdf.restoreState()
+        _sideways(pdf, 75, 100, "Rezoning and growth", "Helvetica-Bold", 18)
 
     [page] = parse_file(_canvas_pdf(tmp_path / "framed.pdf", draw))
     assert page.tables == 0 and page.signals["ruled_tables"] == 0
