@@ -121,6 +121,8 @@ def _prepare_instance(settings: Settings, check_model: bool = False) -> Path:
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from rag_pipeline.config import parse_labels
 
+    if args.dry_run:
+        return _ingest_preview(args, settings)
     _prepare_instance(settings, check_model=True)
     from rag_pipeline.defs.runs import run_ingest
 
@@ -165,6 +167,38 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{summary['deletions_held']} deletions held (or sources that left the configuration): see the "
               "problems above; rerun with --confirm-deletions SOURCE to carry them out", file=sys.stderr)
         return EXIT_DELETIONS_HELD
+    return EXIT_OK
+
+
+def _ingest_preview(args: argparse.Namespace, settings: Settings) -> int:
+    """`ingest --dry-run`: what the refresh would do, with paths (this terminal is not a run's record)."""
+    require("pipeline", "ingestion and the Dagster UI")
+    from rag_pipeline.config import parse_labels
+    from rag_pipeline.defs.runs import preview_ingest
+
+    _index_url(settings)  # started and migrated, as a refresh would
+    answer = preview_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
+                            confirm_deletions=args.confirm_deletions or []).as_dict(paths=True)
+    if args.json:
+        _print_json(answer)
+        return EXIT_OK
+    print("dry run: nothing was written; a refresh now would do this")
+    for source in answer["sources"]:
+        counts = source["counts"]
+        print(f"source {source['source']}: {counts.get('seen', 0)} files: "
+              + ", ".join(f"{counts[name]} {name.replace('_', ' ')}" for name in counts if name != "seen"))
+        for change in source["changes"]:
+            ref = f" ({change['document']})" if change["document"].startswith("#") else ""
+            print(f"  {change['change']:<15} {change['path']}{ref}: {change['detail']}")
+        for guard in source["guards"]:
+            print(f"  guard: {guard}")
+        for problem in source["problems"]:
+            print(f"  problem {problem['path']}: {problem['problem']}")
+    work = answer["work"]
+    print(f"work: {work['documents_to_parse']} documents to parse ({work['bytes_to_parse']:,} bytes; those parsed "
+          f"before had {work['pages_they_had']} pages), {work['documents_to_chunk']} to chunk from kept text, "
+          f"{work['chunks_relabelled_in_place']} chunks relabelled in place, {work['chunks_removed']} chunks "
+          f"removed, {work['pdfs_for_the_new_parser']} PDFs for the new parser; unchanged text keeps its vectors")
     return EXIT_OK
 
 
@@ -812,6 +846,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="carry out the deletions a scan of SOURCE held back (its root was empty, or more than "
                              "its max_deletion_share of documents were gone), or hold the documents of SOURCE that "
                              "left the configuration; repeatable")
+    ingest.add_argument("--dry-run", action="store_true",
+                        help="scan the sources and print what the refresh would do (documents by change, the guards "
+                             "that would hold, the work), writing nothing to the index")
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
     ingest.set_defaults(func=cmd_ingest)
 

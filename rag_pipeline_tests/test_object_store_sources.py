@@ -20,7 +20,7 @@ from dagster import DagsterInstance
 
 from rag_pipeline import store
 from rag_pipeline.config import SourceConfig
-from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.defs.runs import preview_ingest, run_ingest
 from rag_pipeline.domain import ids
 from rag_pipeline.sources.folders import ScanReport
 from rag_pipeline.sources.object_stores import (
@@ -169,8 +169,12 @@ def test_new_changed_moved_relabelled_deleted_objects(kind, bucket, make_setting
     box.put("archive/leave.md", LEAVE)
     box.delete("finance/leave.md")
     box.put("hr/expenses.md.meta.json", json.dumps({"acl_labels": ["finance"]}).encode())
+    previewed = preview_ingest(make_settings([box.source()])).as_dict()
     second = _ingest(make_settings, instance, box.source())
     assert (second["changed"], second["new"], second["deleted"], second["relabelled"]) == (1, 1, 1, 1)
+    assert {name: previewed["counts"][name] for name in ("changed", "new", "deleted", "relabelled", "adopted")} == {
+        "changed": 1, "new": 1, "deleted": 1, "relabelled": 1, "adopted": second["per_source"]["bucket"]["adopted"]}
+    assert previewed["work"]["documents_to_parse"] == second["objects_downloaded"]  # what the preview said
     # S3's and GCS's ETag is the content's digest: the move takes its twin's pages, only the changed object is
     # downloaded. Azure's ETag names a write, so there the moved blob is downloaded and parsed again.
     moved_downloads = 1 if kind == "az" else 0

@@ -18,6 +18,7 @@ from rag_pipeline.defs.index_versions import (
 )
 from rag_pipeline.defs.ingestion import executor, ingest_job, ingestion_assets
 from rag_pipeline.defs.io import RUN_OUTPUTS, RunOutputsIOManager
+from rag_pipeline.defs.preview import preview_refresh_job
 from rag_pipeline.defs.resources import RagResource, fixed_resource
 from rag_pipeline.endpoints.redaction import install_log_redaction, keep_secrets_of
 
@@ -34,7 +35,7 @@ def build_definitions(settings: Settings, *, own_code_location: bool = True) -> 
         settings.asset_key_prefix, ingestion_assets(settings), [index_version_backfill], index_checks)
     health_job = index_health_job(checks)
     jobs = [ingest_job(settings, ingestion), health_job, build_index_version_job(backfill), start_index_build,
-            promote_index_version, housekeeping_job]
+            promote_index_version, housekeeping_job, preview_refresh_job]
     return dg.Definitions(
         # Only the in-process default: other jobs' ops (promotion, housekeeping) hold the writer pool, which
         # Dask cannot carry (see writer_pool).

@@ -21,7 +21,7 @@ from rag_pipeline.defs.resources import Rag
 from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.extras import install_hint
 from rag_pipeline.stages.chunk import ChunkStats
-from rag_pipeline.stages.discover import DiscoverStats, discover
+from rag_pipeline.stages.discover import DiscoverStats, discover, refreshed_sources
 from rag_pipeline.stages.index import IndexStats
 from rag_pipeline.stages.parse import ParseStats
 from rag_pipeline.stages.process import ProcessStats, process_pending
@@ -72,12 +72,8 @@ class ScanPlan:
 def sources_to_scan(rag: Rag, config: DiscoverConfig) -> ScanPlan:
     if _command_line_sources:
         return ScanPlan(list(_command_line_sources), "command_line", [])
-    configured = {s.name: s for s in rag.settings().sources}
     with connect(rag.database_url()) as conn:
-        # Sources an earlier command line registered keep being refreshed, with what it gave them.
-        registered = {s.name: s for s in store.sources.registered_sources(conn, "command_line") if s.name not in configured}
-        removed = store.sources.configured_sources_removed(conn, list(configured))
-    known = {**registered, **configured}
+        known, removed = refreshed_sources(conn, rag.settings().sources)
     unknown = sorted(set(config.sources) - known.keys())
     if unknown:
         raise dg.Failure(f"sources not configured: {', '.join(unknown)}; a run scans configured sources only "
@@ -116,6 +112,8 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
             "documents_seen": stats.documents_seen,
             "new": stats.new,
             "changed": stats.changed,
+            "released": stats.released,
+            "retitled": stats.retitled,
             "unchanged": stats.unchanged,
             "deleted": stats.deleted,
             "relabelled_without_reembedding": stats.relabelled,
@@ -124,12 +122,18 @@ def source_documents(context: dg.AssetExecutionContext, config: DiscoverConfig, 
             "scans_failed": len(stats.scans_failed),  # the run fails through the staleness check
             "seconds": round(stats.seconds, 3),
             "per_source": typed_table(
-                ("source", "seen", "new", "changed", "deleted", "relabelled", "held", "deletions held",
+                ("source", "seen", "new", "changed", "released", "retitled", "deleted", "relabelled", "held",
+                 "deletions held",
                  "moved (pages reused)", "list requests", "sidecar reads", "metadata reads"),
                 [(name, *counts.values()) for name, counts in stats.per_source.items()],
             ),
             "problems": typed_table(  # documents named by ref by the stage: see stages.discover
                 ("source", "path or document", "problem"), [tuple(p.values()) for p in stats.problems]
+            ),
+            "documents_by_change": typed_table(  # by ref: what a run records keeps no path
+                ("change", "documents", "named"),
+                [(change, getattr(stats, change, len(names)), " ".join(names))
+                 for change, names in stats.documents.items() if names],
             ),
             "stats": dg.MetadataValue.json(stats.as_dict()),
             **_totals(db_url),

@@ -11,10 +11,11 @@ from typing import Any
 import psycopg
 import yaml
 
-from rag_pipeline.config import Settings
+from rag_pipeline.config import Settings, SourceConfig
 from rag_pipeline.defs.ingestion import STAGE_STATS
 from rag_pipeline.defs.run_monitoring import fail_dead_runs, worker_tags
 from rag_pipeline.endpoints.redaction import redact_credentials
+from rag_pipeline.stages.preview import RefreshPreview
 from rag_pipeline.store.database import sqlalchemy_url
 
 log = logging.getLogger(__name__)
@@ -189,19 +190,12 @@ def _root_cause(error: Any) -> str:
     return message
 
 
-def run_ingest(
-    settings: Settings,
-    sources: list[str] | None = None,
-    labels: list[str] | None = None,
-    instance: Any = None,
-    log_level: str = "INFO",
-    confirm_deletions: list[str] | None = None,
-) -> dict[str, Any]:
-    """Run the `ingest` job through Dagster against `instance` (the prepared one by default). `sources` are
-    NAME=PATH folders from the command line (with default `labels`), scanned instead of the configured ones."""
-    from rag_pipeline.config import ConfigError, SourceConfig, parse_labels
-    from rag_pipeline.defs.code_location import build_definitions
-    from rag_pipeline.defs.ingestion import command_line_sources, confirmable_sources
+def command_line_sources_checked(settings: Settings, sources: list[str] | None, labels: list[str] | None,
+                                 confirm_deletions: list[str] | None) -> list[SourceConfig]:
+    """The NAME=PATH folders of a command line, refused where they would redefine a configured source, and a
+    --confirm-deletions that names no source refused."""
+    from rag_pipeline.config import ConfigError, parse_labels
+    from rag_pipeline.defs.ingestion import confirmable_sources
 
     adhoc = [SourceConfig.from_cli(spec, parse_labels(labels)) for spec in sources or []]
     clashes = sorted({s.name for s in adhoc} & {s.name for s in settings.sources})
@@ -212,6 +206,44 @@ def run_ingest(
     if unknown:  # a typo must not look like a confirmation that was given
         raise ConfigError(f"--confirm-deletions {', '.join(unknown)}: no such source (configured: "
                           f"{', '.join(s.name for s in settings.sources) or 'none'})")
+    return adhoc
+
+
+def preview_ingest(settings: Settings, sources: list[str] | None = None, labels: list[str] | None = None,
+                   confirm_deletions: list[str] | None = None) -> RefreshPreview:
+    """What `run_ingest` with these arguments would do (stages.preview), without a Dagster run: nothing is written
+    to the index, nor to Dagster's storage."""
+    from rag_pipeline.config import ConfigError
+    from rag_pipeline.stages.discover import refreshed_sources
+    from rag_pipeline.stages.preview import preview
+    from rag_pipeline.store.database import connect, resolve_urls
+
+    adhoc = command_line_sources_checked(settings, sources, labels, confirm_deletions)
+    url = resolve_urls(settings).index
+    if adhoc:
+        return preview(url, adhoc, confirm_deletions or [])
+    with connect(url) as conn:
+        known, removed = refreshed_sources(conn, settings.sources)
+    if not known and not removed:
+        raise ConfigError("sources: none configured; add them to rag_pipeline.yaml or pass --source NAME=PATH")
+    return preview(url, list(known.values()), confirm_deletions or [], removed)
+
+
+def run_ingest(
+    settings: Settings,
+    sources: list[str] | None = None,
+    labels: list[str] | None = None,
+    instance: Any = None,
+    log_level: str = "INFO",
+    confirm_deletions: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run the `ingest` job through Dagster against `instance` (the prepared one by default). `sources` are
+    NAME=PATH folders from the command line (with default `labels`), scanned instead of the configured ones."""
+    from rag_pipeline.config import ConfigError
+    from rag_pipeline.defs.code_location import build_definitions
+    from rag_pipeline.defs.ingestion import command_line_sources
+
+    adhoc = command_line_sources_checked(settings, sources, labels, confirm_deletions)
     run_config = {
         "ops": {"source_documents": {"config": {"confirm_deletions": confirm_deletions or []}}},
         "loggers": {"console": {"config": {"log_level": log_level}}},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -25,6 +25,10 @@ from rag_pipeline.store.scans import ReconcileCounts
 
 log = logging.getLogger(__name__)
 MAX_PROBLEMS_SHOWN = 200  # per source and run
+MAX_NAMED = 200  # documents a run names per change class (every one is counted)
+# The change classes a refresh names, in the order it reports them.
+CHANGE_CLASSES = ("new", "changed", "released", "retitled", "relabelled", "held", "deleted", "deletions_held",
+                  "adopted")
 
 
 @dataclass
@@ -36,13 +40,23 @@ class DiscoverStats(StageStats):
     unchanged: int = 0
     relabelled: int = 0
     deleted: int = 0
+    released: int = 0  # held before, admissible now: back from the pages they kept, or parsed again
+    retitled: int = 0  # what a sidecar says the document is changed: chunked again (its prefixes), not parsed
     held: int = 0  # newly held back: no labels, a bad sidecar, hard links
     deletions_held: int = 0  # deletions a guarded scan refused (see DeletionGuard), holds of removed sources too
     scans_failed: list[str] = field(default_factory=list)  # sources whose scan raised (each kept as it was)
     problems: list[dict[str, str]] = field(default_factory=list)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
-    SUMMARY = ("documents_seen", "new", "changed", "unchanged", "deleted", "relabelled", "held", "deletions_held",
-               "scans_failed", "problems", "per_source")
+    # The documents of each change class, by name (#ref: a run's records keep no path), at most MAX_NAMED a class.
+    documents: dict[str, list[str]] = field(default_factory=dict)
+    SUMMARY = ("documents_seen", "new", "changed", "released", "retitled", "unchanged", "deleted", "relabelled",
+               "held", "deletions_held", "scans_failed", "problems", "per_source", "documents")
+
+    def name(self, change: str, names: Sequence[str]) -> None:
+        named = self.documents.setdefault(change, [])
+        room = MAX_NAMED - len(named)
+        if names and room > 0:
+            named.extend(names[:room])
 
 
 # Why the documents of a source that left the configuration were not held: recorded as held deletions.
@@ -69,6 +83,15 @@ class DeletionGuard:
     confirmed: bool = False
 
 
+def refreshed_sources(conn: psycopg.Connection, configured: Sequence[SourceConfig]
+                      ) -> tuple[dict[str, SourceConfig], list[str]]:
+    """What a refresh scans ({name: source}: the configured sources, and those an earlier command line registered,
+    which keep being refreshed with what it gave them) and the configured sources that left the configuration."""
+    by_name = {s.name: s for s in configured}
+    registered = {s.name: s for s in store.sources.registered_sources(conn, "command_line") if s.name not in by_name}
+    return {**registered, **by_name}, store.sources.configured_sources_removed(conn, list(by_name))
+
+
 def deletion_hold_reason(guard: DeletionGuard, seen: int, missing: int, judged: int) -> str | None:
     """Why a scan that saw `seen` files and missed `missing` of the `judged` documents must not delete, or None.
     The share is of what the scan could judge: documents kept under unreadable paths are not in it."""
@@ -81,6 +104,48 @@ def deletion_hold_reason(guard: DeletionGuard, seen: int, missing: int, judged: 
     return None
 
 
+def stage(conn: psycopg.Connection, files: Iterable[DiscoveredFile], report: ScanReport) -> ReconcileCounts:
+    """Stage one scan of a source (see store.scans.stage_scan); a name listed twice is a problem of the report."""
+    seen, duplicates = store.scans.stage_scan(conn, files)
+    for name in duplicates:
+        report.problem(name, "listed twice under this name (keys the store's client lists alike, such as 'a.md' "
+                       "and 'a.md/'); kept as it was", unreadable=True)
+    return ReconcileCounts(seen=seen)
+
+
+def judge(conn: psycopg.Connection, source: str, report: ScanReport) -> tuple[list[str], int, int]:
+    """Once the listing is done: (paths the scan could not read, documents gone, documents the scan could judge).
+    What was staged under an unreadable path is unstaged: kept as it was."""
+    unreadable = list(report.unreadable)  # read after the scan has run, not before
+    store.scans.drop_unreadable(conn, unreadable)
+    missing, judged = store.scans.count_gone(conn, source, unreadable)
+    return unreadable, missing, judged
+
+
+def racy_window(conn: psycopg.Connection, source: SourceConfig) -> tuple[datetime, datetime] | None:
+    """Racily clean: modified while the previous scan ran, give or take the margin. A time past its end (a clock
+    ahead, `touch -d`, an unpacked archive) is no write that scan could have missed: judged once, not forever."""
+    previous = store.sources.last_scan_window(conn, source.name)
+    margin = RACY_MARGIN if source.store_scheme else FILE_CLOCK_TICK
+    return (previous[0] - margin, previous[1] + margin) if previous else None
+
+
+def listing(lookup: psycopg.Connection, source: SourceConfig, report: ScanReport, counters: StoreCounters,
+            racy: tuple[datetime, datetime] | None, same_labelling: bool) -> tuple[Iterator[DiscoveredFile], ErasedGate]:
+    """The files of one scan of the source, as reconciliation takes them, and the gate that holds erased ones.
+    `lookup` is a connection of its own (the scan's streams the listing into the staging table), in autocommit:
+    reads between network requests must not sit idle in a transaction for the whole listing."""
+    # Labels stored with unchanged objects stand only while what decides labels is as the last scan left it.
+    # Racily clean objects (see RACY_MARGIN) are left out of them: their metadata is read again.
+    known = functools.partial(store.scans.stored_labels, lookup, source.name, racy=racy) if same_labelling else None
+    # An erased document back at its source is held, not indexed again, until it is re-admitted.
+    held_if_erased = ErasedGate(lookup, source.name)
+    return held_if_erased(kinds.scan(source, report, known, counters)), held_if_erased
+
+
+ADOPTING_SCHEMES = ("s3", "gs")  # stores whose ETag names the bytes: a moved object keeps its parsed pages
+
+
 def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredFile], report: ScanReport,
               guard: DeletionGuard, adopt: bool = False,
               racy: tuple[datetime, datetime] | None = None) -> ReconcileCounts:
@@ -88,28 +153,30 @@ def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredF
     counts what is gone, the guard decides whether it may be deleted, then new, changed, relabelled and held
     documents are applied. Documents under paths the scan could not read (`report.unreadable`, complete once
     `files` is consumed) are kept as they were. Files modified within `racy` (since, until) count as changed."""
-    seen, duplicates = store.scans.stage_scan(conn, files)
-    counts = ReconcileCounts(seen=seen)
-    for name in duplicates:
-        report.problem(name, "listed twice under this name (keys the store's client lists alike, such as 'a.md' "
-                       "and 'a.md/'); kept as it was", unreadable=True)
+    counts = stage(conn, files, report)
     # Writers take turns with the scan (see store.groups): a scan that narrows labels or deletes is never half-seen
     # by an index write. Taken once the scan is staged, so a long listing never stalls the index writers.
     store.groups.lock_assignment(conn)
-    unreadable = list(report.unreadable)  # read after the scan has run, not before
-    store.scans.drop_unreadable(conn, unreadable)
-    missing, judged = store.scans.count_gone(conn, source, unreadable)
+    unreadable, missing, judged = judge(conn, source, report)
     # An object at a new key with the ETag and size of one already parsed (a move, a copy) takes that one's pages
     # instead of being downloaded and parsed again: after the guard's count (a move of everything is still held
     # for confirmation), before anything is deleted.
-    counts.adopted = store.scans.adopt_moved(conn, source) if adopt else 0
+    adopted = store.scans.adopt_moved(conn, source) if adopt else []
     reason = deletion_hold_reason(guard, counts.seen, missing, judged)
     if reason:
         counts.deletions_held, counts.deletions_held_reason = missing, reason
+        counts.name("deletions_held", store.scans.gone_documents(conn, source, unreadable))
     elif missing:
-        counts.deleted = store.scans.delete_gone(conn, source, unreadable)
+        counts.refs.update(store.documents.refs_by_id(conn, store.scans.gone_documents(conn, source, unreadable)))
+        counts.name("deleted", store.scans.delete_gone(conn, source, unreadable))
+        counts.deleted = len(counts.documents["deleted"])
     store.scans.apply_scan(conn, source, counts, racy)
+    counts.adopted = len(adopted)
+    counts.name("new", adopted)
+    counts.name("adopted", adopted)
     counts.new += counts.adopted
+    counts.refs.update(store.documents.refs_by_id(
+        conn, [doc_id for change, ids in counts.documents.items() if change != "deleted" for doc_id in ids]))
     return counts
 
 
@@ -198,28 +265,16 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     counters = StoreCounters()
     with connect(db_url) as conn, conn.transaction():
         store.sources.lock_source_scan(conn, source.name)  # two scans of one source at once would race
-        previous = store.sources.last_scan_window(conn, source.name)
-        margin = RACY_MARGIN if source.store_scheme else FILE_CLOCK_TICK
-        # Racily clean: modified while the previous scan ran, give or take the margin. A time past its end (a clock
-        # ahead, `touch -d`, an unpacked archive) is no write that scan could have missed: judged once, not forever.
-        racy = (previous[0] - margin, previous[1] + margin) if previous else None
+        racy = racy_window(conn, source)
         same_labelling = store.sources.upsert_source(conn, source, origin)
         # One transaction per source: a scan interrupted half-way changes nothing.
         guard = DeletionGuard(source.max_deletion_share, confirmed)
-        # Read on a connection of its own: the scan's is busy streaming the listing into the staging table.
-        # Autocommit: reads between network requests must not sit idle in a transaction for the whole listing.
         with connect(db_url, autocommit=True) as lookup:
-            # Labels stored with unchanged objects stand only while what decides labels is as the last scan left it.
-            # Racily clean objects (see RACY_MARGIN) are left out of them: their metadata is read again.
-            known = functools.partial(store.scans.stored_labels, lookup, source.name,
-                                      racy=racy) if same_labelling else None
-            # An erased document back at its source is held, not indexed again, until it is re-admitted.
-            held_if_erased = ErasedGate(lookup, source.name)
+            files, held_if_erased = listing(lookup, source, report, counters, racy, same_labelling)
             # A racily clean file may hold other bytes under the same size, time and inode: it is parsed again
             # (content_hash spares the embedding). An object's new bytes have a new ETag.
-            counts = reconcile(conn, source.name, held_if_erased(kinds.scan(source, report, known, counters)),
-                               report, guard,
-                               adopt=source.store_scheme in ("s3", "gs"),
+            counts = reconcile(conn, source.name, files, report, guard,
+                               adopt=source.store_scheme in ADOPTING_SCHEMES,
                                racy=racy if source.store_scheme is None else None)
         store.sources.record_scan(conn, source.name, scan_started, counts)
         if held_if_erased.not_checked:
@@ -230,7 +285,11 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     shown = [named_by_ref(p, refs.get((source.name, p.rel_path))) for p in listed]
     stats.documents_seen += counts.seen
     stats.new += counts.new
-    stats.changed += counts.changed + counts.released + counts.retitled
+    stats.changed += counts.changed
+    stats.released += counts.released
+    stats.retitled += counts.retitled
+    for change in CHANGE_CLASSES:
+        stats.name(change, [document_name(counts.refs.get(doc_id)) for doc_id in counts.documents.get(change, [])])
     stats.unchanged += counts.unchanged
     stats.relabelled += counts.relabelled
     stats.deleted += counts.deleted
@@ -246,7 +305,8 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
             f"{counts.deletions_held} deletions held: {counts.deletions_held_reason}; nothing was deleted. If they "
             f"are meant, run `rag-pipeline ingest --confirm-deletions {source.name}`")})
     stats.per_source[source.name] = {
-        "seen": counts.seen, "new": counts.new, "changed": counts.changed, "deleted": counts.deleted,
+        "seen": counts.seen, "new": counts.new, "changed": counts.changed, "released": counts.released,
+        "retitled": counts.retitled, "deleted": counts.deleted,
         "relabelled": counts.relabelled, "held": counts.held, "deletions_held": counts.deletions_held,
         "adopted": counts.adopted,  # object-store requests below: 0 for a folder
         "list_requests": counters.list_requests, "sidecar_reads": counters.sidecar_reads,
@@ -254,7 +314,9 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     }
     progress(
         f"source {source.name}: {counts.seen} files, {counts.new} new, {counts.changed} changed, "
-        f"{counts.deleted} deleted, {counts.relabelled} relabelled, {counts.held} newly held back"
+        + (f"{counts.released} released, " if counts.released else "")
+        + (f"{counts.retitled} retitled, " if counts.retitled else "")
+        + f"{counts.deleted} deleted, {counts.relabelled} relabelled, {counts.held} newly held back"
         + (f", {counts.deletions_held} deletions held ({counts.deletions_held_reason})" if counts.deletions_held
            else "")
     )

@@ -22,6 +22,12 @@ def refs_of(conn: psycopg.Connection, paths: Iterable[tuple[str, str]]) -> dict[
     return {(source, rel_path): ref for source, rel_path, ref in rows}
 
 
+def refs_by_id(conn: psycopg.Connection, doc_ids: Iterable[str]) -> dict[str, int]:
+    """The refs of the documents with these doc_ids; those that are no document are left out."""
+    rows = conn.execute("SELECT doc_id, ref FROM documents WHERE doc_id = ANY(%s)", (sorted(set(doc_ids)),))
+    return dict(rows.fetchall())
+
+
 def paths_of(conn: psycopg.Connection, refs: Iterable[int]) -> dict[int, tuple[str, str]]:
     """(source, rel_path) of the documents with these refs (the CLI resolving what Dagster shows)."""
     rows = conn.execute("SELECT ref, source, rel_path FROM documents WHERE ref = ANY(%s)",

@@ -116,13 +116,21 @@ def requeue_for_chunker(conn: psycopg.Connection, chunker_version: str) -> int:
     ).rowcount
 
 
+_OLDER_PARSER = sql.SQL("""status = ANY(%s) AND lower(rel_path) LIKE '%%.pdf'
+    AND coalesce(substring(parser_version from '^rp([0-9]+);')::integer, 0) < %s""")
+
+
+def count_for_parser(conn: psycopg.Connection, below: int) -> int:
+    """How many documents requeue_for_parser would send back."""
+    return conn.execute(sql.SQL("SELECT count(*) FROM documents WHERE {}").format(_OLDER_PARSER),
+                        (list(DOCUMENT_LIVE_IN_INDEX), below)).fetchone()[0]
+
+
 def requeue_for_parser(conn: psycopg.Connection, below: int) -> int:
     """PDFs in the index parsed by a parser older than rp`below` go back to parsing (once: the parse records the
     new version). Their text is kept until the new parse replaces it; unchanged text is not embedded again."""
     return conn.execute(
-        """UPDATE documents SET status = %s, changed_at = now()
-           WHERE status = ANY(%s) AND lower(rel_path) LIKE '%%.pdf'
-             AND coalesce(substring(parser_version from '^rp([0-9]+);')::integer, 0) < %s""",
+        sql.SQL("UPDATE documents SET status = %s, changed_at = now() WHERE {}").format(_OLDER_PARSER),
         (D.PENDING_PARSE, list(DOCUMENT_LIVE_IN_INDEX), below),
     ).rowcount
 

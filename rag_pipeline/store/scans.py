@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import psycopg
@@ -36,6 +36,13 @@ class ReconcileCounts:
     deletions_held: int = 0  # what a guarded scan would have deleted, and did not
     deletions_held_reason: str | None = None
     adopted: int = 0  # new objects that took the parsed pages of an object with the same ETag (moved, copied)
+    # The documents (doc_ids) of each class above, and their refs: what a refresh names, as its preview does
+    # (stages.preview). A deleted document's ref is read before it goes.
+    documents: dict[str, list[str]] = field(default_factory=dict)
+    refs: dict[str, int] = field(default_factory=dict)
+
+    def name(self, change: str, doc_ids: Iterable[str]) -> None:
+        self.documents.setdefault(change, []).extend(doc_ids)
 
     @property
     def unchanged(self) -> int:
@@ -167,17 +174,15 @@ def stored_labels(conn: psycopg.Connection, source: str, rel_paths: Sequence[str
     return {rel_path: (fingerprint, tuple(labels)) for rel_path, fingerprint, labels in rows}
 
 
-def adopt_moved(conn: psycopg.Connection, source: str) -> int:
-    """Insert the staged scan's new objects that have a twin: a parsed document of the same source with the same
-    ETag and size (a move, or a copy). Each takes its twin's pages and goes to chunking; its chunks' vectors come
-    from the embedding cache. Nothing is downloaded or parsed again. Labels, title and metadata are the new
-    object's own. Runs before deletions, so a move finds the document it left. Returns how many."""
+def stage_twins(conn: psycopg.Connection, source: str) -> None:
+    """The staged scan's new objects that have a twin (see adopt_moved), as the temporary table scan_twins
+    (new_id, old_id)."""
     # Only an ETag shaped as an MD5 digest, in hex or base64 (S3's single-part upload, a GCS object; an S3
     # multipart upload's digest of part digests with its part count) names the bytes: Azure's, or an opaque one,
     # may not, and equal ETags then say nothing about equal content.
     params = {"source": source,
               "digest": rf'^{ETAG_ID}"?([0-9a-fA-F]{{32}}(-[0-9]+)?|[A-Za-z0-9+/]{{22}}==)"?$',
-              "parsed": [D.INDEXED.value, D.PENDING_CHUNK.value, D.PENDING_INDEX.value], **_STATUS}
+              "parsed": [D.INDEXED.value, D.PENDING_CHUNK.value, D.PENDING_INDEX.value]}
     conn.execute(
         """CREATE TEMP TABLE scan_twins ON COMMIT DROP AS
            SELECT DISTINCT ON (s.doc_id) s.doc_id AS new_id, d.doc_id AS old_id
@@ -189,6 +194,15 @@ def adopt_moved(conn: psycopg.Connection, source: str) -> int:
            ORDER BY s.doc_id, d.doc_id""",
         params,
     )
+
+
+def adopt_moved(conn: psycopg.Connection, source: str) -> list[str]:
+    """Insert the staged scan's new objects that have a twin: a parsed document of the same source with the same
+    ETag and size (a move, or a copy). Each takes its twin's pages and goes to chunking; its chunks' vectors come
+    from the embedding cache. Nothing is downloaded or parsed again. Labels, title and metadata are the new
+    object's own. Runs before deletions, so a move finds the document it left. Returns their doc_ids."""
+    params = {"source": source, **_STATUS}
+    stage_twins(conn, source)
     adopted = conn.execute(
         """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels, title,
                                   metadata, status, file_id, content_hash, page_count, parser_version, cleaning,
@@ -199,14 +213,14 @@ def adopt_moved(conn: psycopg.Connection, source: str) -> int:
            FROM scan_twins t JOIN scan_files s ON s.doc_id = t.new_id JOIN documents d ON d.doc_id = t.old_id
            RETURNING doc_id""",
         params,
-    ).rowcount
+    ).fetchall()
     conn.execute(
         """INSERT INTO document_pages (doc_id, page, tier, signals, parser_version, seconds, markdown)
            SELECT t.new_id, p.page, p.tier, p.signals, p.parser_version, p.seconds, p.markdown
            FROM scan_twins t JOIN document_pages p ON p.doc_id = t.old_id"""
     )
     conn.execute("DROP TABLE scan_twins")
-    return adopted
+    return [doc_id for (doc_id,) in adopted]
 
 
 def count_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> tuple[int, int]:
@@ -221,7 +235,14 @@ def count_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str])
     return missing, total
 
 
-def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> int:
+def gone_documents(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> list[str]:
+    """The doc_ids of the documents count_gone counts as missing."""
+    return [r[0] for r in conn.execute(
+        sql.SQL("SELECT d.doc_id FROM documents d WHERE {gone} ORDER BY d.doc_id").format(gone=_gone(unreadable)),
+        {"source": source, "unreadable": list(unreadable)}).fetchall()]
+
+
+def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> list[str]:
     """Delete the documents the staged scan did not find (cascading to pages, chunks and every index version),
     write them to the deletion log, and repair the near-duplicate groups that lost occurrences."""
     params = {"source": source, "unreadable": list(unreadable)}
@@ -243,32 +264,37 @@ def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]
         params,
     ).fetchall()
     repair_groups(conn, touched_groups)
-    return len(deleted)
+    return [doc_id for (doc_id,) in deleted]
 
 
-def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
-               racy: tuple[datetime, datetime] | None = None) -> None:
-    """Insert the new documents of the staged scan and classify every changed one (counted into `counts`):
-    changed files go back to parsing, relabelled ones get their labels on every index row at once, newly held
-    ones lose everything served from them (their parsed pages stay, never served). A file modified within `racy`
-    (since, until: while the scan that stored it ran) is changed whatever its fingerprint says (rewritten within
-    one tick of the file system's clock, its size, time and inode can stay the same). Drops the staged scan."""
+@dataclass(frozen=True)
+class StagedChange:
+    """How the staged scan changes one document: `change` is its class (see classify_scan)."""
+
+    doc_id: str
+    change: str  # new, hold, changed, released, retitled, relabelled, metadata
+    relabelled: bool = False  # its labels change (whatever else does), on every index row at once
+    newly_held: bool = False  # held now and not before (a new held file, or a served document held)
+    file_changed: bool = False
+
+
+def _racy_params(source: str, racy: tuple[datetime, datetime] | None) -> dict[str, object]:
     since, until = racy or (None, None)
-    params = {"source": source, "held": list(DOCUMENT_HELD), "racy_since": since, "racy_until": until, **_STATUS}
-    inserted = conn.execute(
-        """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
-                                  acl_labels, title, metadata, status, held_reason, file_id, file_links, read_path)
-           SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
-                  s.title, s.metadata, coalesce(s.hold_status, %(pending_parse)s), s.hold_reason,
-                  s.file_id, s.file_links, s.read_path
-           FROM scan_files s
-           WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id)
-           RETURNING status""",
-        params,
-    ).fetchall()
-    counts.new = len(inserted)
-    counts.held = sum(1 for (status,) in inserted if status in DOCUMENT_HELD)
+    return {"source": source, "held": list(DOCUMENT_HELD), "racy_since": since, "racy_until": until, **_STATUS}
 
+
+def classify_scan(conn: psycopg.Connection, source: str,
+                  racy: tuple[datetime, datetime] | None = None) -> list[StagedChange]:
+    """Every document the staged scan adds or changes, by class, changing nothing: `new` (not in the documents
+    table), `hold` (held back now), `changed` (its file: parsed again), `released` (held before, admissible now),
+    `retitled` (what a sidecar says it is), `relabelled` (labels only), `metadata` (nothing the index holds).
+    Leaves the temporary table scan_changes for apply_scan. A file modified within `racy` (since, until: while the
+    scan that stored it ran) is changed whatever its fingerprint says (rewritten within one tick of the file
+    system's clock, its size, time and inode can stay the same). Also what a refresh's preview reports."""
+    params = _racy_params(source, racy)
+    new = [StagedChange(doc_id, "new", newly_held=held) for doc_id, held in conn.execute(
+        """SELECT s.doc_id, s.hold_status IS NOT NULL FROM scan_files s
+           WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id) ORDER BY s.doc_id""").fetchall()]
     # Classify every existing document whose file, metadata or hold differs from what is stored. Another file
     # (inode) under the same name is a change even with the same size and time; a row without an identity (from
     # the release before identities) only gains one.
@@ -304,12 +330,91 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
               OR d.held_reason IS DISTINCT FROM s.hold_reason""",
         params,
     )
+    # Labels change on the rows at once, whatever else changed: a narrowed ACL must not wait for re-parsing
+    # (which may fail, or run later) to take effect. Counted as relabelled whatever else changed with them.
+    return new + [StagedChange(*row) for row in conn.execute(
+        """SELECT doc_id, change, change <> 'hold' AND acl_labels <> old_labels,
+                  change = 'hold' AND NOT old_status = ANY(%(held)s), file_changed
+           FROM scan_changes ORDER BY doc_id""", params).fetchall()]
+
+
+def staged_files(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, tuple[str, int, str | None]]:
+    """(rel_path, size in bytes, why it is held or None) of these documents as the staged scan found them."""
+    rows = conn.execute("SELECT doc_id, rel_path, size_bytes, hold_reason FROM scan_files WHERE doc_id = ANY(%s)",
+                        (list(doc_ids),)).fetchall()
+    return {doc_id: (rel_path, size, reason) for doc_id, rel_path, size, reason in rows}
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    """What the documents table holds of a document a scan changes, for a refresh's preview."""
+
+    ref: int
+    rel_path: str
+    status: str
+    has_pages: bool  # parsed text kept: chunked again without parsing
+    page_count: int | None
+    size_bytes: int
+    chunks: int
+
+
+def stored_documents(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, StoredDocument]:
+    rows = conn.execute(
+        """SELECT d.doc_id, d.ref, d.rel_path, d.status, d.content_hash IS NOT NULL, d.page_count, d.size_bytes,
+                  (SELECT count(*) FROM chunks c WHERE c.doc_id = d.doc_id)
+           FROM documents d WHERE d.doc_id = ANY(%s)""", (list(doc_ids),)).fetchall()
+    return {doc_id: StoredDocument(*rest) for doc_id, *rest in rows}
+
+
+def queued(conn: psycopg.Connection, source: str, excluded: Sequence[str]) -> list[tuple[str, int, int, int]]:
+    """(status, documents, bytes, pages known) of the source's documents that wait for parsing, chunking or
+    indexing from before (an interrupted run, a change of parser or chunker), but those `excluded`."""
+    return [tuple(row) for row in conn.execute(
+        """SELECT status, count(*), coalesce(sum(size_bytes), 0), coalesce(sum(page_count), 0) FROM documents
+           WHERE source = %s AND status = ANY(%s) AND NOT doc_id = ANY(%s) GROUP BY status ORDER BY status""",
+        (source, [D.PENDING_PARSE.value, D.PENDING_CHUNK.value, D.PENDING_INDEX.value], list(excluded)),
+    ).fetchall()]
+
+
+def twins_staged(conn: psycopg.Connection) -> dict[str, str]:
+    """The table stage_twins left, as {new doc_id: the doc_id whose pages it takes}."""
+    return dict(conn.execute("SELECT new_id, old_id FROM scan_twins").fetchall())
+
+
+def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
+               racy: tuple[datetime, datetime] | None = None) -> None:
+    """Insert the new documents of the staged scan and apply every change classify_scan finds (counted and named
+    into `counts`): changed files go back to parsing, relabelled ones get their labels on every index row at once,
+    newly held ones lose everything served from them (their parsed pages stay, never served). Drops the staged
+    scan."""
+    params = _racy_params(source, racy)
+    changes = classify_scan(conn, source, racy)
+    conn.execute(
+        """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                  acl_labels, title, metadata, status, held_reason, file_id, file_links, read_path)
+           SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
+                  s.title, s.metadata, coalesce(s.hold_status, %(pending_parse)s), s.hold_reason,
+                  s.file_id, s.file_links, s.read_path
+           FROM scan_files s
+           WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id)""",
+        params,
+    )
+    for change in changes:
+        if change.change == "new":
+            counts.name("new", [change.doc_id])
+        elif change.change in ("changed", "released", "retitled"):
+            counts.name(change.change, [change.doc_id])
+        if change.newly_held:
+            counts.name("held", [change.doc_id])
+        if change.relabelled:
+            counts.name("relabelled", [change.doc_id])
+    counts.new = len(counts.documents.get("new", []))
+    counts.held = len(counts.documents.get("held", []))
+    counts.changed, counts.released, counts.retitled, counts.relabelled = (
+        len(counts.documents.get(change, [])) for change in ("changed", "released", "retitled", "relabelled"))
     # A document that is held back now loses everything served from it, in this transaction (its pages stay,
     # never served, so a release re-chunks instead of re-parsing).
-    holds = [r[0] for r in conn.execute(
-        "SELECT doc_id FROM scan_changes WHERE change = 'hold' AND NOT old_status = ANY(%s)", (list(DOCUMENT_HELD),)
-    ).fetchall()]
-    counts.held += len(holds)
+    holds = [c.doc_id for c in changes if c.change == "hold" and c.newly_held]
     if holds:
         delete_derived_rows(conn, holds, keep_pages=True)
     # Pages kept for a cheap release are those of the file judged before: a file that changed while (or as) it is
@@ -339,15 +444,7 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
            FROM scan_changes c WHERE d.doc_id = c.doc_id""",
         params,
     )
-    for change, number in conn.execute("SELECT change, count(*) FROM scan_changes GROUP BY change").fetchall():
-        if change in ("changed", "released", "retitled"):
-            setattr(counts, change, number)
-    # Labels change on the rows at once, whatever else changed: a narrowed ACL must not wait for re-parsing
-    # (which may fail, or run later) to take effect. Counted as relabelled whatever else changed with them.
-    relabelled = [r[0] for r in conn.execute(
-        "SELECT doc_id FROM scan_changes WHERE change <> 'hold' AND acl_labels <> old_labels"
-    ).fetchall()]
-    counts.relabelled = len(relabelled)
+    relabelled = counts.documents.get("relabelled", [])
     if relabelled:
         relabel_index_rows(conn, relabelled)
     conn.execute("DROP TABLE scan_changes")

@@ -28,10 +28,16 @@ def labelling(source: SourceConfig) -> str:
                        "from": source.labels_from, "key": source.labels_metadata_key}, sort_keys=True)
 
 
-def upsert_source(conn: psycopg.Connection, source: SourceConfig, origin: str = "config") -> bool:
-    """Register the source as scanned now; returns whether its labelling is what the last scan stored (False for a
-    new source, or when defaults, labels_from or the metadata key changed: every object's labels are read again)."""
+def same_labelling(conn: psycopg.Connection, source: SourceConfig) -> bool:
+    """Whether the source's labelling is what the last scan stored (False for a new source, or when defaults,
+    labels_from or the metadata key changed: every object's labels are read again)."""
     before = conn.execute("SELECT labelling FROM sources WHERE name = %s", (source.name,)).fetchone()
+    return before is not None and before[0] == labelling(source)
+
+
+def upsert_source(conn: psycopg.Connection, source: SourceConfig, origin: str = "config") -> bool:
+    """Register the source as scanned now; returns same_labelling as it was before."""
+    same = same_labelling(conn, source)
     conn.execute(
         """INSERT INTO sources (name, root, include_patterns, default_acl_labels, freshness_sla_seconds, origin,
                                 labelling)
@@ -44,7 +50,7 @@ def upsert_source(conn: psycopg.Connection, source: SourceConfig, origin: str = 
         (source.name, str(source.root), list(source.include), list(source.acl_labels), source.freshness_sla_seconds,
          origin, labelling(source)),
     )
-    return before is not None and before[0] == labelling(source)
+    return same
 
 
 def configured_sources_removed(conn: psycopg.Connection, configured: Sequence[str]) -> list[str]:
@@ -140,6 +146,12 @@ def documents_to_hold(conn: psycopg.Connection, source: str) -> int:
     """How many documents of a source that left the configuration are still served (not held yet)."""
     return conn.execute("SELECT count(*) FROM documents WHERE source = %s AND status <> %s",
                         (source, D.HELD_SOURCE_REMOVED)).fetchone()[0]
+
+
+def documents_served_by(conn: psycopg.Connection, source: str) -> list[str]:
+    """The doc_ids documents_to_hold counts."""
+    return [r[0] for r in conn.execute("SELECT doc_id FROM documents WHERE source = %s AND status <> %s",
+                                       (source, D.HELD_SOURCE_REMOVED)).fetchall()]
 
 
 def record_hold_refused(conn: psycopg.Connection, source: str, documents: int, reason: str) -> None:
