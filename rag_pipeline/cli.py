@@ -176,7 +176,6 @@ def _ingest_preview(args: argparse.Namespace, settings: Settings) -> int:
     from rag_pipeline.config import parse_labels
     from rag_pipeline.defs.runs import preview_ingest
 
-    _index_url(settings)  # started and migrated, as a refresh would
     answer = preview_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
                             confirm_deletions=args.confirm_deletions or []).as_dict(paths=True)
     if args.json:
@@ -333,16 +332,30 @@ def _problems_with_paths(settings: Settings, problems: list[dict]) -> list[dict]
 
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
     from rag_pipeline.lifecycle.erasure import housekeeping
+    from rag_pipeline.lifecycle.reclaim import reclaim_previous
+    from rag_pipeline.store.database import connect
 
     retention = settings.retention
-    report = housekeeping(_index_url(settings), retention.embedding_cache_grace_seconds,
+    url = _index_url(settings)
+    with connect(url) as conn, conn.transaction():
+        versions = reclaim_previous(conn, retention.rollback_seconds, retention.rollback_warning_seconds)
+    report = housekeeping(url, retention.embedding_cache_grace_seconds,
                           retention.deletion_log_seconds, settings.lock_timeout_seconds)
     if args.json:
         _print_json({"embedding_cache_entries": report.embedding_cache_entries,
-                     "deletion_log_entries": report.deletion_log_entries})
-    else:
-        print(f"collected {report.embedding_cache_entries} embedding-cache entries no index row uses, forgot "
-              f"{report.deletion_log_entries} deletion-log entries")
+                     "deletion_log_entries": report.deletion_log_entries,
+                     "versions_reclaimed": versions.reclaimed, "previous_versions": versions.kept,
+                     "reclaimable_bytes": versions.reclaimable_bytes})
+        return 0
+    for version in versions.reclaimed:
+        print(f"dropped v{version['version']} ({version['embedding_model']}): previous for longer than "
+              f"retention.rollback; {version['bytes']:,} bytes reclaimed, rollback to it no longer possible")
+    for version in versions.kept:
+        until = (f"until {version['reclaim_at']:%Y-%m-%d %H:%M %Z}" if version["reclaim_at"]
+                 else f"pinned: {version['pinned_reason']}")
+        print(f"kept v{version['version']} for rollback ({version['bytes']:,} bytes) {until}")
+    print(f"collected {report.embedding_cache_entries} embedding-cache entries no index row uses, forgot "
+          f"{report.deletion_log_entries} deletion-log entries")
     return 0
 
 
@@ -556,8 +569,7 @@ def _gate_line(gate: dict[str, Any]) -> str:
 
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
-    """Index versions (blue/green): list, build, promote, roll back, retire."""
-    from rag_pipeline import store
+    """Index versions (blue/green): list, build, promote, roll back, retire, pin."""
     from rag_pipeline.config import parse_labels
     from rag_pipeline.lifecycle import blue_green
     from rag_pipeline.store.database import connect
@@ -617,16 +629,43 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     if args.index_command == "retire":
         with connect(_index_url(settings)) as conn, conn.transaction():
             blue_green.retire(conn, args.version)
-        print(f"v{args.version} retired; its table is dropped")
+        print(f"v{args.version} retired: its table is dropped")
         return 0
+    if args.index_command in ("pin", "unpin"):
+        from rag_pipeline.lifecycle.reclaim import pin
 
+        if args.index_command == "pin" and not (args.reason or "").strip():
+            raise UsageError("index pin: --reason is required (it is recorded with the pin)")
+        with connect(_index_url(settings)) as conn, conn.transaction():
+            try:
+                pin(conn, args.version, args.reason if args.index_command == "pin" else None)
+            except LookupError as exc:
+                raise UsageError(str(exc)) from None
+        print(f"v{args.version} pinned: never reclaimed until `rag-pipeline index unpin {args.version}`"
+              if args.index_command == "pin" else
+              f"v{args.version} unpinned: reclaimed retention.rollback after it stops being active")
+        return 0
+    return _index_list(args, settings)
+
+
+def _index_list(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import timedelta
+
+    from rag_pipeline import store
+    from rag_pipeline.store.database import connect
+
+    keep = timedelta(seconds=settings.retention.rollback_seconds)
     with connect(_index_url(settings)) as conn:
         all_versions = store.versions.index_versions(conn)
         active = store.versions.active_version(conn)
         times = store.versions.version_times(conn)
+        target = store.versions.rollback_target(conn, active.version_id) if active else None
     rows = [
         {
             "version": v.version_id, "status": v.status, "active": active is not None and v.version_id == active.version_id,
+            "rollback_target": v.version_id == target, "pinned_reason": times[v.version_id].pinned_reason,
+            "reclaim_at": times[v.version_id].retired_at + keep if v.status == "previous"
+            and times[v.version_id].pinned_reason is None else None,
             "embedding_model": v.embedding_model, "model_revision": v.model_revision,
             "model_identity": v.model_identity, "dimensions": v.dimensions,
             "chunker_version": v.chunker_version, "parser_version": v.parser_version, "rows": v.row_count,
@@ -642,8 +681,13 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
         print("no index versions yet: run `rag-pipeline ingest`")
     for row in rows:
         marker = "*" if row["active"] else " "
+        notes = [note for note in (
+            "rollback returns here" if row["rollback_target"] else "",
+            f"pinned: {row['pinned_reason']}" if row["pinned_reason"] else "",
+            f"reclaimed {row['reclaim_at']:%Y-%m-%d %H:%M}" if row["reclaim_at"] else "") if note]
         print(f"{marker} v{row['version']:<3} {row['status']:<9} {row['embedding_model']} ({row['dimensions']} dims)"
-              f"  {row['rows']} rows  created {row['created_at']:%Y-%m-%d %H:%M}")
+              f"  {row['rows']} rows  created {row['created_at']:%Y-%m-%d %H:%M}"
+              + (f"  ({'; '.join(notes)})" if notes else ""))
     return 0
 
 
@@ -917,6 +961,13 @@ def build_parser() -> argparse.ArgumentParser:
     index_retire = index_sub.add_parser("retire", help="drop a version that is not active")
     index_retire.add_argument("version", type=int, metavar="V", help="the index version to drop (not the active one)")
     index_retire.set_defaults(func=cmd_index)
+    index_pin = index_sub.add_parser("pin", help="keep a version: never reclaimed after retention.rollback")
+    index_pin.add_argument("version", type=int, metavar="V", help="the index version to keep")
+    index_pin.add_argument("--reason", required=True, help="why (recorded with the pin)")
+    index_pin.set_defaults(func=cmd_index)
+    index_unpin = index_sub.add_parser("unpin", help="let retention.rollback reclaim a pinned version again")
+    index_unpin.add_argument("version", type=int, metavar="V", help="the pinned index version")
+    index_unpin.set_defaults(func=cmd_index)
 
     parse = sub.add_parser("parse", help="parse one file through the cascade and show each page")
     parse.add_argument("file", help="a document (PDF, Office, HTML, Markdown, text)")

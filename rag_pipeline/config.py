@@ -537,6 +537,12 @@ class RetentionConfig(_Section):
                                             "long (a re-index or a rollback may still want it), e.g. 7d")
     deletion_log_seconds: Duration = Field(90 * 86400, alias="deletion_log", description="how long the paths of deleted documents are kept, "
                                    "e.g. 90d (deletion_replay proves deletions within this window)")
+    rollback_seconds: Duration = Field(7 * 86400, alias="rollback", description="how long a version stays "
+                                       "previous (kept for `index rollback`, receiving every write) after it stopped "
+                                       "being active; then housekeeping drops it unless it is pinned (`index pin`), "
+                                       "e.g. 7d")
+    rollback_warning_seconds: Duration = Field(2 * 86400, alias="rollback_warning", description="the alert that a "
+                                               "previous version will be reclaimed goes out this long before, e.g. 2d")
     cron: str = Field("0 3 * * *", min_length=1, description="the housekeeping schedule (off until switched on)")
 
 

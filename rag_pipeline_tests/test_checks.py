@@ -174,9 +174,9 @@ def test_index_drift_finds_foreign_vectors_missing_rows_and_a_bad_alias(clone):
     assert health.index_drift(conn).passed
 
     # The alias on a version that is not active.
-    conn.execute("UPDATE index_versions SET status = 'retired' WHERE version_id = %s", (version.version_id,))
+    conn.execute("UPDATE index_versions SET status = 'previous' WHERE version_id = %s", (version.version_id,))
     outcome = health.index_drift(conn)
-    assert not outcome.passed and f"alias points at v{version.version_id}, which is retired" in outcome.summary
+    assert not outcome.passed and f"alias points at v{version.version_id}, which is previous" in outcome.summary
     conn.execute("UPDATE index_versions SET status = 'active' WHERE version_id = %s", (version.version_id,))
     assert health.index_drift(conn).passed
 

@@ -416,3 +416,23 @@ def test_the_picture_descriptions_migration_upgrades_the_database_the_previous_m
                          " VALUES ('d', 'a1', 'picture-v1', 'vlm', 'A bar chart.')")
             conn.execute("DELETE FROM documents WHERE doc_id = 'd'")
             assert conn.execute("SELECT count(*) FROM picture_descriptions").fetchone()[0] == 0
+
+
+def test_the_previous_versions_migration_names_the_kept_version_previous(pg_admin_url, tmp_path):
+    """Migration 009 on a database at 008: a version kept for rollback ("retired" with its table) is previous, one
+    whose table was dropped stays retired, and the transitions follow the new names (a dropped version stays so)."""
+    with _database_at(pg_admin_url, tmp_path, "008_picture_descriptions.sql") as url:
+        with connect(url, autocommit=True) as conn:
+            for version_id, status, dropped in ((1, "retired", True), (2, "retired", False), (3, "active", False)):
+                conn.execute("""INSERT INTO index_versions (version_id, table_name, embedding_model, dimensions,
+                                    chunker_version, parser_version, status, promoted_at, retired_at, dropped_at)
+                                OVERRIDING SYSTEM VALUE VALUES (%s, %s, 'm', 384, 'c', 'p', %s, now(), now(),
+                                    CASE WHEN %s THEN now() END)""",
+                             (version_id, f"index_v{version_id}", status, dropped))
+        assert "009_previous_versions.sql" in migrate(url)
+        with connect(url, autocommit=True) as conn:
+            assert conn.execute("SELECT version_id, status FROM index_versions ORDER BY 1").fetchall() == [
+                (1, "retired"), (2, "previous"), (3, "active")]
+            with pytest.raises(psycopg.errors.CheckViolation, match="cannot go from retired to previous"):
+                conn.execute("UPDATE index_versions SET status = 'previous' WHERE version_id = 1")
+            conn.execute("UPDATE index_versions SET status = 'previous' WHERE version_id = 3")  # a promotion's step

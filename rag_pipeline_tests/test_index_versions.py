@@ -1,6 +1,9 @@
 """Blue/green index versions: build beside the active one as a sharded Dagster job, deletions during the build,
 gated promotion, rollback, retirement."""
 
+import json
+from datetime import datetime
+
 import pytest
 from dagster import DagsterInstance
 from psycopg import sql
@@ -303,3 +306,73 @@ def test_gate_results_say_what_was_not_checked_and_why_a_gate_failed():
                                                            failures=["quality: recall@k fell by 0.10"]))
     assert failed[2] == {"gate": "quality", "passed": False, "detail": "recall@k fell by 0.10",
                          "active": quality["active"], "candidate": quality["candidate"]}
+
+
+def test_a_previous_version_is_reclaimed_after_the_rollback_window_unless_pinned(clone, capsys):
+    """A promotion keeps the version it replaces as `previous` (rollback returns to it); housekeeping warns before
+    retention.rollback ends, then drops it and records it; a pin keeps it; rollback after the drop is refused with
+    when and why. The clock is the test's: the reclaim is given `now`, or the version's retention clock is moved."""
+    from datetime import timedelta
+
+    from rag_pipeline import cli
+    from rag_pipeline.defs.code_location import build_definitions
+    from rag_pipeline.defs.index_versions import SHARDS
+    from rag_pipeline.lifecycle.reclaim import reclaim_previous
+
+    conn, settings = clone
+    url, config = conn.info.dsn, ["--config", str(settings.config_file)]
+    first = store.versions.active_version(conn)
+    keep, warn = settings.retention.rollback_seconds, settings.retention.rollback_warning_seconds
+    assert (keep, warn) == (7 * 86400, 2 * 86400)  # the documented defaults
+
+    def build_and_promote() -> int:  # the same weights as v1: every vector comes from the embedding cache
+        version = blue_green.start_version_build(url, settings, first.embedding_model)
+        for shard in range(SHARDS):
+            blue_green.backfill_version(url, settings, version.version_id, shard, SHARDS)
+        with conn.transaction():
+            blue_green.promote(conn, version.version_id, blue_green.check_gates(conn, version))
+        return version.version_id
+
+    def reclaim(after: timedelta):
+        with conn.transaction():
+            return reclaim_previous(conn, keep, warn, now=retired_at + after)
+
+    v1, v2 = first.version_id, build_and_promote()
+    capsys.readouterr()
+    assert cli.main([*config, "index", "list", "--json"]) == cli.EXIT_OK
+    listed = {row["version"]: row for row in json.loads(capsys.readouterr().out)}
+    assert (listed[v1]["status"], listed[v1]["rollback_target"], listed[v2]["status"]) == ("previous", True, "active")
+    retired_at = conn.execute("SELECT retired_at FROM index_versions WHERE version_id = %s", (v1,)).fetchone()[0]
+    assert datetime.fromisoformat(listed[v1]["reclaim_at"]) == retired_at + timedelta(seconds=keep)
+
+    assert (reclaim(timedelta(days=4)).warned, reclaim(timedelta(days=4)).kept[0]["version"]) == ([], v1)
+    warned = reclaim(timedelta(days=5, hours=1))  # within two days of the end: warned once, kept
+    assert [v["version"] for v in warned.warned] == [v1] and warned.reclaimable_bytes > 0
+    assert [a.state for a in warned.alerts("t")] == ["warning"] and f"index pin {v1}" in warned.alerts("t")[0].summary
+    assert reclaim(timedelta(days=6)).warned == []  # edge-triggered: not again
+
+    assert cli.main([*config, "index", "pin", str(v1), "--reason", "audit hold"]) == cli.EXIT_OK
+    pinned = reclaim(timedelta(days=30))
+    assert pinned.reclaimed == [] and pinned.kept[0]["pinned_reason"] == "audit hold" and pinned.reclaimable_bytes == 0
+    assert cli.main([*config, "index", "unpin", str(v1)]) == cli.EXIT_OK
+    dropped = reclaim(timedelta(days=7, seconds=1))
+    assert [v["version"] for v in dropped.reclaimed] == [v1] and dropped.kept == []
+    assert conn.execute("SELECT to_regclass(%s)", (first.table_name,)).fetchone()[0] is None
+    assert conn.execute("SELECT status FROM index_versions WHERE version_id = %s", (v1,)).fetchone()[0] == "retired"
+    events = conn.execute("SELECT event, detail->>'reclaimed' FROM index_version_events WHERE version_id = %s"
+                          " AND event IN ('reclaim_warning', 'pin', 'unpin', 'drop') ORDER BY id", (v1,)).fetchall()
+    assert events == [("reclaim_warning", None), ("pin", None), ("unpin", None), ("drop", "true")]
+    capsys.readouterr()
+    assert cli.main([*config, "index", "rollback"]) == cli.EXIT_REFUSED
+    assert f"v{v1}, active before v{v2}, was dropped on" in capsys.readouterr().err
+
+    # The housekeeping job reclaims on the schedule, with the database's clock: v2 is made previous 8 days ago.
+    v3 = build_and_promote()
+    conn.execute("UPDATE index_versions SET retired_at = now() - interval '8 days' WHERE version_id = %s", (v2,))
+    with DagsterInstance.ephemeral() as instance:
+        result = build_definitions(settings).resolve_job_def("housekeeping_job").execute_in_process(instance=instance)
+    assert result.success
+    [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+    metadata = output.event_specific_data.metadata
+    assert metadata["versions_reclaimed"].value == 1 and metadata["bytes_reclaimed"].value > 0
+    assert store.versions.get_version(conn, v2) is None and store.versions.active_version(conn).version_id == v3

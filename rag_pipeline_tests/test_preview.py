@@ -3,10 +3,12 @@ checked against what the refresh then does, with the index database dumped befor
 
 import json
 
+import psycopg
 import pytest
 from dagster import DagsterInstance
 
 from rag_pipeline import cli, store
+from rag_pipeline.config import ConfigError
 from rag_pipeline.defs.code_location import build_definitions
 from rag_pipeline.defs.runs import preview_ingest, run_ingest
 from rag_pipeline.stages.discover import CHANGE_CLASSES
@@ -79,6 +81,9 @@ def test_preview_reports_what_the_refresh_then_does_and_writes_nothing(every_cha
     job_answer = metadata["preview"].value
     assert job_answer["counts"] == answer["counts"] and metadata["deleted"].value == 2
     assert all("path" not in change for s in job_answer["sources"] for change in s["changes"])
+    recorded = json.dumps(job_answer)  # what Dagster keeps names documents by ref only
+    assert [name for name in ("keep", "change", "relabel", "hold", "gone", "release", "retitle", "move", "new")
+            if f"{name}.md" in recorded] == []
 
     planned = {change: {c["path"] for c in answer["sources"][0]["changes"] if c["change"] == change}
                for change in CHANGE_CLASSES}
@@ -121,3 +126,15 @@ def test_preview_names_the_guard_that_would_hold_deletions(tmp_path, make_settin
     assert "max_deletion_share" in guard and "--confirm-deletions docs" in guard
     confirmed = preview_ingest(settings, confirm_deletions=["docs"]).as_dict()
     assert (confirmed["counts"]["deleted"], confirmed["sources"][0]["guards"]) == (2, [])
+
+    # While a refresh scans the source, the preview says so instead of waiting for it (or making it wait).
+    with psycopg.connect(settings.database_url) as scanning, scanning.transaction():
+        store.sources.lock_source_scan(scanning, "docs")
+        [busy] = preview_ingest(settings).as_dict()["sources"][0]["guards"]
+    assert "a scan of this source is running now" in busy
+
+    # A database behind this code's schema is refused, not migrated: a dry run writes nothing.
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_migrations WHERE version = '009_previous_versions.sql'")
+    with pytest.raises(ConfigError, match=r"009_previous_versions.sql to apply\): run `rag-pipeline migrate`"):
+        preview_ingest(settings)

@@ -1,21 +1,47 @@
-"""Housekeeping: what the index no longer uses, collected after its grace period (rag_pipeline.lifecycle.erasure)."""
+"""Housekeeping: what the index no longer uses, collected after its grace period (rag_pipeline.lifecycle.erasure,
+rag_pipeline.lifecycle.reclaim)."""
+
+from datetime import UTC, datetime
 
 import dagster as dg
 
+from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import Rag
 from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
+from rag_pipeline.lifecycle.alerts import AlertSender
 from rag_pipeline.lifecycle.erasure import housekeeping
+from rag_pipeline.lifecycle.reclaim import reclaim_previous
+from rag_pipeline.store.database import connect
 
 
-@dg.op(pool=INDEX_WRITER_POOL, description="Collect embedding-cache entries no index row uses (older than retention.embedding_cache_grace) "
-                   "and forget deletion-log paths older than retention.deletion_log.")
+@dg.op(pool=INDEX_WRITER_POOL, description="Drop previous index versions past retention.rollback (not pinned; an "
+                   "alert before), collect embedding-cache entries no index row uses (older than "
+                   "retention.embedding_cache_grace) and forget deletion-log paths older than retention.deletion_log.")
 def collect_unused(context: dg.OpExecutionContext, rag: Rag) -> None:
     settings = rag.settings()
-    report = housekeeping(rag.database_url(), settings.retention.embedding_cache_grace_seconds,
-                          settings.retention.deletion_log_seconds, settings.lock_timeout_seconds)
-    context.add_output_metadata({"embedding_cache_entries_collected": report.embedding_cache_entries,
-                                 "deletion_log_entries_forgotten": report.deletion_log_entries})
-    context.log.info(f"housekeeping: {report.embedding_cache_entries} cache entries collected, "
+    retention = settings.retention
+    # Versions first: the cache entries only a reclaimed version used become collectable after their grace.
+    with connect(rag.database_url()) as conn, conn.transaction():
+        versions = reclaim_previous(conn, retention.rollback_seconds, retention.rollback_warning_seconds)
+    sender = AlertSender(settings.alerts, context.log)
+    for alert in versions.alerts(datetime.now(UTC).isoformat(timespec="seconds")):
+        sender.send(alert)
+    report = housekeeping(rag.database_url(), retention.embedding_cache_grace_seconds,
+                          retention.deletion_log_seconds, settings.lock_timeout_seconds)
+    context.add_output_metadata({
+        "embedding_cache_entries_collected": report.embedding_cache_entries,
+        "deletion_log_entries_forgotten": report.deletion_log_entries,
+        "versions_reclaimed": len(versions.reclaimed),
+        "bytes_reclaimed": sum(v["bytes"] for v in versions.reclaimed),
+        "reclaimable_bytes": versions.reclaimable_bytes,
+        "previous_versions": typed_table(
+            ("version", "model", "rows", "bytes", "reclaimed", "reclaim at", "pinned because"),
+            [(f"v{v['version']}", v["embedding_model"], v["rows"], v["bytes"], reclaimed,
+              f"{v['reclaim_at']:%Y-%m-%d %H:%M}" if v["reclaim_at"] else "never (pinned)", v["pinned_reason"])
+             for reclaimed, entries in ((True, versions.reclaimed), (False, versions.kept)) for v in entries]),
+    })
+    context.log.info(f"housekeeping: {len(versions.reclaimed)} previous versions reclaimed, "
+                     f"{report.embedding_cache_entries} cache entries collected, "
                      f"{report.deletion_log_entries} deletion-log entries forgotten")
 
 

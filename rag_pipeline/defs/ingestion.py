@@ -69,10 +69,11 @@ class ScanPlan:
     removed: list[str]  # configured sources no longer in the configuration: their documents are held if confirmed
 
 
-def sources_to_scan(rag: Rag, config: DiscoverConfig) -> ScanPlan:
+def sources_to_scan(rag: Rag, config: DiscoverConfig, url: str | None = None) -> ScanPlan:
+    """The sources a run scans; `url`: the index database as it is (not prepared: a preview's)."""
     if _command_line_sources:
         return ScanPlan(list(_command_line_sources), "command_line", [])
-    with connect(rag.database_url()) as conn:
+    with connect(url or rag.database_url()) as conn:
         known, removed = refreshed_sources(conn, rag.settings().sources)
     unknown = sorted(set(config.sources) - known.keys())
     if unknown:

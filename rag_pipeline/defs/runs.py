@@ -216,10 +216,14 @@ def preview_ingest(settings: Settings, sources: list[str] | None = None, labels:
     from rag_pipeline.config import ConfigError
     from rag_pipeline.stages.discover import refreshed_sources
     from rag_pipeline.stages.preview import preview
-    from rag_pipeline.store.database import connect, resolve_urls
+    from rag_pipeline.store.database import connect, resolve_urls, schema_behind
 
     adhoc = command_line_sources_checked(settings, sources, labels, confirm_deletions)
-    url = resolve_urls(settings).index
+    url = resolve_urls(settings).index  # started if embedded; not migrated: a dry run writes nothing
+    behind = schema_behind(url)
+    if behind:
+        raise ConfigError(f"the index database is not at this code's schema ({', '.join(behind)} to apply): run "
+                          "`rag-pipeline migrate` (or a refresh) first; a dry run writes nothing, migrations included")
     if adhoc:
         return preview(url, adhoc, confirm_deletions or [])
     with connect(url) as conn:

@@ -43,7 +43,8 @@ class VersionStatus(StrEnum):
     BUILDING = "building"  # receives every write while its backfill runs
     READY = "ready"  # backfill complete; still receives every write; may be promoted
     ACTIVE = "active"  # the one the alias names; readers use it
-    RETIRED = "retired"  # was active (kept for rollback while its table exists) or was never promoted
+    PREVIOUS = "previous"  # was active; its table is kept (receiving every write) for rollback until reclaimed
+    RETIRED = "retired"  # its table is dropped (retired by hand, reclaimed after retention.rollback, or never promoted)
 
 
 D, V = DocumentStatus, VersionStatus
@@ -66,8 +67,9 @@ DOCUMENT_TRANSITIONS: dict[DocumentStatus, frozenset[DocumentStatus]] = {
 VERSION_TRANSITIONS: dict[VersionStatus, frozenset[VersionStatus]] = {
     V.BUILDING: frozenset({V.READY, V.ACTIVE, V.RETIRED}),
     V.READY: frozenset({V.ACTIVE, V.RETIRED}),
-    V.ACTIVE: frozenset({V.RETIRED}),
-    V.RETIRED: frozenset({V.ACTIVE}),  # rollback, while the table still exists
+    V.ACTIVE: frozenset({V.PREVIOUS}),
+    V.PREVIOUS: frozenset({V.ACTIVE, V.RETIRED}),  # rollback; or dropped
+    V.RETIRED: frozenset(),  # its table is gone
 }
 
 # Documents whose chunks are (or are about to be) in the index: a near-duplicate group may be owned by them.
@@ -76,7 +78,7 @@ DOCUMENT_LIVE_IN_INDEX = (D.INDEXED, D.PENDING_INDEX)
 DOCUMENT_QUEUED = (D.PENDING_PARSE, D.PENDING_CHUNK, D.PENDING_INDEX)
 # Versions that receive every write: the active one, one being built or ready beside it, and a previous
 # active one whose table is kept for rollback (so rolling back never serves a stale index).
-VERSION_WRITABLE = (V.ACTIVE, V.BUILDING, V.READY, V.RETIRED)
+VERSION_WRITABLE = (V.ACTIVE, V.BUILDING, V.READY, V.PREVIOUS)
 
 
 class TransitionError(RuntimeError):

@@ -41,7 +41,7 @@ class Observation:
 @dataclass(frozen=True)
 class Alert:
     key: str
-    state: str  # "failing" | "recovered"
+    state: str  # "failing" | "recovered"; a notice: "warning" (something will happen) | "done" (it happened)
     summary: str
     details: dict[str, Any]
     at: str
@@ -119,7 +119,7 @@ class AlertSender:
         if self.config.ui_base_url and alert.details.get("run_id"):
             payload["url"] = f"{self.config.ui_base_url.rstrip('/')}/runs/{alert.details['run_id']}"
             payload["text"] += f" ({payload['url']})"
-        level = logging.ERROR if alert.state == "failing" else logging.INFO
+        level = {"failing": logging.ERROR, "warning": logging.WARNING}.get(alert.state, logging.INFO)
         self.logger.log(level, json.dumps({"event": "rag_pipeline.alert", **payload}, default=str, sort_keys=True))
         outcome = {"log": "sent", "webhook": "off", "smtp": "off"}
         for sink, configured, deliver in (

@@ -1,5 +1,5 @@
 """Index-version lifecycle (blue/green): build beside the active version, backfill, check, promote, roll back,
-retire.
+retire (reclaiming previous versions after their window: lifecycle.reclaim).
 
 A build registers a version in status `building`; from then on every write reaches it too, and the backfill
 (hash-sharded, so N workers share it) embeds the live documents into it. When no chunk group is missing and no
@@ -310,6 +310,12 @@ def rollback(conn: psycopg.Connection) -> IndexVersion:
         raise VersionError("nothing to roll back: no index version is active")
     target = store.versions.rollback_target(conn, current.version_id)
     if target is None:
+        gone = store.versions.reclaimed_target(conn, current.version_id)
+        if gone is not None:
+            raise VersionError(f"nothing to roll back to: v{gone[0]}, active before {current.label}, was dropped on "
+                               f"{gone[1]:%Y-%m-%d %H:%M %Z} (retention.rollback, or `index retire`); build it "
+                               "again (`rag-pipeline index build`) and promote it, or pin a version to keep it "
+                               "(`rag-pipeline index pin V --reason ...`)")
         raise VersionError(f"nothing to roll back to: no version older than the active {current.label} is kept "
                            "with its table (rollback only goes back; see rag-pipeline index list)")
     store.versions.activate(conn, target)
@@ -319,6 +325,7 @@ def rollback(conn: psycopg.Connection) -> IndexVersion:
 
 def retire(conn: psycopg.Connection, version_id: int) -> None:
     """Drop a version's table for good. The active version cannot be retired."""
+    store.versions.lock_registry(conn)  # index writes re-read the versions under the shared lock: none half-sees it
     version = _require(conn, version_id)
     if version.status == V.ACTIVE:
         raise VersionError(f"{version.label} is active: promote another version (or roll back) first")

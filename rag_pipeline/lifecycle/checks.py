@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -213,7 +213,8 @@ def acl_coverage(conn: psycopg.Connection) -> CheckOutcome:
 # --- index drift -------------------------------------------------------------------------------------
 
 
-def index_drift(conn: psycopg.Connection, *, requeue: bool = False) -> CheckOutcome:
+def index_drift(conn: psycopg.Connection, *, requeue: bool = False, rollback_seconds: float | None = None
+                ) -> CheckOutcome:
     """One model and dimension per version, every chunk group with exactly one vector, no orphan rows, BM25
     structures in step with their table, every chunk of an indexed document in a group of its document's label set,
     and the active alias on an active, existing version.
@@ -221,7 +222,10 @@ def index_drift(conn: psycopg.Connection, *, requeue: bool = False) -> CheckOutc
     With `requeue` (the registry's run: each ingest's, `rag-pipeline checks`, index_health), drift the pipeline can
     repair (a misgrouped chunk, a row no chunk backs, a group without a vector) re-queues the indexed documents
     concerned, committed: the check still fails, the next ingest writes them again and it passes. The full-table
-    repair runs only here, when drift was found, never on a refresh's routine path."""
+    repair runs only here, when drift was found, never on a refresh's routine path.
+
+    It also reports the previous versions kept for rollback and the storage their reclaim frees
+    (`reclaimable_bytes`; when, with `rollback_seconds`: retention.rollback)."""
     problems: list[str] = []
     per_version: list[tuple[Any, ...]] = []
     repairable = 0
@@ -266,6 +270,7 @@ def index_drift(conn: psycopg.Connection, *, requeue: bool = False) -> CheckOutc
     elif alias.status != VersionStatus.ACTIVE or alias.dropped or not store.health.table_exists(conn, alias.table_name):
         problems.append(f"the active alias points at v{alias.version_id}, which is "
                         f"{'dropped' if alias.dropped else alias.status}")
+    previous = store.versions.previous_versions(conn)
     requeued = _requeue_misindexed(conn) if requeue and (misgrouped or repairable) else 0
     repair = (f"; {requeued} indexed documents re-queued: the next ingest writes them again in every version"
               if requeued else "")
@@ -274,9 +279,17 @@ def index_drift(conn: psycopg.Connection, *, requeue: bool = False) -> CheckOutc
         summary=("; ".join(problems) + repair)
         or f"{len(per_version)} versions consistent; alias on v{alias.version_id if alias else '-'}",
         numbers={"versions": len(per_version), "problems": len(problems), "misgrouped_chunks": misgrouped,
-                 "requeued": requeued, "active_version": alias.version_id if alias else "none"},
+                 "requeued": requeued, "active_version": alias.version_id if alias else "none",
+                 "previous_versions": len(previous),
+                 "reclaimable_bytes": sum(p.table_bytes for p in previous if p.pinned_reason is None)},
         tables={"per_version": Table(("version", "status", "model", "vector type", "rows", "foreign vectors",
-                                      "orphan rows", "groups without vector"), per_version)},
+                                      "orphan rows", "groups without vector"), per_version),
+                "previous_versions": Table(("version", "model", "bytes", "previous since", "reclaimed at",
+                                            "pinned because"), [
+                    (p.version.label, p.version.embedding_model, p.table_bytes, f"{p.retired_at:%Y-%m-%d %H:%M}",
+                     "never (pinned)" if p.pinned_reason else
+                     f"{p.retired_at + timedelta(seconds=rollback_seconds):%Y-%m-%d %H:%M}"
+                     if rollback_seconds is not None else "", p.pinned_reason) for p in previous])},
     )
 
 
@@ -471,7 +484,8 @@ CHECKS: tuple[IndexCheck, ...] = (
                "One model and dimension per version, one vector per chunk group, no orphan rows, every chunk in a "
                "group of its document's label set, and the active alias on an active version. Documents whose "
                "groups or rows drifted are re-queued (`requeued`): the next ingest writes them again.",
-               lambda conn, settings: index_drift(conn, requeue=True)),
+               lambda conn, settings: index_drift(conn, requeue=True,
+                                                  rollback_seconds=settings.retention.rollback_seconds)),
     IndexCheck("parse_health", "parsed_documents", False, False,
                "Near-empty pages, documents without text, tier mix and dead letters against the thresholds in the "
                "`checks` configuration.",

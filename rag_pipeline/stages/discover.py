@@ -42,6 +42,7 @@ class DiscoverStats(StageStats):
     deleted: int = 0
     released: int = 0  # held before, admissible now: back from the pages they kept, or parsed again
     retitled: int = 0  # what a sidecar says the document is changed: chunked again (its prefixes), not parsed
+    adopted: int = 0  # new objects that took the pages of a moved one (counted among new)
     held: int = 0  # newly held back: no labels, a bad sidecar, hard links
     deletions_held: int = 0  # deletions a guarded scan refused (see DeletionGuard), holds of removed sources too
     scans_failed: list[str] = field(default_factory=list)  # sources whose scan raised (each kept as it was)
@@ -50,7 +51,7 @@ class DiscoverStats(StageStats):
     # The documents of each change class, by name (#ref: a run's records keep no path), at most MAX_NAMED a class.
     documents: dict[str, list[str]] = field(default_factory=dict)
     SUMMARY = ("documents_seen", "new", "changed", "released", "retitled", "unchanged", "deleted", "relabelled",
-               "held", "deletions_held", "scans_failed", "problems", "per_source", "documents")
+               "held", "deletions_held", "adopted", "scans_failed", "problems", "per_source", "documents")
 
     def name(self, change: str, names: Sequence[str]) -> None:
         named = self.documents.setdefault(change, [])
@@ -161,22 +162,24 @@ def reconcile(conn: psycopg.Connection, source: str, files: Iterable[DiscoveredF
     # An object at a new key with the ETag and size of one already parsed (a move, a copy) takes that one's pages
     # instead of being downloaded and parsed again: after the guard's count (a move of everything is still held
     # for confirmation), before anything is deleted.
-    adopted = store.scans.adopt_moved(conn, source) if adopt else []
+    adopted, adopted_named = store.scans.adopt_moved(conn, source, MAX_NAMED) if adopt else (0, [])
     reason = deletion_hold_reason(guard, counts.seen, missing, judged)
+    if missing:  # named before they go: a deleted document's ref goes with it
+        gone = list(store.scans.gone_documents(conn, source, unreadable, MAX_NAMED))
+        counts.documents["deletions_held" if reason else "deleted"] = [d.doc_id for d in gone]
+        counts.refs.update({d.doc_id: d.ref for d in gone})
     if reason:
         counts.deletions_held, counts.deletions_held_reason = missing, reason
-        counts.name("deletions_held", store.scans.gone_documents(conn, source, unreadable))
     elif missing:
-        counts.refs.update(store.documents.refs_by_id(conn, store.scans.gone_documents(conn, source, unreadable)))
-        counts.name("deleted", store.scans.delete_gone(conn, source, unreadable))
-        counts.deleted = len(counts.documents["deleted"])
-    store.scans.apply_scan(conn, source, counts, racy)
-    counts.adopted = len(adopted)
-    counts.name("new", adopted)
-    counts.name("adopted", adopted)
+        counts.deleted = store.scans.delete_gone(conn, source, unreadable)
+    store.scans.apply_scan(conn, source, counts, racy, named=MAX_NAMED)
+    counts.adopted = adopted
+    counts.documents["adopted"] = adopted_named
+    counts.documents["new"] = sorted(counts.documents.get("new", []) + adopted_named)[:MAX_NAMED]
     counts.new += counts.adopted
     counts.refs.update(store.documents.refs_by_id(
-        conn, [doc_id for change, ids in counts.documents.items() if change != "deleted" for doc_id in ids]))
+        conn, [doc_id for change, ids in counts.documents.items() if change not in ("deleted", "deletions_held")
+               for doc_id in ids]))
     return counts
 
 
@@ -288,6 +291,7 @@ def _discover_source(db_url: str, source: SourceConfig, stats: DiscoverStats, pr
     stats.changed += counts.changed
     stats.released += counts.released
     stats.retitled += counts.retitled
+    stats.adopted += counts.adopted
     for change in CHANGE_CLASSES:
         stats.name(change, [document_name(counts.refs.get(doc_id)) for doc_id in counts.documents.get(change, [])])
     stats.unchanged += counts.unchanged

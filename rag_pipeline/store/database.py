@@ -372,6 +372,23 @@ def migrate(url: str, directory: Path = SQL_DIR, reapply_functions: bool = False
     return applied_now
 
 
+def schema_behind(url: str, directory: Path = SQL_DIR) -> list[str]:
+    """What `migrate` would apply to the database, read without writing anything: the pending migrations, and
+    "functions" when the SQL functions differ from what it holds. Empty when the schema is this code's."""
+    migrations = _migration_files(directory / "migrations")
+    functions = sorted((directory / "functions").glob("*.sql"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        if conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None:
+            return [path.name for path in migrations] + ["functions"]
+        done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations").fetchall()}
+        behind = [path.name for path in migrations if path.name not in done]
+        checksum = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0"
+                                           for p in functions)).hexdigest()
+        held = (conn.execute("SELECT checksum FROM schema_functions").fetchone()
+                if conn.execute("SELECT to_regclass('schema_functions')").fetchone()[0] is not None else None)
+        return behind + ([] if held is not None and held[0] == checksum else ["functions"])
+
+
 # --- the index write lock ----------------------------------------------------------------------------
 
 # Arbitrary constant: every stage that writes the index holds it. Refreshes and the shards of a version backfill

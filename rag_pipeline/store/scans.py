@@ -6,7 +6,7 @@ may delete is decided by the discover stage (rag_pipeline.stages.discover.Deleti
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -36,13 +36,10 @@ class ReconcileCounts:
     deletions_held: int = 0  # what a guarded scan would have deleted, and did not
     deletions_held_reason: str | None = None
     adopted: int = 0  # new objects that took the parsed pages of an object with the same ETag (moved, copied)
-    # The documents (doc_ids) of each class above, and their refs: what a refresh names, as its preview does
+    # The first documents (doc_ids) of each class above, and their refs: what a refresh names, as its preview does
     # (stages.preview). A deleted document's ref is read before it goes.
     documents: dict[str, list[str]] = field(default_factory=dict)
     refs: dict[str, int] = field(default_factory=dict)
-
-    def name(self, change: str, doc_ids: Iterable[str]) -> None:
-        self.documents.setdefault(change, []).extend(doc_ids)
 
     @property
     def unchanged(self) -> int:
@@ -196,11 +193,12 @@ def stage_twins(conn: psycopg.Connection, source: str) -> None:
     )
 
 
-def adopt_moved(conn: psycopg.Connection, source: str) -> list[str]:
+def adopt_moved(conn: psycopg.Connection, source: str, named: int) -> tuple[int, list[str]]:
     """Insert the staged scan's new objects that have a twin: a parsed document of the same source with the same
     ETag and size (a move, or a copy). Each takes its twin's pages and goes to chunking; its chunks' vectors come
     from the embedding cache. Nothing is downloaded or parsed again. Labels, title and metadata are the new
-    object's own. Runs before deletions, so a move finds the document it left. Returns their doc_ids."""
+    object's own. Runs before deletions, so a move finds the document it left. Returns how many, and the doc_ids
+    of the first `named`."""
     params = {"source": source, **_STATUS}
     stage_twins(conn, source)
     adopted = conn.execute(
@@ -210,17 +208,17 @@ def adopt_moved(conn: psycopg.Connection, source: str) -> list[str]:
            SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
                   s.title, s.metadata, %(pending_chunk)s, s.file_id, d.content_hash, d.page_count,
                   d.parser_version, d.cleaning, now()
-           FROM scan_twins t JOIN scan_files s ON s.doc_id = t.new_id JOIN documents d ON d.doc_id = t.old_id
-           RETURNING doc_id""",
+           FROM scan_twins t JOIN scan_files s ON s.doc_id = t.new_id JOIN documents d ON d.doc_id = t.old_id""",
         params,
-    ).fetchall()
+    ).rowcount
     conn.execute(
         """INSERT INTO document_pages (doc_id, page, tier, signals, parser_version, seconds, markdown)
            SELECT t.new_id, p.page, p.tier, p.signals, p.parser_version, p.seconds, p.markdown
            FROM scan_twins t JOIN document_pages p ON p.doc_id = t.old_id"""
     )
+    names = [r[0] for r in conn.execute("SELECT new_id FROM scan_twins ORDER BY new_id LIMIT %s", (named,))]
     conn.execute("DROP TABLE scan_twins")
-    return [doc_id for (doc_id,) in adopted]
+    return adopted, names
 
 
 def count_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> tuple[int, int]:
@@ -235,14 +233,43 @@ def count_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str])
     return missing, total
 
 
-def gone_documents(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> list[str]:
-    """The doc_ids of the documents count_gone counts as missing."""
-    return [r[0] for r in conn.execute(
-        sql.SQL("SELECT d.doc_id FROM documents d WHERE {gone} ORDER BY d.doc_id").format(gone=_gone(unreadable)),
-        {"source": source, "unreadable": list(unreadable)}).fetchall()]
+@dataclass(frozen=True)
+class StoredDocument:
+    """What the documents table holds of a document a scan changes (a refresh's preview reports it)."""
+
+    doc_id: str
+    ref: int
+    rel_path: str
+    status: str
+    has_pages: bool  # parsed text kept: chunked again without parsing
+    page_count: int | None
+    size_bytes: int
+    chunks: int
 
 
-def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> list[str]:
+_STORED = sql.SQL("""d.doc_id, d.ref, d.rel_path, d.status, d.content_hash IS NOT NULL, d.page_count, d.size_bytes,
+                     (SELECT count(*) FROM chunks c WHERE c.doc_id = d.doc_id)""")
+
+
+def gone_documents(conn: psycopg.Connection, source: str, unreadable: Sequence[str],
+                   limit: int | None = None) -> Iterator[StoredDocument]:
+    """The documents count_gone counts as missing (the first `limit` by path), streamed."""
+    with conn.cursor(name="gone_documents") as cursor:
+        cursor.execute(sql.SQL("SELECT {} FROM documents d WHERE {} ORDER BY d.rel_path LIMIT %(limit)s").format(
+            _STORED, _gone(unreadable)), {"source": source, "unreadable": list(unreadable), "limit": limit})
+        for row in cursor:
+            yield StoredDocument(*row)
+
+
+def documents_to_hold(conn: psycopg.Connection, source: str, limit: int) -> list[StoredDocument]:
+    """The first `limit` documents (by path) of a source that left the configuration that are not held yet
+    (store.sources.documents_to_hold counts them all)."""
+    return [StoredDocument(*row) for row in conn.execute(
+        sql.SQL("SELECT {} FROM documents d WHERE d.source = %s AND d.status <> %s ORDER BY d.rel_path LIMIT %s")
+        .format(_STORED), (source, D.HELD_SOURCE_REMOVED.value, limit)).fetchall()]
+
+
+def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]) -> int:
     """Delete the documents the staged scan did not find (cascading to pages, chunks and every index version),
     write them to the deletion log, and repair the near-duplicate groups that lost occurrences."""
     params = {"source": source, "unreadable": list(unreadable)}
@@ -259,23 +286,15 @@ def delete_gone(conn: psycopg.Connection, source: str, unreadable: Sequence[str]
                        DELETE FROM documents d WHERE {gone}
                        RETURNING d.doc_id, d.source, d.rel_path)
                    INSERT INTO deletion_log (doc_id, source, rel_path)
-                   SELECT doc_id, source, rel_path FROM gone
-                   RETURNING doc_id""").format(gone=gone),
+                   SELECT doc_id, source, rel_path FROM gone""").format(gone=gone),
         params,
-    ).fetchall()
+    ).rowcount
     repair_groups(conn, touched_groups)
-    return [doc_id for (doc_id,) in deleted]
+    return deleted
 
 
-@dataclass(frozen=True)
-class StagedChange:
-    """How the staged scan changes one document: `change` is its class (see classify_scan)."""
-
-    doc_id: str
-    change: str  # new, hold, changed, released, retitled, relabelled, metadata
-    relabelled: bool = False  # its labels change (whatever else does), on every index row at once
-    newly_held: bool = False  # held now and not before (a new held file, or a served document held)
-    file_changed: bool = False
+# The classes of classify_scan, as a refresh counts and names them.
+CLASSIFIED = ("new", "changed", "released", "retitled", "relabelled", "held")
 
 
 def _racy_params(source: str, racy: tuple[datetime, datetime] | None) -> dict[str, object]:
@@ -284,22 +303,30 @@ def _racy_params(source: str, racy: tuple[datetime, datetime] | None) -> dict[st
 
 
 def classify_scan(conn: psycopg.Connection, source: str,
-                  racy: tuple[datetime, datetime] | None = None) -> list[StagedChange]:
-    """Every document the staged scan adds or changes, by class, changing nothing: `new` (not in the documents
-    table), `hold` (held back now), `changed` (its file: parsed again), `released` (held before, admissible now),
-    `retitled` (what a sidecar says it is), `relabelled` (labels only), `metadata` (nothing the index holds).
-    Leaves the temporary table scan_changes for apply_scan. A file modified within `racy` (since, until: while the
-    scan that stored it ran) is changed whatever its fingerprint says (rewritten within one tick of the file
-    system's clock, its size, time and inode can stay the same). Also what a refresh's preview reports."""
+                  racy: tuple[datetime, datetime] | None = None) -> dict[str, int]:
+    """Classify every document the staged scan adds or changes, changing nothing, into the temporary tables
+    scan_new (doc_id, held) and scan_changes (the staged file, its stored status and labels, and `change`:
+    hold, changed (its file: parsed again), released (held before, admissible now), retitled (what a sidecar says it
+    is), relabelled (labels only) or metadata (nothing the index holds); `relabelled` (labels change, whatever else
+    does) and `newly_held`). Returns how many documents each of CLASSIFIED has. A file modified within `racy`
+    (since, until: while the scan that stored it ran) is changed whatever its fingerprint says (rewritten within
+    one tick of the file system's clock, its size, time and inode can stay the same). apply_scan applies it; a
+    refresh's preview (stages.preview) reports it."""
     params = _racy_params(source, racy)
-    new = [StagedChange(doc_id, "new", newly_held=held) for doc_id, held in conn.execute(
-        """SELECT s.doc_id, s.hold_status IS NOT NULL FROM scan_files s
-           WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id) ORDER BY s.doc_id""").fetchall()]
+    conn.execute("""CREATE TEMP TABLE scan_new ON COMMIT DROP AS
+                    SELECT s.doc_id, s.hold_status IS NOT NULL AS held FROM scan_files s
+                    WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id)""")
     # Classify every existing document whose file, metadata or hold differs from what is stored. Another file
     # (inode) under the same name is a change even with the same size and time; a row without an identity (from
     # the release before identities) only gains one.
     conn.execute(
         """CREATE TEMP TABLE scan_changes ON COMMIT DROP AS
+           SELECT c.*,
+                  -- Labels change on the rows at once, whatever else changed: a narrowed ACL must not wait for
+                  -- re-parsing (which may fail, or run later) to take effect.
+                  c.change <> 'hold' AND c.acl_labels <> c.old_labels AS relabelled,
+                  c.change = 'hold' AND NOT c.old_status = ANY(%(held)s) AS newly_held
+           FROM (
            SELECT s.*, d.status AS old_status, d.acl_labels AS old_labels,
                   (d.fingerprint <> s.fingerprint OR d.file_id IS DISTINCT FROM s.file_id OR s.racy) AS file_changed,
                   CASE WHEN s.hold_status IS NOT NULL THEN 'hold'
@@ -327,94 +354,105 @@ def classify_scan(conn: psycopg.Connection, source: str,
               OR d.read_path IS DISTINCT FROM s.read_path
               OR d.title IS DISTINCT FROM s.title OR d.metadata <> s.metadata
               OR s.hold_status IS DISTINCT FROM (CASE WHEN d.status = ANY(%(held)s) THEN d.status END)
-              OR d.held_reason IS DISTINCT FROM s.hold_reason""",
+              OR d.held_reason IS DISTINCT FROM s.hold_reason) c""",
         params,
     )
-    # Labels change on the rows at once, whatever else changed: a narrowed ACL must not wait for re-parsing
-    # (which may fail, or run later) to take effect. Counted as relabelled whatever else changed with them.
-    return new + [StagedChange(*row) for row in conn.execute(
-        """SELECT doc_id, change, change <> 'hold' AND acl_labels <> old_labels,
-                  change = 'hold' AND NOT old_status = ANY(%(held)s), file_changed
-           FROM scan_changes ORDER BY doc_id""", params).fetchall()]
+    new, new_held = conn.execute("SELECT count(*), count(*) FILTER (WHERE held) FROM scan_new").fetchone()
+    changed, released, retitled, relabelled, held = conn.execute(
+        """SELECT count(*) FILTER (WHERE change = 'changed'), count(*) FILTER (WHERE change = 'released'),
+                  count(*) FILTER (WHERE change = 'retitled'), count(*) FILTER (WHERE relabelled),
+                  count(*) FILTER (WHERE newly_held)
+           FROM scan_changes""").fetchone()
+    return {"new": new, "changed": changed, "released": released, "retitled": retitled,
+            "relabelled": relabelled, "held": new_held + held}
 
 
-def staged_files(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, tuple[str, int, str | None]]:
-    """(rel_path, size in bytes, why it is held or None) of these documents as the staged scan found them."""
-    rows = conn.execute("SELECT doc_id, rel_path, size_bytes, hold_reason FROM scan_files WHERE doc_id = ANY(%s)",
-                        (list(doc_ids),)).fetchall()
-    return {doc_id: (rel_path, size, reason) for doc_id, rel_path, size, reason in rows}
+def classified_documents(conn: psycopg.Connection, limit: int) -> dict[str, list[str]]:
+    """The doc_ids of the first `limit` documents of each of CLASSIFIED (by doc_id): what a refresh names."""
+    def first(query: str, *params: object) -> list[str]:
+        return [r[0] for r in conn.execute(query + " ORDER BY doc_id LIMIT %s", (*params, limit))]
+
+    named = {change: first("SELECT doc_id FROM scan_changes WHERE change = %s", change)
+             for change in ("changed", "released", "retitled")}
+    named["new"] = first("SELECT doc_id FROM scan_new")
+    named["relabelled"] = first("SELECT doc_id FROM scan_changes WHERE relabelled")
+    named["held"] = sorted(first("SELECT doc_id FROM scan_new WHERE held")
+                           + first("SELECT doc_id FROM scan_changes WHERE newly_held"))[:limit]
+    return named
 
 
 @dataclass(frozen=True)
-class StoredDocument:
-    """What the documents table holds of a document a scan changes, for a refresh's preview."""
+class ClassifiedDocument:
+    """One document classify_scan added or changed, with what a refresh's preview reports of it."""
 
-    ref: int
+    change: str  # new, or scan_changes' change
+    relabelled: bool
+    newly_held: bool
     rel_path: str
-    status: str
-    has_pages: bool  # parsed text kept: chunked again without parsing
-    page_count: int | None
     size_bytes: int
-    chunks: int
+    hold_reason: str | None
+    stored: StoredDocument | None  # None for a new document
+    twin_ref: int | None  # the parsed document whose pages a new object takes (stage_twins)
 
 
-def stored_documents(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, StoredDocument]:
-    rows = conn.execute(
-        """SELECT d.doc_id, d.ref, d.rel_path, d.status, d.content_hash IS NOT NULL, d.page_count, d.size_bytes,
-                  (SELECT count(*) FROM chunks c WHERE c.doc_id = d.doc_id)
-           FROM documents d WHERE d.doc_id = ANY(%s)""", (list(doc_ids),)).fetchall()
-    return {doc_id: StoredDocument(*rest) for doc_id, *rest in rows}
+def iter_classified(conn: psycopg.Connection, twins: bool) -> Iterator[ClassifiedDocument]:
+    """Every document of classify_scan's tables, streamed, by path; with `twins`, stage_twins' table is read."""
+    twin = (sql.SQL("(SELECT x.ref FROM scan_twins t JOIN documents x ON x.doc_id = t.old_id"
+                    " WHERE t.new_id = n.doc_id)") if twins else sql.SQL("NULL::bigint"))
+    query = sql.SQL(
+        """SELECT * FROM (
+               SELECT 'new' AS change, false AS relabelled, n.held, s.rel_path, s.size_bytes, s.hold_reason,
+                      NULL, NULL::bigint, NULL, NULL, NULL::boolean, NULL::integer, NULL::bigint, NULL::bigint,
+                      {twin} AS twin_ref
+               FROM scan_new n JOIN scan_files s USING (doc_id)
+               UNION ALL
+               SELECT c.change, c.relabelled, c.newly_held, c.rel_path, c.size_bytes, c.hold_reason, {stored}, NULL
+               FROM scan_changes c JOIN documents d USING (doc_id)) classified
+           ORDER BY 4""").format(twin=twin, stored=_STORED)
+    with conn.cursor(name="classified") as cursor:
+        cursor.execute(query)
+        for row in cursor:
+            stored = StoredDocument(*row[6:14]) if row[6] is not None else None
+            yield ClassifiedDocument(*row[:6], stored, row[14])
 
 
-def queued(conn: psycopg.Connection, source: str, excluded: Sequence[str]) -> list[tuple[str, int, int, int]]:
+def queued(conn: psycopg.Connection, source: str) -> list[tuple[str, int, int, int]]:
     """(status, documents, bytes, pages known) of the source's documents that wait for parsing, chunking or
-    indexing from before (an interrupted run, a change of parser or chunker), but those `excluded`."""
+    indexing from before (an interrupted run, a change of parser or chunker) and that the staged scan, classified,
+    leaves in that state: a document it changes, releases or holds is counted with its change."""
     return [tuple(row) for row in conn.execute(
-        """SELECT status, count(*), coalesce(sum(size_bytes), 0), coalesce(sum(page_count), 0) FROM documents
-           WHERE source = %s AND status = ANY(%s) AND NOT doc_id = ANY(%s) GROUP BY status ORDER BY status""",
-        (source, [D.PENDING_PARSE.value, D.PENDING_CHUNK.value, D.PENDING_INDEX.value], list(excluded)),
+        """SELECT status, count(*), coalesce(sum(size_bytes), 0), coalesce(sum(page_count), 0) FROM documents d
+           WHERE source = %s AND status = ANY(%s)
+             AND NOT EXISTS (SELECT 1 FROM scan_changes c WHERE c.doc_id = d.doc_id
+                             AND c.change IN ('hold', 'changed', 'released'))
+           GROUP BY status ORDER BY status""",
+        (source, [D.PENDING_PARSE.value, D.PENDING_CHUNK.value, D.PENDING_INDEX.value]),
     ).fetchall()]
 
 
-def twins_staged(conn: psycopg.Connection) -> dict[str, str]:
-    """The table stage_twins left, as {new doc_id: the doc_id whose pages it takes}."""
-    return dict(conn.execute("SELECT new_id, old_id FROM scan_twins").fetchall())
-
-
 def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
-               racy: tuple[datetime, datetime] | None = None) -> None:
-    """Insert the new documents of the staged scan and apply every change classify_scan finds (counted and named
-    into `counts`): changed files go back to parsing, relabelled ones get their labels on every index row at once,
-    newly held ones lose everything served from them (their parsed pages stay, never served). Drops the staged
-    scan."""
+               racy: tuple[datetime, datetime] | None = None, named: int = 0) -> None:
+    """Insert the new documents of the staged scan and apply every change classify_scan finds (counted into
+    `counts`, the first `named` of each class named): changed files go back to parsing, relabelled ones get their
+    labels on every index row at once, newly held ones lose everything served from them (their parsed pages stay,
+    never served). Drops the staged scan."""
     params = _racy_params(source, racy)
-    changes = classify_scan(conn, source, racy)
+    for change, number in classify_scan(conn, source, racy).items():
+        setattr(counts, change, number)
+    if named:
+        counts.documents.update(classified_documents(conn, named))
     conn.execute(
         """INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
                                   acl_labels, title, metadata, status, held_reason, file_id, file_links, read_path)
            SELECT s.doc_id, %(source)s, s.rel_path, s.fingerprint, s.size_bytes, s.modified_at, s.acl_labels,
                   s.title, s.metadata, coalesce(s.hold_status, %(pending_parse)s), s.hold_reason,
                   s.file_id, s.file_links, s.read_path
-           FROM scan_files s
-           WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.doc_id = s.doc_id)""",
+           FROM scan_new n JOIN scan_files s USING (doc_id)""",
         params,
     )
-    for change in changes:
-        if change.change == "new":
-            counts.name("new", [change.doc_id])
-        elif change.change in ("changed", "released", "retitled"):
-            counts.name(change.change, [change.doc_id])
-        if change.newly_held:
-            counts.name("held", [change.doc_id])
-        if change.relabelled:
-            counts.name("relabelled", [change.doc_id])
-    counts.new = len(counts.documents.get("new", []))
-    counts.held = len(counts.documents.get("held", []))
-    counts.changed, counts.released, counts.retitled, counts.relabelled = (
-        len(counts.documents.get(change, [])) for change in ("changed", "released", "retitled", "relabelled"))
     # A document that is held back now loses everything served from it, in this transaction (its pages stay,
     # never served, so a release re-chunks instead of re-parsing).
-    holds = [c.doc_id for c in changes if c.change == "hold" and c.newly_held]
+    holds = [r[0] for r in conn.execute("SELECT doc_id FROM scan_changes WHERE newly_held").fetchall()]
     if holds:
         delete_derived_rows(conn, holds, keep_pages=True)
     # Pages kept for a cheap release are those of the file judged before: a file that changed while (or as) it is
@@ -444,11 +482,11 @@ def apply_scan(conn: psycopg.Connection, source: str, counts: ReconcileCounts,
            FROM scan_changes c WHERE d.doc_id = c.doc_id""",
         params,
     )
-    relabelled = counts.documents.get("relabelled", [])
+    relabelled = [r[0] for r in conn.execute("SELECT doc_id FROM scan_changes WHERE relabelled").fetchall()]
     if relabelled:
         relabel_index_rows(conn, relabelled)
-    conn.execute("DROP TABLE scan_changes")
-    conn.execute("DROP TABLE scan_files")
+    for table in ("scan_changes", "scan_new", "scan_files"):
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
 
 
 def repair_groups(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:

@@ -22,6 +22,12 @@ def lock_source_scan(conn: psycopg.Connection, source: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"rag_pipeline.scan:{source}",))
 
 
+def try_lock_source_scan(conn: psycopg.Connection, source: str) -> bool:
+    """lock_source_scan without waiting: False while another scan of the source runs."""
+    return conn.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))",
+                        (f"rag_pipeline.scan:{source}",)).fetchone()[0]
+
+
 def labelling(source: SourceConfig) -> str:
     """What decides the source's labels besides its sidecars, as stored in `sources.labelling`."""
     return json.dumps({"defaults": list(source.acl_labels), "root": str(source.root),
@@ -148,10 +154,9 @@ def documents_to_hold(conn: psycopg.Connection, source: str) -> int:
                         (source, D.HELD_SOURCE_REMOVED)).fetchone()[0]
 
 
-def documents_served_by(conn: psycopg.Connection, source: str) -> list[str]:
-    """The doc_ids documents_to_hold counts."""
-    return [r[0] for r in conn.execute("SELECT doc_id FROM documents WHERE source = %s AND status <> %s",
-                                       (source, D.HELD_SOURCE_REMOVED)).fetchall()]
+def chunks_of_source(conn: psycopg.Connection, source: str) -> int:
+    return conn.execute("SELECT count(*) FROM chunks c JOIN documents d USING (doc_id) WHERE d.source = %s",
+                        (source,)).fetchone()[0]
 
 
 def record_hold_refused(conn: psycopg.Connection, source: str, documents: int, reason: str) -> None:

@@ -175,11 +175,12 @@ def ensure_active(
 
 
 def activate(conn: psycopg.Connection, version_id: int) -> None:
-    """Point the alias (and so rag.search and the rag.indexed_chunks view) at a version, retiring the previous
-    active one."""
+    """Point the alias (and so rag.search and the rag.indexed_chunks view) at a version; the one active before
+    becomes previous (kept for rollback), its retention clock (retired_at) started."""
     conn.execute(
-        "UPDATE index_versions SET status = %s, retired_at = now() WHERE status = %s AND version_id <> %s",
-        (V.RETIRED, V.ACTIVE, version_id),
+        "UPDATE index_versions SET status = %s, retired_at = now(), reclaim_warned_at = NULL"
+        " WHERE status = %s AND version_id <> %s",
+        (V.PREVIOUS, V.ACTIVE, version_id),
     )
     conn.execute(
         "UPDATE index_versions SET status = %s, promoted_at = now(), ready_at = coalesce(ready_at, now())"
@@ -209,9 +210,57 @@ def rollback_target(conn: psycopg.Connection, current: int) -> int | None:
         """SELECT version_id FROM index_versions
            WHERE status = %s AND promoted_at IS NOT NULL AND dropped_at IS NULL AND version_id < %s
            ORDER BY retired_at DESC, version_id DESC LIMIT 1""",
-        (V.RETIRED, current),
+        (V.PREVIOUS, current),
     ).fetchone()
     return row[0] if row else None
+
+
+def reclaimed_target(conn: psycopg.Connection, current: int) -> tuple[int, datetime] | None:
+    """The version a rollback would have returned to had it not been dropped, and when it was: the newest dropped
+    version older than `current` that was once active."""
+    row = conn.execute(
+        """SELECT version_id, dropped_at FROM index_versions
+           WHERE promoted_at IS NOT NULL AND dropped_at IS NOT NULL AND version_id < %s
+           ORDER BY retired_at DESC, version_id DESC LIMIT 1""",
+        (current,),
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+@dataclass(frozen=True)
+class PreviousVersion:
+    """A version kept for rollback, and when retention.rollback reclaims it."""
+
+    version: IndexVersion
+    retired_at: datetime  # when it stopped being active: the retention clock
+    pinned_reason: str | None
+    warned: bool  # the alert before its reclaim went out
+    table_bytes: int  # its table with its indexes and TOAST
+
+
+def previous_versions(conn: psycopg.Connection) -> list[PreviousVersion]:
+    """Every previous version, oldest first."""
+    rows = conn.execute(
+        sql.SQL("""SELECT {}, coalesce(v.retired_at, v.promoted_at, v.created_at), v.pinned_reason,
+                          v.reclaim_warned_at IS NOT NULL,
+                          coalesce(pg_total_relation_size(to_regclass(quote_ident(v.table_name))), 0)
+                   FROM index_versions v WHERE v.status = %s AND v.dropped_at IS NULL
+                   ORDER BY v.version_id""").format(_VERSION_COLUMNS),
+        (V.PREVIOUS,),
+    ).fetchall()
+    return [PreviousVersion(_version(row[:10]), *row[10:]) for row in rows]
+
+
+def set_pin(conn: psycopg.Connection, version_id: int, reason: str | None) -> bool:
+    """Pin a version (never reclaimed) with its reason, or unpin it (None); False when it has no table."""
+    return conn.execute(
+        "UPDATE index_versions SET pinned_reason = %s WHERE version_id = %s AND dropped_at IS NULL",
+        (reason, version_id),
+    ).rowcount == 1
+
+
+def mark_reclaim_warned(conn: psycopg.Connection, version_id: int) -> None:
+    conn.execute("UPDATE index_versions SET reclaim_warned_at = now() WHERE version_id = %s", (version_id,))
 
 
 def drop(conn: psycopg.Connection, version: IndexVersion) -> None:
@@ -236,11 +285,13 @@ def record_event(conn: psycopg.Connection, version_id: int, event: str, forced: 
 class VersionTimes:
     created_at: datetime
     promoted_at: datetime | None
-    retired_at: datetime | None
+    retired_at: datetime | None  # when it stopped being active (previous), or was dropped
+    pinned_reason: str | None = None
 
 
 def version_times(conn: psycopg.Connection) -> dict[int, VersionTimes]:
-    rows = conn.execute("SELECT version_id, created_at, promoted_at, retired_at FROM index_versions").fetchall()
+    rows = conn.execute("SELECT version_id, created_at, promoted_at, retired_at, pinned_reason"
+                        " FROM index_versions").fetchall()
     return {row[0]: VersionTimes(*row[1:]) for row in rows}
 
 
