@@ -18,6 +18,18 @@ from rag_pipeline.retrieval.search import search
 from rag_pipeline_tests.conftest import GOLDEN, MODELS_DIR
 
 
+def _build_and_promote(conn, settings, model: str) -> int:
+    """Build a version for `model` shard by shard, as the build job does, and promote it past its gates."""
+    from rag_pipeline.defs.index_versions import SHARDS
+
+    version = blue_green.start_version_build(conn.info.dsn, settings, model)
+    for shard in range(SHARDS):
+        blue_green.backfill_version(conn.info.dsn, settings, version.version_id, shard, SHARDS)
+    with conn.transaction():
+        blue_green.promote(conn, version.version_id, blue_green.check_gates(conn, version))
+    return version.version_id
+
+
 def _rows(db, version, doc_id=None):
     query = sql.SQL("SELECT count(*) FROM {} WHERE %(all)s OR doc_id = %(doc)s").format(
         sql.Identifier(version.table_name)
@@ -206,12 +218,7 @@ def test_rollback_only_goes_back_and_is_refused_with_nothing_older(clone, capsys
     v1 = first.version_id
 
     def build_and_promote() -> int:  # the same weights as v1: every vector comes from the embedding cache
-        version = blue_green.start_version_build(url, settings, first.embedding_model)
-        for shard in range(SHARDS):
-            blue_green.backfill_version(url, settings, version.version_id, shard, SHARDS)
-        with conn.transaction():
-            blue_green.promote(conn, version.version_id, blue_green.check_gates(conn, version))
-        return version.version_id
+        return _build_and_promote(conn, settings, first.embedding_model)
 
     def active() -> int:
         return store.versions.active_version(conn).version_id
@@ -316,22 +323,16 @@ def test_a_previous_version_is_reclaimed_after_the_rollback_window_unless_pinned
 
     from rag_pipeline import cli
     from rag_pipeline.defs.code_location import build_definitions
-    from rag_pipeline.defs.index_versions import SHARDS
     from rag_pipeline.lifecycle.reclaim import reclaim_previous
 
     conn, settings = clone
-    url, config = conn.info.dsn, ["--config", str(settings.config_file)]
+    config = ["--config", str(settings.config_file)]
     first = store.versions.active_version(conn)
     keep, warn = settings.retention.rollback_seconds, settings.retention.rollback_warning_seconds
     assert (keep, warn) == (7 * 86400, 2 * 86400)  # the documented defaults
 
     def build_and_promote() -> int:  # the same weights as v1: every vector comes from the embedding cache
-        version = blue_green.start_version_build(url, settings, first.embedding_model)
-        for shard in range(SHARDS):
-            blue_green.backfill_version(url, settings, version.version_id, shard, SHARDS)
-        with conn.transaction():
-            blue_green.promote(conn, version.version_id, blue_green.check_gates(conn, version))
-        return version.version_id
+        return _build_and_promote(conn, settings, first.embedding_model)
 
     def reclaim(after: timedelta):
         with conn.transaction():
