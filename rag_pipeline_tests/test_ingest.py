@@ -320,3 +320,19 @@ def test_a_churned_version_is_vacuumed_and_a_quiet_one_is_not(clone):
                         (f"{version.table_name}_postings",)).fetchone()[0]
     assert last is not None
     assert store.versions.vacuum_churned(conn, version, 0.1) == []  # collected: nothing left to do
+
+
+def test_run_statistics_count_each_document_once_with_two_writable_versions(ingest, db, make_settings, corpus):
+    """With a version being built beside the active one, every write reaches both; the run's near-duplicates and
+    dedup_rate are per document (at most 1), and only rows_written counts the rows of every version."""
+    from rag_pipeline.lifecycle import blue_green
+
+    first = ingest()
+    settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
+    blue_green.start_version_build(db.info.dsn, settings, store.versions.active_version(db).embedding_model)
+    assert len(store.versions.writable_versions(db)) == 2
+    db.execute("UPDATE documents SET status = 'pending_index' WHERE status = 'indexed'")  # written again, in both
+    again = ingest()
+    assert (again["documents_indexed"], again["near_duplicates"]) == (first["documents_indexed"], 2)
+    assert again["dedup_rate"] == first["dedup_rate"] <= 1
+    assert again["rows_written"] == 2 * (first["chunks_written"] - 2)

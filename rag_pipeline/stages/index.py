@@ -47,15 +47,17 @@ class DimensionMismatchError(RuntimeError):
 class IndexStats(StageStats):
     documents_indexed: int = 0
     rows_written: int = 0
+    # Per document, whatever the number of versions written: rows_written counts rows in every version.
     occurrences: int = 0  # chunks of the documents indexed in this run
-    near_duplicates: int = 0  # of those, near-duplicates of a chunk already in the index
-    dedup_rate: float = 0.0
+    near_duplicates: int = 0  # of those, near-duplicates of a chunk already in the index (stored once)
+    dedup_rate: float = 0.0  # near_duplicates / occurrences: at most 1
     vectors_embedded: int = 0
     vectors_reused: int = 0
     chunks_indexed: int = 0  # chunks of the documents indexed (the progress reports' rate)
     versions: list[str] = field(default_factory=list)
     tables_vacuumed: list[str] = field(default_factory=list)  # execution.vacuum_dead_share
-    SUMMARY = ("documents_indexed", "vectors_embedded", "vectors_reused", "near_duplicates", "dedup_rate")
+    SUMMARY = ("documents_indexed", "rows_written", "vectors_embedded", "vectors_reused", "near_duplicates",
+               "dedup_rate")
 
 
 def ensure_first_version(db_url: str, settings: Settings) -> IndexVersion:
@@ -224,13 +226,14 @@ def write_document(
                                  for v in targets if v.version_id not in vectors_by_version},
                               **vectors_by_version}
     stats.occurrences += len(chunks)
-    for version in targets:
+    for position, version in enumerate(targets):
         vectors = vectors_by_version[version.version_id]
         released = store.versions.delete_document_rows(conn, version, doc.doc_id)
         rows = [IndexRow(c, sha, vectors[sha]) for c in chunks for sha in (ids.embedding_input_sha(c.embedding_input),)]
         written = store.versions.insert_group_rows(conn, version, doc.acl_labels, rows)
         stats.rows_written += written
-        stats.near_duplicates += len(rows) - written
+        if position == 0:  # the groups are shared by every version: a chunk is a near-duplicate in all or none
+            stats.near_duplicates += len(rows) - written
         # Groups this document owned but no longer holds get a row from another occurrence.
         _rehome_groups(conn, version, settings, released, stats)
     store.groups.drop_empty(conn, [c.group_id for c in stored_chunks if c.group_id])
