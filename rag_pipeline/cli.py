@@ -331,14 +331,13 @@ def _problems_with_paths(settings: Settings, problems: list[dict]) -> list[dict]
 
 
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
+    from rag_pipeline.lifecycle.alerts import AlertSender
     from rag_pipeline.lifecycle.erasure import housekeeping
-    from rag_pipeline.lifecycle.reclaim import reclaim_previous
-    from rag_pipeline.store.database import connect
+    from rag_pipeline.lifecycle.reclaim import reclaim_versions
 
     retention = settings.retention
     url = _index_url(settings)
-    with connect(url) as conn, conn.transaction():
-        versions = reclaim_previous(conn, retention.rollback_seconds, retention.rollback_warning_seconds)
+    versions = reclaim_versions(url, retention, AlertSender(settings.alerts), settings.lock_timeout_seconds)
     report = housekeeping(url, retention.embedding_cache_grace_seconds,
                           retention.deletion_log_seconds, settings.lock_timeout_seconds)
     if args.json:
@@ -351,7 +350,7 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
         print(f"dropped v{version['version']} ({version['embedding_model']}): previous for longer than "
               f"retention.rollback; {version['bytes']:,} bytes reclaimed, rollback to it no longer possible")
     for version in versions.kept:
-        until = (f"until {version['reclaim_at']:%Y-%m-%d %H:%M %Z}" if version["reclaim_at"]
+        until = (f"until {version['reclaim_at']:%Y-%m-%d %H:%M} UTC" if version["reclaim_at"]
                  else f"pinned: {version['pinned_reason']}")
         print(f"kept v{version['version']} for rollback ({version['bytes']:,} bytes) {until}")
     print(f"collected {report.embedding_cache_entries} embedding-cache entries no index row uses, forgot "
@@ -664,8 +663,9 @@ def _index_list(args: argparse.Namespace, settings: Settings) -> int:
         {
             "version": v.version_id, "status": v.status, "active": active is not None and v.version_id == active.version_id,
             "rollback_target": v.version_id == target, "pinned_reason": times[v.version_id].pinned_reason,
-            "reclaim_at": times[v.version_id].retired_at + keep if v.status == "previous"
-            and times[v.version_id].pinned_reason is None else None,
+            "reclaim_at": (times[v.version_id].retired_at or times[v.version_id].promoted_at
+                           or times[v.version_id].created_at) + keep
+            if v.status == "previous" and times[v.version_id].pinned_reason is None else None,
             "embedding_model": v.embedding_model, "model_revision": v.model_revision,
             "model_identity": v.model_identity, "dimensions": v.dimensions,
             "chunker_version": v.chunker_version, "parser_version": v.parser_version, "rows": v.row_count,
@@ -684,7 +684,7 @@ def _index_list(args: argparse.Namespace, settings: Settings) -> int:
         notes = [note for note in (
             "rollback returns here" if row["rollback_target"] else "",
             f"pinned: {row['pinned_reason']}" if row["pinned_reason"] else "",
-            f"reclaimed {row['reclaim_at']:%Y-%m-%d %H:%M}" if row["reclaim_at"] else "") if note]
+            f"reclaim due {row['reclaim_at']:%Y-%m-%d %H:%M}" if row["reclaim_at"] else "") if note]
         print(f"{marker} v{row['version']:<3} {row['status']:<9} {row['embedding_model']} ({row['dimensions']} dims)"
               f"  {row['rows']} rows  created {row['created_at']:%Y-%m-%d %H:%M}"
               + (f"  ({'; '.join(notes)})" if notes else ""))

@@ -4,6 +4,7 @@ gated promotion, rollback, retirement."""
 import json
 from datetime import datetime
 
+import dagster as dg
 import pytest
 from dagster import DagsterInstance
 from psycopg import sql
@@ -28,6 +29,26 @@ def _build_and_promote(conn, settings, model: str) -> int:
     with conn.transaction():
         blue_green.promote(conn, version.version_id, blue_green.check_gates(conn, version))
     return version.version_id
+
+
+def _assert_build_is_a_backfill_of_its_version(instance, settings, label: str, backfill_id: str) -> None:
+    """The CLI's build is a finished backfill of the version's eight partitions, each materialized, and only its
+    version's partitions are: a version registered next starts with all eight missing."""
+    from rag_pipeline.defs.code_location import build_definitions
+    from rag_pipeline.defs.index_versions import VERSION_PARTITIONS
+
+    graph = build_definitions(settings).get_repository_def().asset_graph
+    backfill = instance.get_backfill(backfill_id)
+    assert backfill.status.value == "COMPLETED_SUCCESS" and backfill.tags["rag_pipeline/index_version"] == label
+    [status] = backfill.asset_backfill_data.get_backfill_status_per_asset_key(graph)
+    counts = {state.value: count for state, count in status.partitions_counts_by_status.items()}
+    assert status.num_targeted_partitions == 8 and counts["MATERIALIZED"] == 8 and counts["FAILED"] == 0
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+    assert len(runs) == 8 and all(run.is_success for run in runs)
+    materialized = instance.get_materialized_partitions(dg.AssetKey("index_version_backfill"))
+    assert {key.split("|")[1] for key in materialized} >= {label}
+    assert len([key for key in materialized if key.endswith(f"|{label}")]) == 8
+    assert label in instance.get_dynamic_partitions(VERSION_PARTITIONS)
 
 
 def _rows(db, version, doc_id=None):
@@ -65,6 +86,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         summary = run_index_build(settings, candidate_model, instance=instance)
         assert summary["success"] and len(summary["shards"]) == 8 and summary["rows"] == v1.row_count
         (v2,) = store.versions.index_versions(db, ("ready",))  # all shards done and complete
+        _assert_build_is_a_backfill_of_its_version(instance, settings, v2.label, summary["backfill"])
         (corpus / "products" / "nw200-faq.html").unlink()
         assert run_ingest(settings, instance=instance)["deleted"] == 1
         faq = ids.doc_id("sample", "products/nw200-faq.html")
@@ -355,8 +377,12 @@ def test_a_previous_version_is_reclaimed_after_the_rollback_window_unless_pinned
     assert cli.main([*config, "index", "pin", str(v1), "--reason", "audit hold"]) == cli.EXIT_OK
     pinned = reclaim(timedelta(days=30))
     assert pinned.reclaimed == [] and pinned.kept[0]["pinned_reason"] == "audit hold" and pinned.reclaimable_bytes == 0
+    assert cli.main([*config, "index", "retire", str(v1)]) == cli.EXIT_REFUSED  # a pin holds against retire too
     assert cli.main([*config, "index", "unpin", str(v1)]) == cli.EXIT_OK
-    dropped = reclaim(timedelta(days=7, seconds=1))
+    assert cli.main([*config, "index", "unpin", str(v1)]) == cli.EXIT_USAGE  # not pinned: said, not recorded
+    # Never dropped sooner than a warning period after its alert (5 days 1 hour in): at 7 days 30 minutes it stays.
+    assert reclaim(timedelta(days=7, minutes=30)).reclaimed == []
+    dropped = reclaim(timedelta(days=7, hours=2))
     assert [v["version"] for v in dropped.reclaimed] == [v1] and dropped.kept == []
     assert conn.execute("SELECT to_regclass(%s)", (first.table_name,)).fetchone()[0] is None
     assert conn.execute("SELECT status FROM index_versions WHERE version_id = %s", (v1,)).fetchone()[0] == "retired"
@@ -367,13 +393,24 @@ def test_a_previous_version_is_reclaimed_after_the_rollback_window_unless_pinned
     assert cli.main([*config, "index", "rollback"]) == cli.EXIT_REFUSED
     assert f"v{v1}, active before v{v2}, was dropped on" in capsys.readouterr().err
 
-    # The housekeeping job reclaims on the schedule, with the database's clock: v2 is made previous 8 days ago.
+    # The housekeeping job reclaims on the schedule, with the database's clock. v2 made previous 8 days ago (as a
+    # version kept from before this release can be) is overdue but never warned: the first run warns, and keeps it.
     v3 = build_and_promote()
     conn.execute("UPDATE index_versions SET retired_at = now() - interval '8 days' WHERE version_id = %s", (v2,))
-    with DagsterInstance.ephemeral() as instance:
-        result = build_definitions(settings).resolve_job_def("housekeeping_job").execute_in_process(instance=instance)
-    assert result.success
-    [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
-    metadata = output.event_specific_data.metadata
-    assert metadata["versions_reclaimed"].value == 1 and metadata["bytes_reclaimed"].value > 0
+
+    def housekeeping() -> dict:
+        with DagsterInstance.ephemeral() as instance:
+            result = build_definitions(settings).resolve_job_def("housekeeping_job").execute_in_process(
+                instance=instance)
+        assert result.success
+        [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+        return {name: value.value for name, value in output.event_specific_data.metadata.items()}
+
+    first_run = housekeeping()
+    assert first_run["versions_reclaimed"] == 0 and first_run["reclaimable_bytes"] > 0
+    assert store.versions.get_version(conn, v2) is not None
+    conn.execute("UPDATE index_versions SET reclaim_warned_at = now() - interval '2 days' WHERE version_id = %s",
+                 (v2,))  # two days on
+    later = housekeeping()
+    assert later["versions_reclaimed"] == 1 and later["bytes_reclaimed"] > 0
     assert store.versions.get_version(conn, v2) is None and store.versions.active_version(conn).version_id == v3

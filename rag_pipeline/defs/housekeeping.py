@@ -1,8 +1,6 @@
 """Housekeeping: what the index no longer uses, collected after its grace period (rag_pipeline.lifecycle.erasure,
 rag_pipeline.lifecycle.reclaim)."""
 
-from datetime import UTC, datetime
-
 import dagster as dg
 
 from rag_pipeline.defs.metadata import typed_table
@@ -10,8 +8,7 @@ from rag_pipeline.defs.resources import Rag
 from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
 from rag_pipeline.lifecycle.alerts import AlertSender
 from rag_pipeline.lifecycle.erasure import housekeeping
-from rag_pipeline.lifecycle.reclaim import reclaim_previous
-from rag_pipeline.store.database import connect
+from rag_pipeline.lifecycle.reclaim import reclaim_versions
 
 
 @dg.op(pool=INDEX_WRITER_POOL, description="Drop previous index versions past retention.rollback (not pinned; an "
@@ -21,11 +18,8 @@ def collect_unused(context: dg.OpExecutionContext, rag: Rag) -> None:
     settings = rag.settings()
     retention = settings.retention
     # Versions first: the cache entries only a reclaimed version used become collectable after their grace.
-    with connect(rag.database_url()) as conn, conn.transaction():
-        versions = reclaim_previous(conn, retention.rollback_seconds, retention.rollback_warning_seconds)
-    sender = AlertSender(settings.alerts, context.log)
-    for alert in versions.alerts(datetime.now(UTC).isoformat(timespec="seconds")):
-        sender.send(alert)
+    versions = reclaim_versions(rag.database_url(), retention, AlertSender(settings.alerts, context.log),
+                                settings.lock_timeout_seconds)
     report = housekeeping(rag.database_url(), retention.embedding_cache_grace_seconds,
                           retention.deletion_log_seconds, settings.lock_timeout_seconds)
     context.add_output_metadata({
@@ -35,9 +29,10 @@ def collect_unused(context: dg.OpExecutionContext, rag: Rag) -> None:
         "bytes_reclaimed": sum(v["bytes"] for v in versions.reclaimed),
         "reclaimable_bytes": versions.reclaimable_bytes,
         "previous_versions": typed_table(
-            ("version", "model", "rows", "bytes", "reclaimed", "reclaim at", "pinned because"),
+            ("version", "model", "rows", "bytes", "reclaimed", "reclaim due", "pinned because"),
             [(f"v{v['version']}", v["embedding_model"], v["rows"], v["bytes"], reclaimed,
-              f"{v['reclaim_at']:%Y-%m-%d %H:%M}" if v["reclaim_at"] else "never (pinned)", v["pinned_reason"])
+              "" if reclaimed else f"{v['reclaim_at']:%Y-%m-%d %H:%M} UTC" if v["reclaim_at"] else "never (pinned)",
+              v["pinned_reason"])
              for reclaimed, entries in ((True, versions.reclaimed), (False, versions.kept)) for v in entries]),
     })
     context.log.info(f"housekeeping: {len(versions.reclaimed)} previous versions reclaimed, "

@@ -1,9 +1,15 @@
-"""Index-version assets: the backfill that fills a building version, partitioned by hash shard so that
-Dagster's executors, run launchers and backfills can spread it over N workers."""
+"""Index-version assets: the backfill that fills a building version, partitioned by version and hash shard, so that
+each build is a backfill of its own version's partitions (the UI shows a new build as 0 of 8 until it runs) that
+Dagster's executors, run launchers and backfills spread over N workers."""
 
-from typing import TYPE_CHECKING
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+from dagster._core.definitions.events import AssetKeyPartitionKey
+from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 
 from rag_pipeline import store
 from rag_pipeline.defs.metadata import typed_table
@@ -18,26 +24,40 @@ if TYPE_CHECKING:
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 GROUP = "index_versions"
+BACKFILL_ASSET = "index_version_backfill"
 SHARDS = 8
-shards = dg.StaticPartitionsDefinition([f"{i:02d}" for i in range(SHARDS)])
+VERSION_PARTITIONS = "index_version"  # the dynamic partitions: one per version built ("v5")
+version_shards = dg.MultiPartitionsDefinition({
+    "version": dg.DynamicPartitionsDefinition(name=VERSION_PARTITIONS),
+    "shard": dg.StaticPartitionsDefinition([f"{i:02d}" for i in range(SHARDS)]),
+})
+
+
+def build_partition_keys(version_label: str) -> list[dg.MultiPartitionKey]:
+    """The partitions of one version's build: its shards."""
+    return [dg.MultiPartitionKey({"version": version_label, "shard": f"{shard:02d}"}) for shard in range(SHARDS)]
 
 
 @dg.asset(
     group_name=GROUP,
-    partitions_def=shards,
-    description="Embeds one hash shard of the live documents into the index version being built "
-    "(start one with `rag-pipeline index build --model NAME`); a no-op when none is building.",
+    partitions_def=version_shards,
+    description="Embeds one hash shard of the live documents into an index version being built (start one with "
+    "`rag-pipeline index build --model NAME` or the start_index_build job, which launches this backfill).",
 )
 def index_version_backfill(context: dg.AssetExecutionContext, rag: Rag):
+    keys = context.partition_key.keys_by_dimension  # type: ignore[attr-defined]
+    version_id, shard = int(keys["version"].removeprefix("v")), int(keys["shard"])
     db_url = rag.database_url()
     with connect(db_url) as conn:
-        building = store.versions.index_versions(conn, (VersionStatus.BUILDING,))
-    if not building:
-        context.log.info("no index version is building: nothing to backfill")
-        return dg.MaterializeResult(metadata={"building_version": "none", "documents": 0})
-    version = building[0]
+        version = store.versions.get_version(conn, version_id)
+    if version is None:
+        raise dg.Failure(f"v{version_id} was dropped (or never existed): nothing to build")
+    if version.status != VersionStatus.BUILDING:  # built already: its shards stay as the build left them
+        context.log.info(f"{version.label} is {version.status}, not building: nothing to backfill")
+        return dg.MaterializeResult(metadata={"building_version": f"{version.label} ({version.status})",
+                                              "documents": 0})
     stats = blue_green.backfill_version(
-        db_url, rag.settings(), version.version_id, int(context.partition_key), SHARDS, progress=context.log.info
+        db_url, rag.settings(), version.version_id, shard, SHARDS, progress=context.log.info
     )
     return dg.MaterializeResult(
         metadata={
@@ -55,9 +75,39 @@ def build_index_version_job(backfill: dg.AssetsDefinition) -> "UnresolvedAssetJo
     return dg.define_asset_job(
         "build_index_version",
         selection=dg.AssetSelection.assets(backfill),
-        partitions_def=shards,
-        description="Backfill all shards of the building index version (launch as a backfill over every partition).",
+        partitions_def=version_shards,
+        description="Backfill the shards of a building index version (its `version` partitions; start_index_build "
+        "launches it).",
     )
+
+
+def build_backfill(instance: dg.DagsterInstance, asset_graph: Any, backfill_key: dg.AssetKey, version_label: str,
+                   tags: dict[str, str]) -> PartitionBackfill:
+    """A backfill of one version's shards (registered as partitions of that version first), as the UI's backfill
+    dialog makes one: the Backfills tab and the partition view show it."""
+    instance.add_dynamic_partitions(VERSION_PARTITIONS, [version_label])
+    return PartitionBackfill.from_asset_partitions(
+        backfill_id=uuid.uuid4().hex[:8], asset_graph=asset_graph,
+        partition_names=[str(key) for key in build_partition_keys(version_label)], asset_selection=[backfill_key],
+        backfill_timestamp=time.time(), tags={**tags, "rag_pipeline/index_version": version_label},
+        dynamic_partitions_store=instance, all_partitions=False, title=f"build {version_label}",
+        description=f"embed every live document into index version {version_label}", run_config=None)
+
+
+def record_finished_backfill(instance: dg.DagsterInstance, asset_graph: Any, backfill: PartitionBackfill,
+                             backfill_key: dg.AssetKey, failed: list[str]) -> None:
+    """Record a backfill whose runs this process ran itself (the CLI: no daemon), as Dagster's own `job backfill`
+    command does once its runs are submitted: finished (never REQUESTED, or a daemon would run it again), every
+    partition requested, and each materialized or, those in `failed`, failed."""
+    data = backfill.asset_backfill_data
+    assert data is not None  # from_asset_partitions makes an asset backfill
+    failures = AssetGraphSubset.from_asset_partition_set(
+        {AssetKeyPartitionKey(backfill_key, key) for key in failed}, asset_graph)
+    data = data._replace(requested_subset=data.target_subset, materialized_subset=data.target_subset - failures,
+                         failed_and_downstream_subset=failures)
+    status = BulkActionStatus.COMPLETED_FAILED if failed else BulkActionStatus.COMPLETED_SUCCESS
+    instance.add_backfill(backfill.with_asset_backfill_data(data, instance, asset_graph).with_status(status)
+                          .with_end_timestamp(time.time()))
 
 
 # --- the swap from the UI: start a build, backfill it (above), promote it ---------------------------------
@@ -67,18 +117,23 @@ class StartBuildConfig(dg.Config):
     model: str  # sentence-transformers name or local folder, e.g. all-mpnet-base-v2
 
 
-@dg.op(description="Register an index version for a new embedding model, in status 'building'.")
+@dg.op(description="Register an index version for a new embedding model, in status 'building', and launch the "
+                   "backfill of its shards (the daemon runs it; the Backfills tab follows it).")
 def start_index_version(context: dg.OpExecutionContext, config: StartBuildConfig, rag: Rag) -> int:
     try:
         version = blue_green.start_version_build(rag.database_url(), rag.settings(), config.model)
     except (ModelArgumentError, blue_green.VersionError) as exc:  # the message says it all: no traceback
         raise dg.Failure(str(exc)) from None
+    repository = context.repository_def
+    [backfill_key] = [key for key in repository.asset_graph.get_all_asset_keys() if key.path[-1] == BACKFILL_ASSET]
+    backfill = build_backfill(context.instance, repository.asset_graph, backfill_key, version.label, {})
+    context.instance.add_backfill(backfill)
     context.log.info(
-        f"{version.label} ({version.embedding_model}, {version.dimensions} dims) is building: launch a "
-        "backfill of build_index_version over all partitions, then promote_index_version"
+        f"{version.label} ({version.embedding_model}, {version.dimensions} dims) is building: backfill "
+        f"{backfill.backfill_id} of its {SHARDS} shards launched; then promote_index_version"
     )
     context.add_output_metadata({"version": version.version_id, "model": version.embedding_model,
-                                 "dimensions": version.dimensions})
+                                 "dimensions": version.dimensions, "backfill": backfill.backfill_id})
     return version.version_id
 
 

@@ -296,33 +296,52 @@ def _summary_with_errors(result: Any) -> dict[str, Any]:
 
 
 def run_index_build(settings: Settings, model: str, instance: Any = None) -> dict[str, Any]:
-    """Start building a version for `model` beside the active one and backfill every shard through Dagster.
+    """Start building a version for `model` beside the active one and backfill its shards through Dagster, as a
+    backfill of that version's partitions.
 
-    The shards run here one after another; from the UI (or a cluster run launcher) the same job runs as a
-    backfill over all partitions, in parallel.
+    The shards run here one after another, each a run of the backfill; the backfill is recorded once they have
+    run (no daemon runs it again). From the UI, start_index_build launches the same backfill for the daemon, which
+    spreads the shards over the run launcher.
     """
+    from dagster._core.storage.tags import BACKFILL_ID_TAG
+
     from rag_pipeline import store
     from rag_pipeline.defs.code_location import build_definitions
-    from rag_pipeline.defs.index_versions import shards
+    from rag_pipeline.defs.index_versions import (
+        BACKFILL_ASSET,
+        build_backfill,
+        build_partition_keys,
+        record_finished_backfill,
+    )
     from rag_pipeline.lifecycle.blue_green import start_version_build
     from rag_pipeline.store.database import connect, resolve_urls
 
     db_url = resolve_urls(settings).index
     version = start_version_build(db_url, settings, model)
-    job = build_definitions(settings).resolve_job_def("build_index_version")
+    definitions = build_definitions(settings)
+    job = definitions.resolve_job_def("build_index_version")
     if instance is None:
         instance = _run_instance(settings)
     fail_dead_runs(instance)
+    graph = definitions.get_repository_def().asset_graph
+    [key] = [key for key in graph.get_all_asset_keys() if key.path[-1] == BACKFILL_ASSET]
+    backfill = build_backfill(instance, graph, key, version.label, worker_tags())
     runs = []
-    for key in shards.get_partition_keys():
+    for partition in build_partition_keys(version.label):
         result = job.execute_in_process(
-            instance=instance, partition_key=key, raise_on_error=False, tags=worker_tags(),
+            instance=instance, partition_key=partition, raise_on_error=False,
+            tags={**backfill.tags, BACKFILL_ID_TAG: backfill.backfill_id},
             run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
         )
-        runs.append({"shard": key, "run_id": result.run_id, "success": result.success})
+        runs.append({"shard": partition.keys_by_dimension["shard"], "run_id": result.run_id,
+                     "success": result.success})
+    record_finished_backfill(instance, graph, backfill, key,
+                             [str(partition) for partition, run in zip(build_partition_keys(version.label), runs,
+                                                                       strict=True) if not run["success"]])
     # The last shard to finish marks the version ready (as a backfill launched from the UI does).
     with connect(db_url) as conn:
         built = store.versions.get_version(conn, version.version_id)
     return {"version": version.version_id, "model": version.embedding_model, "dimensions": version.dimensions,
             "rows": built.row_count if built else 0, "status": built.status if built else "dropped",
+            "backfill": backfill.backfill_id,
             "shards": runs, "success": all(r["success"] for r in runs)}

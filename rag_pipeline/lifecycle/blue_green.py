@@ -329,5 +329,8 @@ def retire(conn: psycopg.Connection, version_id: int) -> None:
     version = _require(conn, version_id)
     if version.status == V.ACTIVE:
         raise VersionError(f"{version.label} is active: promote another version (or roll back) first")
+    pinned = store.versions.pinned_reason(conn, version_id)
+    if pinned is not None:
+        raise VersionError(f"{version.label} is pinned ({pinned}): `rag-pipeline index unpin {version_id}` first")
     store.versions.drop(conn, version)
     _record(conn, version_id, "drop")

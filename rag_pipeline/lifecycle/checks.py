@@ -284,7 +284,7 @@ def index_drift(conn: psycopg.Connection, *, requeue: bool = False, rollback_sec
                  "reclaimable_bytes": sum(p.table_bytes for p in previous if p.pinned_reason is None)},
         tables={"per_version": Table(("version", "status", "model", "vector type", "rows", "foreign vectors",
                                       "orphan rows", "groups without vector"), per_version),
-                "previous_versions": Table(("version", "model", "bytes", "previous since", "reclaimed at",
+                "previous_versions": Table(("version", "model", "bytes", "previous since", "reclaim due",
                                             "pinned because"), [
                     (p.version.label, p.version.embedding_model, p.table_bytes, f"{p.retired_at:%Y-%m-%d %H:%M}",
                      "never (pinned)" if p.pinned_reason else

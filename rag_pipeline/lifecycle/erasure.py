@@ -2,7 +2,7 @@
 record that proves it happened without keeping what was erased.
 
 `rag-pipeline erase --doc SOURCE:PATH | --source NAME` removes, under the index write lock and in one
-transaction: the document's rows in every index version (retired ones kept for rollback included), its chunks,
+transaction: the document's rows in every index version (previous ones kept for rollback included), its chunks,
 pages, prefix cache, dead letters and deletion-log entries, the document row, and the embedding-cache entries its
 rows used that nothing else uses. Near-duplicates it answered for get rows of their own (from the cache).
 The audit record (`erasures`) holds the time, what was removed per table, and the document's id under an
@@ -94,7 +94,7 @@ class HousekeepingReport:
 
 def housekeeping(db_url: str, embedding_cache_grace_seconds: float, deletion_log_seconds: float,
                  lock_timeout_seconds: float = 3600) -> HousekeepingReport:
-    """Collect embedding-cache entries no index row uses (retired versions kept for rollback included) that are
+    """Collect embedding-cache entries no index row uses (previous versions kept for rollback included) that are
     older than the grace period, and forget deletion-log paths older than their retention. Under the exclusive
     index write lock: no write that might still want an entry runs meanwhile."""
     with index_write_lock(db_url, "housekeeping", timeout_seconds=lock_timeout_seconds), connect(db_url) as conn, \

@@ -3,28 +3,36 @@
 A promotion keeps the version it replaces as `previous`: its table stays and receives every write, so that `index
 rollback` is instant and never serves a stale index. An index version is the size of the whole corpus, so a previous
 version is dropped once `retention.rollback` has passed since it stopped being active, unless it is pinned (`index
-pin V --reason ...`). An alert goes out `retention.rollback_warning` before (once per version), and the drop is
-recorded with the version's events; a rollback after that is refused with the date it became impossible.
+pin V --reason ...`). An alert goes out `retention.rollback_warning` before, once per version, and a version is
+never dropped sooner than that after its alert (one overdue when first seen, from before this release or while
+housekeeping was off, is warned first and dropped a warning period later). The drop is recorded with the
+version's events, and a rollback after it is refused with the date it became impossible.
+
+Chunks are sized for the shortest model window among the writable versions: dropping the version with the
+shortest window lets the next refresh chunk (and embed) the corpus again for the longer one (docs/operations.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 
 from rag_pipeline import store
-from rag_pipeline.lifecycle.alerts import Alert
+from rag_pipeline.config import RetentionConfig
+from rag_pipeline.lifecycle.alerts import Alert, AlertSender
+from rag_pipeline.store.database import connect, index_write_lock
 
-RECLAIM_ALERT_KEY = "index_version:reclaim"
+RECLAIM_ALERT_KEY = "index_version:reclaim:"  # + the version's label: one key per version
+DROP_LOCK_TIMEOUT = "10s"  # a reader of the table (a backup, `eval V`) keeps it: tried again at the next run
 
 
 @dataclass
 class ReclaimReport:
     reclaimed: list[dict[str, Any]] = field(default_factory=list)  # dropped now
-    warned: list[dict[str, Any]] = field(default_factory=list)  # due within the warning, told now for the first time
+    warned: list[dict[str, Any]] = field(default_factory=list)  # warned now, for the first time
     kept: list[dict[str, Any]] = field(default_factory=list)  # every previous version left, with when it goes
 
     @property
@@ -35,13 +43,14 @@ class ReclaimReport:
     def alerts(self, at: str) -> list[Alert]:
         """The warnings before a reclaim and the records after one, as alerts to every configured sink."""
         return [
-            *(Alert(RECLAIM_ALERT_KEY, "warning", f"v{v['version']} ({v['embedding_model']}, {v['bytes']:,} bytes) "
-                    f"is kept for rollback until {v['reclaim_at']:%Y-%m-%d %H:%M %Z} and then dropped; "
-                    f"`rag-pipeline index pin {v['version']} --reason ...` keeps it", _plain(v), at)
+            *(Alert(RECLAIM_ALERT_KEY + f"v{v['version']}", "warning",
+                    f"v{v['version']} ({v['embedding_model']}, {v['bytes']:,} bytes) is kept for rollback until "
+                    f"{v['reclaim_at']:%Y-%m-%d %H:%M} UTC and then dropped; `rag-pipeline index pin {v['version']} "
+                    f"--reason ...` keeps it", _plain(v), at)
               for v in self.warned),
-            *(Alert(RECLAIM_ALERT_KEY, "done", f"v{v['version']} ({v['embedding_model']}) dropped after "
-                    f"retention.rollback: {v['bytes']:,} bytes reclaimed; rollback to it is no longer possible",
-                    _plain(v), at)
+            *(Alert(RECLAIM_ALERT_KEY + f"v{v['version']}", "done",
+                    f"v{v['version']} ({v['embedding_model']}) dropped after retention.rollback: {v['bytes']:,} "
+                    "bytes reclaimed; rollback to it is no longer possible", _plain(v), at)
               for v in self.reclaimed),
         ]
 
@@ -52,41 +61,80 @@ def _plain(entry: dict[str, Any]) -> dict[str, Any]:
 
 def reclaim_previous(conn: psycopg.Connection, keep_seconds: float, warn_seconds: float,
                      now: datetime | None = None) -> ReclaimReport:
-    """Drop every previous version that is not pinned and stopped being active `keep_seconds` ago or more; mark
-    (once) those due within `warn_seconds`. `now` is the database's clock unless given (tests move it). In the
-    caller's transaction, under the registry lock: an index write never sees half of it."""
+    """Drop every previous version that is not pinned, stopped being active `keep_seconds` ago or more, and was
+    warned `warn_seconds` ago or more; warn (once) those due within `warn_seconds`, or overdue and not warned yet.
+    `now` is the database's clock unless given (tests move it). In the caller's transaction, under the registry
+    lock (no index write half-sees it); the caller holds the exclusive index write lock (reclaim_versions)."""
     store.versions.lock_registry(conn)
-    if now is None:
-        now = conn.execute("SELECT now()").fetchone()[0]
+    now = (now or conn.execute("SELECT now()").fetchone()[0]).astimezone(UTC)
+    warning = timedelta(seconds=warn_seconds)
     report = ReclaimReport()
     for previous in store.versions.previous_versions(conn):
         version = previous.version
-        due = previous.retired_at + timedelta(seconds=keep_seconds)
+        due = previous.retired_at.astimezone(UTC) + timedelta(seconds=keep_seconds)
         entry = {"version": version.version_id, "embedding_model": version.embedding_model,
                  "rows": version.row_count, "bytes": previous.table_bytes, "previous_since": previous.retired_at,
-                 "reclaim_at": None if previous.pinned_reason else due, "pinned": previous.pinned_reason is not None,
-                 "pinned_reason": previous.pinned_reason}
-        if previous.pinned_reason is None and now >= due:
-            store.versions.drop(conn, version)
+                 "reclaim_at": None if previous.pinned_reason else max(due, (previous.warned_at or now) + warning),
+                 "pinned": previous.pinned_reason is not None, "pinned_reason": previous.pinned_reason}
+        if previous.pinned_reason is not None:
+            report.kept.append(entry)
+            continue
+        warned_long_enough = previous.warned_at is not None and previous.warned_at.astimezone(UTC) + warning <= now
+        if now >= due and warned_long_enough and _drop(conn, version):
             store.versions.record_event(conn, version.version_id, "drop", False, {
                 "reclaimed": True, "retention_seconds": keep_seconds, "rows": version.row_count,
                 "bytes": previous.table_bytes})
             report.reclaimed.append(entry)
             continue
-        if previous.pinned_reason is None and now >= due - timedelta(seconds=warn_seconds) and not previous.warned:
-            store.versions.mark_reclaim_warned(conn, version.version_id)
+        if now >= due - warning and previous.warned_at is None:
+            store.versions.mark_reclaim_warned(conn, version.version_id, now)
             store.versions.record_event(conn, version.version_id, "reclaim_warning", False,
-                                        {"reclaim_at": due.isoformat()})
+                                        {"reclaim_at": entry["reclaim_at"].isoformat()})
             report.warned.append(entry)
         report.kept.append(entry)
     return report
 
 
+def _drop(conn: psycopg.Connection, version: store.versions.IndexVersion) -> bool:
+    """Drop the version's table, or leave it to the next run when a reader holds it past DROP_LOCK_TIMEOUT."""
+    try:
+        with conn.transaction():  # a savepoint: a lock timeout leaves the rest of the reclaim standing
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (DROP_LOCK_TIMEOUT,))
+            store.versions.drop(conn, version)
+            conn.execute("SELECT set_config('lock_timeout', '0', true)")
+        return True
+    except psycopg.errors.LockNotAvailable:
+        return False
+
+
+def reclaim_versions(db_url: str, retention: RetentionConfig, sender: AlertSender,
+                     lock_timeout_seconds: float = 3600) -> ReclaimReport:
+    """reclaim_previous under the exclusive index write lock (a refresh, a backfill or an erasure holds a version
+    list it read before), committed, then its alerts sent; a warning no sink took is taken back, to be sent at the
+    next run."""
+    with index_write_lock(db_url, "housekeeping", timeout_seconds=lock_timeout_seconds), connect(db_url) as conn:
+        with conn.transaction():
+            report = reclaim_previous(conn, retention.rollback_seconds, retention.rollback_warning_seconds)
+        at = datetime.now(UTC).isoformat(timespec="seconds")
+        for alert, entry in zip(report.alerts(at), report.warned + report.reclaimed, strict=True):
+            outcome = sender.send(alert)
+            if alert.state == "warning" and any(result.startswith("failed") for result in outcome.values()):
+                with conn.transaction():
+                    store.versions.mark_reclaim_warned(conn, entry["version"], None)
+    return report
+
+
 def pin(conn: psycopg.Connection, version_id: int, reason: str | None) -> None:
-    """Pin a version with a reason (never reclaimed while pinned), or unpin it (reason None): recorded."""
+    """Pin a version with a reason (never reclaimed while pinned), or unpin it (reason None): recorded. Under the
+    registry lock: a reclaim running now sees the pin, or has dropped the version before it."""
     if reason is not None and not reason.strip():
         raise ValueError("a pin needs a reason (it is recorded with the pin)")
-    if not store.versions.set_pin(conn, version_id, reason.strip() if reason else None):
+    store.versions.lock_registry(conn)
+    version = store.versions.get_version(conn, version_id)
+    if version is None:
         raise LookupError(f"v{version_id}: no such index version with a table (see rag-pipeline index list)")
+    if reason is None and store.versions.pinned_reason(conn, version_id) is None:
+        raise LookupError(f"v{version_id} is not pinned")
+    store.versions.set_pin(conn, version_id, reason.strip() if reason else None)
     store.versions.record_event(conn, version_id, "pin" if reason else "unpin", False,
                                 {"reason": reason.strip()} if reason else {})

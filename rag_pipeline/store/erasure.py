@@ -116,7 +116,7 @@ def erase_documents(conn: psycopg.Connection, doc_ids: Sequence[str]) -> tuple[d
 
 def collect_embedding_cache(conn: psycopg.Connection, input_shas: Sequence[str] | None = None,
                             older_than_seconds: float = 0) -> int:
-    """Delete cache entries no row of any index version uses (retired versions kept for rollback included):
+    """Delete cache entries no row of any index version uses (previous versions kept for rollback included):
     the given ones at once, or every such entry older than the grace period."""
     tables = [v.table_name for v in versions.index_versions(conn) if table_exists(conn, v.table_name)]
     used = sql.SQL(" UNION ALL ").join(

@@ -234,7 +234,7 @@ class PreviousVersion:
     version: IndexVersion
     retired_at: datetime  # when it stopped being active: the retention clock
     pinned_reason: str | None
-    warned: bool  # the alert before its reclaim went out
+    warned_at: datetime | None  # when the alert before its reclaim went out
     table_bytes: int  # its table with its indexes and TOAST
 
 
@@ -242,7 +242,7 @@ def previous_versions(conn: psycopg.Connection) -> list[PreviousVersion]:
     """Every previous version, oldest first."""
     rows = conn.execute(
         sql.SQL("""SELECT {}, coalesce(v.retired_at, v.promoted_at, v.created_at), v.pinned_reason,
-                          v.reclaim_warned_at IS NOT NULL,
+                          v.reclaim_warned_at,
                           coalesce(pg_total_relation_size(to_regclass(quote_ident(v.table_name))), 0)
                    FROM index_versions v WHERE v.status = %s AND v.dropped_at IS NULL
                    ORDER BY v.version_id""").format(_VERSION_COLUMNS),
@@ -259,8 +259,14 @@ def set_pin(conn: psycopg.Connection, version_id: int, reason: str | None) -> bo
     ).rowcount == 1
 
 
-def mark_reclaim_warned(conn: psycopg.Connection, version_id: int) -> None:
-    conn.execute("UPDATE index_versions SET reclaim_warned_at = now() WHERE version_id = %s", (version_id,))
+def pinned_reason(conn: psycopg.Connection, version_id: int) -> str | None:
+    row = conn.execute("SELECT pinned_reason FROM index_versions WHERE version_id = %s", (version_id,)).fetchone()
+    return row[0] if row else None
+
+
+def mark_reclaim_warned(conn: psycopg.Connection, version_id: int, at: datetime | None) -> None:
+    """When the alert before the version's reclaim went out (None: it did not reach its sinks; sent again)."""
+    conn.execute("UPDATE index_versions SET reclaim_warned_at = %s WHERE version_id = %s", (at, version_id))
 
 
 def drop(conn: psycopg.Connection, version: IndexVersion) -> None:
