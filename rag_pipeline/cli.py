@@ -588,7 +588,8 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
         else:
             print(f"v{summary['version']} ({summary['model']}, {summary['dimensions']} dims) {summary['status']}: "
                   f"{summary['rows']} rows; {sum(r['success'] for r in summary['shards'])}/{len(summary['shards'])}"
-                  f" shards succeeded. Next: rag-pipeline index promote {summary['version']}")
+                  f" shards succeeded (backfill {summary['backfill']}). Next: rag-pipeline index promote "
+                  f"{summary['version']}")
         return 0 if summary["success"] else 1
     if args.index_command in ("promote", "rollback"):
         url = _index_url(settings)

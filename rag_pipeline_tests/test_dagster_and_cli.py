@@ -59,10 +59,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _graphql(port: int, query: str) -> dict:
+def _graphql(port: int, query: str, variables: dict | None = None) -> dict:
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": query}).encode(),
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -212,8 +212,19 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
     finally:
         del os.environ["DAGSTER_HOME"]
 
+    # An embedding-model build from the shell (the same weights: every vector from the cache), promoted, so that
+    # the UI can start the next one.
+    built = subprocess.run([*cli, "index", "build", "--model", "all-MiniLM-L6-v2", "--json"], env=cli_env,
+                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    cli_build = json.loads(built.stdout)
+    promoted = subprocess.run([*cli, "index", "promote", str(cli_build["version"]), "--json"], env=cli_env,
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert promoted.returncode == 0, promoted.stderr[-3000:]
+
     # `rag-pipeline ui`: `dg dev` (webserver and daemon) on the same instance the CLI's runs went to.
     with _ui(cli, cli_env, tmp_path) as port:
+        _builds_are_backfills_of_their_version(port, cli_build)
         result = _graphql(
             port,
             "{ assetsOrError { ... on AssetConnection { nodes { key { path } "
@@ -248,6 +259,47 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
         assert "against_baseline" in {entry["label"] for entry in quality["metadataEntries"]}
         assert "recall@10" in quality["description"]
         _look_in_a_browser(port, again)
+
+
+BACKFILLS = """{ partitionBackfillsOrError { ... on PartitionBackfills { results { id status title tags { key value }
+    assetBackfillData { assetBackfillStatuses { ... on AssetPartitionsStatusCounts { assetKey { path }
+    numPartitionsTargeted numPartitionsMaterialized numPartitionsFailed } } } } } } }"""
+
+
+def _build_backfills(port: int) -> dict[str, dict]:
+    """Each build's backfill as the Backfills tab shows it, by the version it builds: status and partition counts."""
+    result = _graphql(port, BACKFILLS)["data"]["partitionBackfillsOrError"]["results"]
+    return {tags["rag_pipeline/index_version"]: {"status": backfill["status"], **backfill["assetBackfillData"][
+                "assetBackfillStatuses"][0]}
+            for backfill in result for tags in [{t["key"]: t["value"] for t in backfill["tags"]}]
+            if "rag_pipeline/index_version" in tags}
+
+
+def _builds_are_backfills_of_their_version(port: int, cli_build: dict) -> None:
+    """A build from the shell is a finished backfill of its version's eight partitions; one the UI starts
+    (start_index_build) is a backfill the daemon runs, of its own version's partitions, and finishes."""
+    label = f"v{cli_build['version']}"
+    assert _build_backfills(port)[label] == {
+        "status": "COMPLETED_SUCCESS", "assetKey": {"path": ["index_version_backfill"]},
+        "numPartitionsTargeted": 8, "numPartitionsMaterialized": 8, "numPartitionsFailed": 0}
+    launched = _graphql(port, """mutation($config: RunConfigData) { launchRun(executionParams: {
+        selector: {repositoryLocationName: "rag_pipeline", repositoryName: "__repository__",
+                   jobName: "start_index_build"}, runConfigData: $config}) {
+        __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
+        {"config": {"ops": {"start_index_version": {"config": {"model": "all-MiniLM-L6-v2"}}}}})
+    assert launched["data"]["launchRun"]["__typename"] == "LaunchRunSuccess", launched
+    ui_label = f"v{cli_build['version'] + 1}"
+    deadline = time.monotonic() + 420
+    while (build := _build_backfills(port).get(ui_label, {})).get("status") != "COMPLETED_SUCCESS":
+        assert build.get("status") not in ("FAILED", "COMPLETED_FAILED", "CANCELED"), build
+        assert time.monotonic() < deadline, f"the UI's build did not finish: {build}"
+        time.sleep(5)
+    assert (build["numPartitionsTargeted"], build["numPartitionsMaterialized"]) == (8, 8)
+    # The partition view: each version's shards are its own partitions.
+    stats = _graphql(port, """{ assetNodeOrError(assetKey: {path: ["index_version_backfill"]}) {
+        ... on AssetNode { partitionKeysByDimension { name partitionKeys } } } }""")
+    dimensions = {d["name"]: d["partitionKeys"] for d in stats["data"]["assetNodeOrError"]["partitionKeysByDimension"]}
+    assert {label, ui_label} <= set(dimensions["version"]) and len(dimensions["shard"]) == 8
 
 
 SCREENSHOTS = REPO / ".test-artifacts" / "browser"
