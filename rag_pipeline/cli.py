@@ -134,6 +134,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         summary = run_ingest(settings, sources=args.source or [], labels=list(parse_labels(args.labels)),
                              confirm_deletions=args.confirm_deletions or [], log_level="WARNING" if bars else "INFO")
     summary["problems"] = _problems_with_paths(settings, summary["problems"])
+    summary["documents"] = _documents_with_paths(settings, summary.get("documents", {}))
     held, dead = _attention_list(settings)
     summary["held_now"] = None if held is None else len(held)  # `held` counts the documents this run newly held
     if args.json:
@@ -149,6 +150,10 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         for reason, count in sorted(summary["dead_letter_reasons"].items()):
             print(f"  dead letter: {reason:<10} {count}")
         _print_attention_list(held, dead)
+        for change, documents in summary["documents"].items():
+            for document in documents:
+                where = f"{document['source']}:{document['path']}" if document["path"] else "(gone)"
+                print(f"  {change:<18} {where} ({document['document']})")
         for problem in summary["problems"]:
             print(f"  problem {problem['source']}:{problem['path']}: {problem['problem']}")
         for name, check in sorted(summary["checks"].items()):
@@ -313,6 +318,23 @@ def cmd_doc(args: argparse.Namespace, settings: Settings) -> int:
                                                   else None)
                     print(f"    {key}: {known[key]}" + (f"  ({where})" if where else ""))
     return EXIT_OK if len(found) == len(set(refs)) else EXIT_FAILED
+
+
+def _documents_with_paths(settings: Settings, named: dict[str, list[str]]) -> dict[str, list[dict[str, Any]]]:
+    """The documents a run names by ref for each change, with their source and path where they still exist (a
+    deleted one's path is gone with it: the deletion log keeps it, by doc_id)."""
+    from rag_pipeline import store
+    from rag_pipeline.domain.refs import ref_of_name
+    from rag_pipeline.store.database import connect
+
+    refs = {ref for names in named.values() for name in names if (ref := ref_of_name(name)) is not None}
+    paths: dict[int, tuple[str, str]] = {}
+    if refs:
+        with connect(_index_url(settings)) as conn:
+            paths = store.documents.paths_of(conn, refs)
+    return {change: [{"document": name, "source": paths.get(ref_of_name(name) or -1, (None, None))[0],
+                      "path": paths.get(ref_of_name(name) or -1, (None, None))[1]} for name in names]
+            for change, names in named.items() if names}
 
 
 def _problems_with_paths(settings: Settings, problems: list[dict]) -> list[dict]:
@@ -649,24 +671,25 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _index_list(args: argparse.Namespace, settings: Settings) -> int:
-    from datetime import timedelta
-
     from rag_pipeline import store
+    from rag_pipeline.lifecycle.reclaim import reclaim_due
     from rag_pipeline.store.database import connect
 
-    keep = timedelta(seconds=settings.retention.rollback_seconds)
+    retention = settings.retention
     with connect(_index_url(settings)) as conn:
         all_versions = store.versions.index_versions(conn)
         active = store.versions.active_version(conn)
         times = store.versions.version_times(conn)
         target = store.versions.rollback_target(conn, active.version_id) if active else None
+        now = store.versions.database_now(conn)
+        due = {p.version.version_id: reclaim_due(p, retention.rollback_seconds, retention.rollback_warning_seconds,
+                                                 now)
+               for p in store.versions.previous_versions(conn) if p.pinned_reason is None}
     rows = [
         {
             "version": v.version_id, "status": v.status, "active": active is not None and v.version_id == active.version_id,
             "rollback_target": v.version_id == target, "pinned_reason": times[v.version_id].pinned_reason,
-            "reclaim_at": (times[v.version_id].retired_at or times[v.version_id].promoted_at
-                           or times[v.version_id].created_at) + keep
-            if v.status == "previous" and times[v.version_id].pinned_reason is None else None,
+            "reclaim_at": due.get(v.version_id),
             "embedding_model": v.embedding_model, "model_revision": v.model_revision,
             "model_identity": v.model_identity, "dimensions": v.dimensions,
             "chunker_version": v.chunker_version, "parser_version": v.parser_version, "rows": v.row_count,
@@ -685,7 +708,7 @@ def _index_list(args: argparse.Namespace, settings: Settings) -> int:
         notes = [note for note in (
             "rollback returns here" if row["rollback_target"] else "",
             f"pinned: {row['pinned_reason']}" if row["pinned_reason"] else "",
-            f"reclaim due {row['reclaim_at']:%Y-%m-%d %H:%M}" if row["reclaim_at"] else "") if note]
+            f"reclaim due {row['reclaim_at']:%Y-%m-%d %H:%M} UTC" if row["reclaim_at"] else "") if note]
         print(f"{marker} v{row['version']:<3} {row['status']:<9} {row['embedding_model']} ({row['dimensions']} dims)"
               f"  {row['rows']} rows  created {row['created_at']:%Y-%m-%d %H:%M}"
               + (f"  ({'; '.join(notes)})" if notes else ""))

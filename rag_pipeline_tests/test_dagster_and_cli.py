@@ -147,6 +147,10 @@ def test_cli_ingest_is_a_dagster_run_the_ui_shows(cli_env, corpus, tmp_path):
         assert key in summary
     assert summary["parsed"] == 5 and summary["vectors_embedded"] == summary["chunks_written"] > 0
     assert summary["held"] == 1 and summary["held_now"] == 1  # drafts/ has an empty label list: held back
+    # Each change's documents, by ref and (here, not in Dagster's records) by path.
+    assert len(summary["documents"]["new"]) == 7 and all(d["document"].startswith("#") and d["source"] == "adhoc"
+                                                         for d in summary["documents"]["new"])
+    assert [d["path"] for d in summary["documents"]["held"]] == ["drafts/unreviewed-notes.md"]
     assert not (tmp_path / "data" / "pg").exists()  # RAG_DATABASE_URL set: nothing embedded was started
 
     # -X importtime lists every module the command imported: a run with nothing to do, and a search, pay for no

@@ -366,7 +366,7 @@ def test_a_previous_version_is_reclaimed_after_the_rollback_window_unless_pinned
     listed = {row["version"]: row for row in json.loads(capsys.readouterr().out)}
     assert (listed[v1]["status"], listed[v1]["rollback_target"], listed[v2]["status"]) == ("previous", True, "active")
     retired_at = conn.execute("SELECT retired_at FROM index_versions WHERE version_id = %s", (v1,)).fetchone()[0]
-    assert datetime.fromisoformat(listed[v1]["reclaim_at"]) == retired_at + timedelta(seconds=keep)
+    assert datetime.fromisoformat(listed[v1]["reclaim_at"]) == retired_at + timedelta(seconds=keep)  # not warned
 
     assert (reclaim(timedelta(days=4)).warned, reclaim(timedelta(days=4)).kept[0]["version"]) == ([], v1)
     warned = reclaim(timedelta(days=5, hours=1))  # within two days of the end: warned once, kept
@@ -380,15 +380,18 @@ def test_a_previous_version_is_reclaimed_after_the_rollback_window_unless_pinned
     assert cli.main([*config, "index", "retire", str(v1)]) == cli.EXIT_REFUSED  # a pin holds against retire too
     assert cli.main([*config, "index", "unpin", str(v1)]) == cli.EXIT_OK
     assert cli.main([*config, "index", "unpin", str(v1)]) == cli.EXIT_USAGE  # not pinned: said, not recorded
-    # Never dropped sooner than a warning period after its alert (5 days 1 hour in): at 7 days 30 minutes it stays.
-    assert reclaim(timedelta(days=7, minutes=30)).reclaimed == []
-    dropped = reclaim(timedelta(days=7, hours=2))
+    # Unpinned when overdue, it is warned again, and dropped no sooner than a warning period after that.
+    again = reclaim(timedelta(days=7, minutes=30))
+    assert again.reclaimed == [] and [v["version"] for v in again.warned] == [v1]
+    assert reclaim(timedelta(days=9)).reclaimed == []
+    dropped = reclaim(timedelta(days=9, minutes=31))
     assert [v["version"] for v in dropped.reclaimed] == [v1] and dropped.kept == []
     assert conn.execute("SELECT to_regclass(%s)", (first.table_name,)).fetchone()[0] is None
     assert conn.execute("SELECT status FROM index_versions WHERE version_id = %s", (v1,)).fetchone()[0] == "retired"
     events = conn.execute("SELECT event, detail->>'reclaimed' FROM index_version_events WHERE version_id = %s"
                           " AND event IN ('reclaim_warning', 'pin', 'unpin', 'drop') ORDER BY id", (v1,)).fetchall()
-    assert events == [("reclaim_warning", None), ("pin", None), ("unpin", None), ("drop", "true")]
+    assert events == [("reclaim_warning", None), ("pin", None), ("unpin", None), ("reclaim_warning", None),
+                      ("drop", "true")]
     capsys.readouterr()
     assert cli.main([*config, "index", "rollback"]) == cli.EXIT_REFUSED
     assert f"v{v1}, active before v{v2}, was dropped on" in capsys.readouterr().err

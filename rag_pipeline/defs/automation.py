@@ -2,7 +2,7 @@
 
 import hashlib
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -111,17 +111,31 @@ def _run_failure_summary(instance: dg.DagsterInstance, run_id: str) -> str | Non
     return "; ".join(messages[:3]) or "the run failed"
 
 
+# A version build's shards, also when the daemon runs them as a backfill (the implicit asset job): one key per
+# shard, whichever version it built last.
+BUILD_JOB, ASSET_BACKFILL_JOB, BUILD_TAG = "build_index_version", "__ASSET_JOB", "rag_pipeline/index_version"
+
+
+def _finished_runs(instance: dg.DagsterInstance, job_name: str) -> list[Any]:
+    statuses = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE]
+    records = list(instance.get_run_records(filters=dg.RunsFilter(job_name=job_name, statuses=statuses),
+                                            limit=RECENT_RUNS_PER_JOB))
+    if job_name == BUILD_JOB:
+        records += [r for r in instance.get_run_records(
+            filters=dg.RunsFilter(job_name=ASSET_BACKFILL_JOB, statuses=statuses), limit=RECENT_RUNS_PER_JOB)
+            if BUILD_TAG in r.dagster_run.tags]
+        records.sort(key=lambda r: r.create_timestamp, reverse=True)
+    return records
+
+
 def _run_observations(instance: dg.DagsterInstance, job_names: list[str]) -> list[Observation]:
     observations = []
     for job_name in job_names:
-        records = instance.get_run_records(
-            filters=dg.RunsFilter(job_name=job_name,
-                                  statuses=[dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE]),
-            limit=RECENT_RUNS_PER_JOB,
-        )
         latest: dict[str, dg.DagsterRun] = {}
-        for record in records:  # newest first
-            latest.setdefault(record.dagster_run.tags.get("dagster/partition", ""), record.dagster_run)
+        for record in _finished_runs(instance, job_name):  # newest first
+            tags = record.dagster_run.tags
+            latest.setdefault(tags.get("dagster/partition/shard", tags.get("dagster/partition", "")),
+                              record.dagster_run)
         for partition, run in sorted(latest.items()):
             failure = (_run_failure_summary(instance, run.run_id)
                        if run.status == dg.DagsterRunStatus.FAILURE else None)

@@ -12,6 +12,7 @@ from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 
 from rag_pipeline import store
+from rag_pipeline.config import Settings
 from rag_pipeline.defs.metadata import typed_table
 from rag_pipeline.defs.resources import Rag
 from rag_pipeline.defs.run_monitoring import INDEX_WRITER_POOL
@@ -33,6 +34,11 @@ version_shards = dg.MultiPartitionsDefinition({
 })
 
 
+def backfill_asset_key(settings: Settings) -> dg.AssetKey:
+    """The backfill asset's key under the configured prefix (rag_pipeline.defs.code_location.keyed_under)."""
+    return dg.AssetKey([*settings.asset_key_prefix, BACKFILL_ASSET])
+
+
 def build_partition_keys(version_label: str) -> list[dg.MultiPartitionKey]:
     """The partitions of one version's build: its shards."""
     return [dg.MultiPartitionKey({"version": version_label, "shard": f"{shard:02d}"}) for shard in range(SHARDS)]
@@ -45,17 +51,23 @@ def build_partition_keys(version_label: str) -> list[dg.MultiPartitionKey]:
     "`rag-pipeline index build --model NAME` or the start_index_build job, which launches this backfill).",
 )
 def index_version_backfill(context: dg.AssetExecutionContext, rag: Rag):
-    keys = context.partition_key.keys_by_dimension  # type: ignore[attr-defined]
-    version_id, shard = int(keys["version"].removeprefix("v")), int(keys["shard"])
+    keys = version_shards.get_partition_key_from_str(str(context.partition_key)).keys_by_dimension
+    label, shard = keys["version"], int(keys["shard"])
+    if not label.removeprefix("v").isdigit():
+        raise dg.Failure(f"partition version {label!r} names no index version (v1, v2, ...)")
     db_url = rag.database_url()
     with connect(db_url) as conn:
-        version = store.versions.get_version(conn, version_id)
+        version = store.versions.get_version(conn, int(label.removeprefix("v")))
+        missing = 0 if version is None else store.versions.groups_without_row(conn, version)
     if version is None:
-        raise dg.Failure(f"v{version_id} was dropped (or never existed): nothing to build")
-    if version.status != VersionStatus.BUILDING:  # built already: its shards stay as the build left them
-        context.log.info(f"{version.label} is {version.status}, not building: nothing to backfill")
-        return dg.MaterializeResult(metadata={"building_version": f"{version.label} ({version.status})",
-                                              "documents": 0})
+        raise dg.Failure(f"{label} was dropped (or never existed): nothing to build")
+    if version.status != VersionStatus.BUILDING:
+        # Built and past its gates (or forced past them): a shard run again writes nothing, and says so.
+        if missing:
+            raise dg.Failure(f"{label} is {version.status} but {missing} chunk groups have no row in it; it is no "
+                             "longer building, so this shard cannot fill them: build a new version")
+        context.log.info(f"{label} is {version.status}: built already, nothing to backfill")
+        return dg.MaterializeResult(metadata={"building_version": f"{label} (already built: {version.status})"})
     stats = blue_green.backfill_version(
         db_url, rag.settings(), version.version_id, shard, SHARDS, progress=context.log.info
     )
@@ -120,13 +132,13 @@ class StartBuildConfig(dg.Config):
 @dg.op(description="Register an index version for a new embedding model, in status 'building', and launch the "
                    "backfill of its shards (the daemon runs it; the Backfills tab follows it).")
 def start_index_version(context: dg.OpExecutionContext, config: StartBuildConfig, rag: Rag) -> int:
+    graph = context.repository_def.asset_graph  # before the version exists: nothing half-started if this fails
+    backfill_key = backfill_asset_key(rag.settings())
     try:
         version = blue_green.start_version_build(rag.database_url(), rag.settings(), config.model)
     except (ModelArgumentError, blue_green.VersionError) as exc:  # the message says it all: no traceback
         raise dg.Failure(str(exc)) from None
-    repository = context.repository_def
-    [backfill_key] = [key for key in repository.asset_graph.get_all_asset_keys() if key.path[-1] == BACKFILL_ASSET]
-    backfill = build_backfill(context.instance, repository.asset_graph, backfill_key, version.label, {})
+    backfill = build_backfill(context.instance, graph, backfill_key, version.label, {})
     context.instance.add_backfill(backfill)
     context.log.info(
         f"{version.label} ({version.embedding_model}, {version.dimensions} dims) is building: backfill "

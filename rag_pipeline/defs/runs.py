@@ -308,7 +308,7 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
     from rag_pipeline import store
     from rag_pipeline.defs.code_location import build_definitions
     from rag_pipeline.defs.index_versions import (
-        BACKFILL_ASSET,
+        backfill_asset_key,
         build_backfill,
         build_partition_keys,
         record_finished_backfill,
@@ -324,20 +324,24 @@ def run_index_build(settings: Settings, model: str, instance: Any = None) -> dic
         instance = _run_instance(settings)
     fail_dead_runs(instance)
     graph = definitions.get_repository_def().asset_graph
-    [key] = [key for key in graph.get_all_asset_keys() if key.path[-1] == BACKFILL_ASSET]
-    backfill = build_backfill(instance, graph, key, version.label, worker_tags())
+    key = backfill_asset_key(settings)
+    # The worker's tags go on the runs only: a backfill's tags go to every run a re-execution from the UI launches,
+    # which this process's worker tag would mark dead.
+    backfill = build_backfill(instance, graph, key, version.label, {})
     runs = []
-    for partition in build_partition_keys(version.label):
-        result = job.execute_in_process(
-            instance=instance, partition_key=partition, raise_on_error=False,
-            tags={**backfill.tags, BACKFILL_ID_TAG: backfill.backfill_id},
-            run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
-        )
-        runs.append({"shard": partition.keys_by_dimension["shard"], "run_id": result.run_id,
-                     "success": result.success})
-    record_finished_backfill(instance, graph, backfill, key,
-                             [str(partition) for partition, run in zip(build_partition_keys(version.label), runs,
-                                                                       strict=True) if not run["success"]])
+    try:
+        for partition in build_partition_keys(version.label):
+            result = job.execute_in_process(
+                instance=instance, partition_key=partition, raise_on_error=False,
+                tags={**backfill.tags, **worker_tags(), BACKFILL_ID_TAG: backfill.backfill_id},
+                run_config={"loggers": {"console": {"config": {"log_level": "INFO"}}}},
+            )
+            runs.append({"shard": partition.keys_by_dimension["shard"], "partition": str(partition),
+                         "run_id": result.run_id, "success": result.success})
+    finally:  # recorded whatever stopped it: its runs name it, and a shard never run counts as failed
+        done = {run["partition"] for run in runs if run["success"]}
+        record_finished_backfill(instance, graph, backfill, key,
+                                 [str(p) for p in build_partition_keys(version.label) if str(p) not in done])
     # The last shard to finish marks the version ready (as a backfill launched from the UI does).
     with connect(db_url) as conn:
         built = store.versions.get_version(conn, version.version_id)

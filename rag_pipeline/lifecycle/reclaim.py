@@ -24,6 +24,7 @@ from rag_pipeline import store
 from rag_pipeline.config import RetentionConfig
 from rag_pipeline.lifecycle.alerts import Alert, AlertSender
 from rag_pipeline.store.database import connect, index_write_lock
+from rag_pipeline.store.versions import PreviousVersion
 
 RECLAIM_ALERT_KEY = "index_version:reclaim:"  # + the version's label: one key per version
 DROP_LOCK_TIMEOUT = "10s"  # a reader of the table (a backup, `eval V`) keeps it: tried again at the next run
@@ -59,68 +60,68 @@ def _plain(entry: dict[str, Any]) -> dict[str, Any]:
     return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in entry.items()}
 
 
+def standing_warning(previous: PreviousVersion) -> datetime | None:
+    """When the version was warned of its reclaim, if during this stay as previous (a warning given before it was
+    last active speaks of another stay)."""
+    warned = previous.warned_at
+    return warned if warned is not None and warned >= previous.retired_at else None
+
+
+def reclaim_due(previous: PreviousVersion, keep_seconds: float, warn_seconds: float, now: datetime) -> datetime:
+    """When a previous version is dropped: `keep_seconds` after it stopped being active, and never sooner than
+    `warn_seconds` after its warning (one not warned yet is warned now). In UTC: a window in days is not moved by a
+    change of summer time."""
+    warned = standing_warning(previous)
+    return max(previous.retired_at.astimezone(UTC) + timedelta(seconds=keep_seconds),
+               (warned or now).astimezone(UTC) + timedelta(seconds=warn_seconds))
+
+
 def reclaim_previous(conn: psycopg.Connection, keep_seconds: float, warn_seconds: float,
                      now: datetime | None = None) -> ReclaimReport:
-    """Drop every previous version that is not pinned, stopped being active `keep_seconds` ago or more, and was
-    warned `warn_seconds` ago or more; warn (once) those due within `warn_seconds`, or overdue and not warned yet.
-    `now` is the database's clock unless given (tests move it). In the caller's transaction, under the registry
-    lock (no index write half-sees it); the caller holds the exclusive index write lock (reclaim_versions)."""
+    """Drop every previous version that is not pinned and is due (reclaim_due); warn (once) those due within
+    `warn_seconds`, or overdue and not warned yet. `now` is the database's clock unless given (tests move it). In
+    the caller's transaction, under the registry lock (no index write half-sees it); the caller holds the
+    exclusive index write lock (reclaim_versions)."""
     store.versions.lock_registry(conn)
-    now = (now or conn.execute("SELECT now()").fetchone()[0]).astimezone(UTC)
-    warning = timedelta(seconds=warn_seconds)
+    now = (now or store.versions.database_now(conn)).astimezone(UTC)
     report = ReclaimReport()
     for previous in store.versions.previous_versions(conn):
         version = previous.version
-        due = previous.retired_at.astimezone(UTC) + timedelta(seconds=keep_seconds)
+        warned_at = standing_warning(previous)
+        due = reclaim_due(previous, keep_seconds, warn_seconds, now)
         entry = {"version": version.version_id, "embedding_model": version.embedding_model,
                  "rows": version.row_count, "bytes": previous.table_bytes, "previous_since": previous.retired_at,
-                 "reclaim_at": None if previous.pinned_reason else max(due, (previous.warned_at or now) + warning),
+                 "reclaim_at": None if previous.pinned_reason else due,
                  "pinned": previous.pinned_reason is not None, "pinned_reason": previous.pinned_reason}
         if previous.pinned_reason is not None:
             report.kept.append(entry)
             continue
-        warned_long_enough = previous.warned_at is not None and previous.warned_at.astimezone(UTC) + warning <= now
-        if now >= due and warned_long_enough and _drop(conn, version):
+        if warned_at is not None and now >= due and store.versions.drop_unless_busy(conn, version, DROP_LOCK_TIMEOUT):
             store.versions.record_event(conn, version.version_id, "drop", False, {
                 "reclaimed": True, "retention_seconds": keep_seconds, "rows": version.row_count,
                 "bytes": previous.table_bytes})
             report.reclaimed.append(entry)
             continue
-        if now >= due - warning and previous.warned_at is None:
+        if warned_at is None and now >= due - timedelta(seconds=warn_seconds):
             store.versions.mark_reclaim_warned(conn, version.version_id, now)
             store.versions.record_event(conn, version.version_id, "reclaim_warning", False,
-                                        {"reclaim_at": entry["reclaim_at"].isoformat()})
+                                        {"reclaim_at": due.isoformat()})
             report.warned.append(entry)
         report.kept.append(entry)
     return report
 
 
-def _drop(conn: psycopg.Connection, version: store.versions.IndexVersion) -> bool:
-    """Drop the version's table, or leave it to the next run when a reader holds it past DROP_LOCK_TIMEOUT."""
-    try:
-        with conn.transaction():  # a savepoint: a lock timeout leaves the rest of the reclaim standing
-            conn.execute("SELECT set_config('lock_timeout', %s, true)", (DROP_LOCK_TIMEOUT,))
-            store.versions.drop(conn, version)
-            conn.execute("SELECT set_config('lock_timeout', '0', true)")
-        return True
-    except psycopg.errors.LockNotAvailable:
-        return False
-
-
 def reclaim_versions(db_url: str, retention: RetentionConfig, sender: AlertSender,
                      lock_timeout_seconds: float = 3600) -> ReclaimReport:
     """reclaim_previous under the exclusive index write lock (a refresh, a backfill or an erasure holds a version
-    list it read before), committed, then its alerts sent; a warning no sink took is taken back, to be sent at the
-    next run."""
-    with index_write_lock(db_url, "housekeeping", timeout_seconds=lock_timeout_seconds), connect(db_url) as conn:
-        with conn.transaction():
-            report = reclaim_previous(conn, retention.rollback_seconds, retention.rollback_warning_seconds)
-        at = datetime.now(UTC).isoformat(timespec="seconds")
-        for alert, entry in zip(report.alerts(at), report.warned + report.reclaimed, strict=True):
-            outcome = sender.send(alert)
-            if alert.state == "warning" and any(result.startswith("failed") for result in outcome.values()):
-                with conn.transaction():
-                    store.versions.mark_reclaim_warned(conn, entry["version"], None)
+    list it read before), committed; its alerts are sent once the lock is released (a slow webhook must not stall
+    the index writers). A delivery that fails is logged by the sender (rag_pipeline.alert_delivery_failed); the
+    warning is recorded with the version's events either way."""
+    with index_write_lock(db_url, "housekeeping", timeout_seconds=lock_timeout_seconds), connect(db_url) as conn, \
+            conn.transaction():
+        report = reclaim_previous(conn, retention.rollback_seconds, retention.rollback_warning_seconds)
+    for alert in report.alerts(datetime.now(UTC).isoformat(timespec="seconds")):
+        sender.send(alert)
     return report
 
 

@@ -178,8 +178,7 @@ def activate(conn: psycopg.Connection, version_id: int) -> None:
     """Point the alias (and so rag.search and the rag.indexed_chunks view) at a version; the one active before
     becomes previous (kept for rollback), its retention clock (retired_at) started."""
     conn.execute(
-        "UPDATE index_versions SET status = %s, retired_at = now(), reclaim_warned_at = NULL"
-        " WHERE status = %s AND version_id <> %s",
+        "UPDATE index_versions SET status = %s, retired_at = now() WHERE status = %s AND version_id <> %s",
         (V.PREVIOUS, V.ACTIVE, version_id),
     )
     conn.execute(
@@ -251,12 +250,35 @@ def previous_versions(conn: psycopg.Connection) -> list[PreviousVersion]:
     return [PreviousVersion(_version(row[:10]), *row[10:]) for row in rows]
 
 
+def database_now(conn: psycopg.Connection) -> datetime:
+    """The database's clock: what retention windows are measured by."""
+    return conn.execute("SELECT now()").fetchone()[0]
+
+
 def set_pin(conn: psycopg.Connection, version_id: int, reason: str | None) -> bool:
-    """Pin a version (never reclaimed) with its reason, or unpin it (None); False when it has no table."""
+    """Pin a version (never reclaimed) with its reason, or unpin it (None: a reclaim warns again before it drops
+    it); False when it has no table."""
     return conn.execute(
-        "UPDATE index_versions SET pinned_reason = %s WHERE version_id = %s AND dropped_at IS NULL",
-        (reason, version_id),
+        """UPDATE index_versions SET pinned_reason = %s,
+                  reclaim_warned_at = CASE WHEN %s::text IS NULL THEN NULL ELSE reclaim_warned_at END
+           WHERE version_id = %s AND dropped_at IS NULL""",
+        (reason, reason, version_id),
     ).rowcount == 1
+
+
+def drop_unless_busy(conn: psycopg.Connection, version: IndexVersion, lock_timeout: str) -> bool:
+    """drop, in a savepoint, waiting at most `lock_timeout` for readers of the table (a backup, `eval V`); False,
+    nothing dropped, when they hold it longer."""
+    try:
+        with conn.transaction():
+            # Local to the savepoint's transaction: the setting the role or database gives is back after it.
+            before = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_timeout,))
+            drop(conn, version)
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (before,))
+        return True
+    except psycopg.errors.LockNotAvailable:
+        return False
 
 
 def pinned_reason(conn: psycopg.Connection, version_id: int) -> str | None:
