@@ -288,6 +288,11 @@ def _migration_files(directory: Path) -> list[Path]:
     return files
 
 
+def _functions_checksum(functions: list[Path]) -> str:
+    """One checksum over the SQL function files, names and bytes: what schema_functions records."""
+    return hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0" for p in functions)).hexdigest()
+
+
 def _checksum(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -355,8 +360,7 @@ def migrate(url: str, directory: Path = SQL_DIR, reapply_functions: bool = False
                 log.info("applied migration %s", path.name)
                 applied_now.append(path.name)
             with conn.transaction():
-                checksum = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0"
-                                                   for p in functions)).hexdigest()
+                checksum = _functions_checksum(functions)
                 held = conn.execute("SELECT checksum FROM schema_functions").fetchone()
                 if reapply_functions or held is None or held[0] != checksum:
                     for path in functions:
@@ -382,8 +386,7 @@ def schema_behind(url: str, directory: Path = SQL_DIR) -> list[str]:
             return [path.name for path in migrations] + ["functions"]
         done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations").fetchall()}
         behind = [path.name for path in migrations if path.name not in done]
-        checksum = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() + b"\0"
-                                           for p in functions)).hexdigest()
+        checksum = _functions_checksum(functions)
         held = (conn.execute("SELECT checksum FROM schema_functions").fetchone()
                 if conn.execute("SELECT to_regclass('schema_functions')").fetchone()[0] is not None else None)
         return behind + ([] if held is not None and held[0] == checksum else ["functions"])
