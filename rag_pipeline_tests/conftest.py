@@ -35,6 +35,7 @@ MODELS_DIR = Path(__file__).resolve().parent.parent / ".models"  # where `make i
 TORTURE = Path(__file__).resolve().parent.parent.parent / "shared" / "torture"
 FINANCEBENCH = TORTURE.parent / "financebench-dev"  # real SEC filings with analyst questions (bench.financebench)
 MMLONGBENCH = TORTURE.parent / "mmlongbench-dev"  # long real documents of seven kinds (bench.retrieval)
+ICDAR = TORTURE.parent / "icdar2013-eu"  # real government tables with cell structure (bench.tables_icdar)
 TEMPLATE_DB = "rag_test_template"
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sample_corpus.jsonl"
 
@@ -279,14 +280,16 @@ def pytest_configure(config: pytest.Config) -> None:
                             "under CI=true)")
     config.addinivalue_line("markers", "mmlongbench: needs ../shared/mmlongbench-dev beside the checkout (fails "
                             "under CI=true)")
+    config.addinivalue_line("markers", "icdar: needs ../shared/icdar2013-eu beside the checkout (fails under CI=true)")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test marked `torture`, `financebench` or `mmlongbench` is skipped on a checkout without that folder of
+    """A test marked `torture`, `financebench`, `mmlongbench` or `icdar` is skipped on a checkout without that folder of
     ../shared, and fails in CI, where it must be."""
     for marker, present, folder in (("torture", (TORTURE / "manifest.csv").exists(), TORTURE),
                                     ("financebench", (FINANCEBENCH / "golden_dev.jsonl").exists(), FINANCEBENCH),
-                                    ("mmlongbench", (MMLONGBENCH / "golden.jsonl").exists(), MMLONGBENCH)):
+                                    ("mmlongbench", (MMLONGBENCH / "golden.jsonl").exists(), MMLONGBENCH),
+                                    ("icdar", (ICDAR / "README.md").exists(), ICDAR)):
         if item.get_closest_marker(marker) and not present:
             message = f"{folder} is not beside the checkout"
             if os.environ.get("CI") == "true":

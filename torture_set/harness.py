@@ -92,7 +92,7 @@ def reading_order_errors(output: str, truth: str, stride: int = 6) -> int:
     return len(positions) - len(tails)
 
 
-def _norm_cell(cell: str) -> str:
+def normalised_cell(cell: str) -> str:
     """Cells compared by their text: case, spacing and dot leaders ("Total . . . .") aside."""
     return re.sub(r"\s+", "", re.sub(r"(?:\s*\.){2,}", "", str(cell))).lower()
 
@@ -111,8 +111,8 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
 
 
 def _cell_hits(output_tables: list[list[list[str]]], truth_tables: list[list[list[str]]]) -> tuple[int, int, int]:
-    produced = Counter(_norm_cell(c) for t in output_tables for r in t for c in r if _norm_cell(c))
-    expected = Counter(_norm_cell(c) for t in truth_tables for r in t for c in r if _norm_cell(c))
+    produced = Counter(normalised_cell(c) for t in output_tables for r in t for c in r if normalised_cell(c))
+    expected = Counter(normalised_cell(c) for t in truth_tables for r in t for c in r if normalised_cell(c))
     return sum(min(n, produced[c]) for c, n in expected.items()), sum(produced.values()), sum(expected.values())
 
 
@@ -135,12 +135,12 @@ def header_row(table: list[list[str]]) -> list[str]:
     width = max(len(r) for r in table)
     for row in table:
         if sum(1 for c in row if str(c).strip()) >= width / 2:
-            return [_norm_cell(c) for c in row if _norm_cell(c)]
+            return [normalised_cell(c) for c in row if normalised_cell(c)]
     return []
 
 
 def headers_preserved(output_tables: list[list[list[str]]], truth_tables: list[list[list[str]]]) -> float:
-    produced_rows = [[_norm_cell(c) for c in row if _norm_cell(c)] for t in output_tables for row in t]
+    produced_rows = [[normalised_cell(c) for c in row if normalised_cell(c)] for t in output_tables for row in t]
     wanted = [header_row(t) for t in truth_tables]
     return round(sum(1 for h in wanted if h in produced_rows) / len(wanted), 4) if wanted else 1.0
 
