@@ -337,6 +337,58 @@ def test_a_page_framed_by_rules_is_prose_not_a_table_and_its_side_tab_is_no_head
     assert not any(line.startswith("#") for line in page.markdown.splitlines())
 
 
+COUNTRY_ROWS = [("Austria", "92.9", "7.1", "5,821"), ("Belgium", "0", "100.0", "5,906"),
+                ("Cyprus", "100.0", "0", "17"), ("Denmark", "10.0", "77.9", "3,868"), ("Estonia", "86.8", "13.2", "114")]
+
+
+def _country_table(pdf, top: float, rules: bool) -> None:
+    """A header over four columns and a row per country; with `rules`, the way statistical yearbooks draw it: a
+    frame, lines between the header's columns, then a rule under each row and none between the columns."""
+    left, right, columns = 72.0, 480.0, (200.0, 300.0, 400.0)
+    pdf.drawString(76, top - 12, "Country")
+    for x, name in zip(columns, ("Home", "Abroad", "Cases"), strict=True):
+        pdf.drawRightString(x + 80, top - 12, name)
+    if rules:
+        pdf.rect(left, top - 16, right - left, 16)
+        for x in columns:
+            pdf.line(x, top, x, top - 16)
+    y = top - 30
+    for label, *figures in COUNTRY_ROWS:
+        pdf.drawString(76, y, label)
+        for x, figure in zip(columns, figures, strict=True):
+            pdf.drawRightString(x + 80, y, figure)
+        if rules:
+            pdf.line(left, y - 4, right, y - 4)
+        y -= 16
+    if rules:
+        pdf.line(left, top, left, y + 12)
+        pdf.line(right, top, right, y + 12)
+
+
+def test_a_grid_of_row_rules_alone_gives_way_to_the_aligned_reading_of_its_rows(tmp_path):
+    """Rules under each row and none between the columns leave each row's words in one cell of the grid: the
+    aligned reading of the same rows sets the figures in their columns."""
+    def draw(pdf, height):
+        _country_table(pdf, height - 100, rules=True)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "row-rules.pdf", draw))
+    [table] = markdown_tables(page.markdown)
+    rows = {row[0]: row[1:] for row in table}
+    assert rows["Austria"] == ["92.9", "7.1", "5,821"], page.markdown
+    assert rows["Denmark"] == ["10.0", "77.9", "3,868"]
+
+
+def test_a_line_naming_a_table_above_its_header_is_its_caption_not_a_header_line(tmp_path):
+    def draw(pdf, height):
+        pdf.drawString(76, height - 86, "Table 8.19  -  Campylobacter cases by country of origin, 2007")
+        _country_table(pdf, height - 90, rules=False)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "captioned.pdf", draw))
+    [table] = markdown_tables(page.markdown)
+    assert table[0] == ["Country", "Home", "Abroad", "Cases"], page.markdown
+    assert "Table 8.19 - Campylobacter cases by country of origin, 2007" in " ".join(page.markdown.split())
+
+
 def test_a_table_in_one_column_of_two_takes_nothing_from_the_other(tmp_path):
     left = "In this section we describe the method used to collect the data for every firm"
 

@@ -76,6 +76,12 @@ def ragged_ratio(rows: list[list[Any]]) -> float:
     return round(sum(1 for n in body if n != usual) / len(body), 3)
 
 
+def _cells_beside_labels(rows: list[list[Any]]) -> int:
+    """Filled cells past the first filled one of each row: what a table sets beside its row labels (a label wrapped
+    over two lines adds none)."""
+    return sum(max(0, sum(1 for cell in row if cell not in (None, "")) - 1) for row in rows)
+
+
 def _inside(box: tuple[float, float, float, float], outer: tuple[float, float, float, float]) -> bool:
     x0, top, x1, bottom = box
     cx, cy = (x0 + x1) / 2, (top + bottom) / 2
@@ -108,12 +114,14 @@ def find_page_tables(page: Any, words: list[dict[str, Any]] | None = None
                for lo, hi in zip(bounds, bounds[1:], strict=False)
                for t in aligned_tables.find_tables([w for w in words if lo <= (w["x0"] + w["x1"]) / 2 < hi])]
     def holds(grid: PageTable, table: PageTable) -> bool:
-        """The grid has the better cells for the aligned table: it holds it, resolves as many columns, and is not
-        broken where the aligned reading holds together (rules drawn around shaded rows cut a grid that puts a
-        row's label in one row and its figures in the next)."""
+        """The grid has the better cells for the aligned table: it holds it, resolves as many columns and sets as
+        many cells beside its labels (rules drawn under each row and none between the columns leave each row's
+        words in one cell), and is not broken where the aligned reading holds together (rules drawn around shaded
+        rows cut a grid that puts a row's label in one row and its figures in the next)."""
         grid_ragged = ragged_ratio(grid.rows)
         return (len(grid.rows) >= 3 and _inside(table.bbox, grid.bbox)
                 and max(len(row) for row in grid.rows) >= len(table.rows[0])
+                and _cells_beside_labels(grid.rows) >= _cells_beside_labels(table.rows)
                 and (grid_ragged <= BROKEN_GRID_RAGGEDNESS or grid_ragged <= ragged_ratio(table.rows)))
 
     # Decided per grid, so the answer does not depend on which aligned table is looked at first: a grid stays

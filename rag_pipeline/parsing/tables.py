@@ -346,14 +346,15 @@ def _header_lines(lines: list[Line], first: int, columns: list[tuple[float, floa
                   pitch: float, used_until: int) -> list[Line]:
     """Lines above the first row of figures with phrases over the columns (and perhaps a stub header such as
     "Offense charged" left of them). A phrase that starts in the stub and runs into the columns (a title
-    centred on the page, a note) ends the header."""
+    centred on the page, a note), or a line that names a table (its caption, set over the columns), ends the
+    header."""
     figures_left = columns[0][0]
     stub_reach = labels_left + 0.25 * (figures_left - labels_left)
     header: list[Line] = []
     for line in _lines_above(lines, first, used_until, MAX_HEADER_LINES, 1.6 * pitch):
         over_columns = [c for c in line.cells if (c.x0 + c.x1) / 2 >= figures_left - 2 and c.x0 > stub_reach]
         in_stub = [c for c in line.cells if c.x1 < figures_left]
-        if not over_columns or len(over_columns) + len(in_stub) < len(line.cells):
+        if not over_columns or len(over_columns) + len(in_stub) < len(line.cells) or TITLE_RE.match(line.text):
             break
         header.insert(0, line)
     return header
