@@ -75,6 +75,7 @@ bench: bench-deps
 	$(BIN)/python -m bench.cli_latency
 	$(BIN)/python -m bench.object_store --objects 100000
 	if [ -d ../shared/financebench-dev ]; then $(BIN)/python -m bench.parse_speed; else echo "../shared/financebench-dev absent: skipped 14"; fi
+	if [ -d ../shared/icdar2013-eu ]; then $(BIN)/python -m bench.tables_icdar; else echo "../shared/icdar2013-eu absent: skipped 18"; fi
 	if [ -d $(PG_MANUAL_HTML) ]; then $(BIN)/python -m bench.golden_pg_manual && \
 		$(BIN)/python -m bench.embedding_backends; else echo "postgresql-doc-15 not installed: skipped 7 and 9"; fi
 
