@@ -74,6 +74,7 @@ def parser_version() -> str:
     # alone are spaced, overprinted glyphs read once (rag_pipeline.parsing.word_gaps)
     # rp12: a ruled grid that sets fewer cells beside its row labels than the aligned reading of the same rows (rules
     # under each row and none between the columns) gives way to it; a line naming a table is its caption, never a
-    # header line (rag_pipeline.parsing.ruled_tables, tables)
+    # header line (rag_pipeline.parsing.ruled_tables, tables); a text line that opens as Markdown would ("#", ">", "|")
+    # is escaped unless its type size makes it a heading (rag_pipeline.parsing.pdf)
     return (f"rp12;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

@@ -105,13 +105,23 @@ def heading_levels(page: Any) -> dict[str, int]:
     return levels
 
 
+# A line of the text layer that opens as Markdown would (a heading's "#", a quote's ">", a table row's "|": a comment
+# in a code listing, a pipe in prose) is escaped, so that the chunker reads it as text, not as a heading or a table:
+# the page's headings are those its type sizes mark. Lines that open with "-" or "1." are left as they are: in a PDF
+# they are list items and numbered headings, as the chunker reads them.
+MARKDOWN_START_RE = re.compile(r"^\s*(?:#{1,6}(?:\s|$)|>|\|)")
+
+
 def _mark_headings(text: str, levels: dict[str, int]) -> str:
-    if not levels:
-        return text
     out = []
     for line in text.split("\n"):
-        level = levels.get(" ".join(line.split()))
-        out.append(f"{'#' * level} {line.strip()}" if level else line)
+        level = levels.get(" ".join(line.split())) if levels else None
+        if level:
+            out.append(f"{'#' * level} {line.strip()}")
+        elif MARKDOWN_START_RE.match(line):
+            out.append("\\" + line.lstrip())
+        else:
+            out.append(line)
     return "\n".join(out)
 
 
