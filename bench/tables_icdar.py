@@ -1,5 +1,5 @@
 """Tables on real government documents: the parser against the cell structure of ../shared/icdar2013-eu
-(ICDAR-2013 table competition, EU half: 27 PDFs, 77 tables), per half, tier 1 alone and the whole cascade.
+(ICDAR-2013 table competition, EU half: 27 PDFs, 76 tables), per half, tier 1 alone and the whole cascade.
 
     .venv/bin/python -m bench.tables_icdar [--tiers pdfplumber,cascade] [--documents] [--save run.json]
         [--compare before.json] [--folder ../shared/icdar2013-eu]
@@ -11,8 +11,8 @@ Scoring (the folder's README, followed as written so that the numbers compare wi
 measured by):
   * a table is detected when one table the parser produced on its page holds at least half of its non-empty cells'
     texts (as multisets); detection is the share of the truth's tables detected;
-  * a produced table is spurious when it holds fewer than half of its own non-empty cells in any truth table of its
-    page (a paragraph read as a table, a table split in two counts its smaller part);
+  * a produced table is spurious when fewer than half of its own non-empty cells are in any one truth table of its
+    page (a paragraph read as a table, a table on a page whose truth has none);
   * cell precision and recall: the multiset of non-empty cell texts of every table produced in a document against
     the truth's, pooled over the half's documents (micro-averaged);
   * adjacency (the competition's structure measure): each non-empty cell and its nearest non-empty neighbour to the
@@ -160,8 +160,9 @@ def score_document(file: str, half: str, tier: str, page_markdown: dict[int, str
 
 
 def half_of(path: Path) -> str:
-    number = int(re.sub(r"\D", "", path.stem) or 0)
-    return "tune" if number % 2 else "held-out"
+    """The file's half by its number: eu-009a.pdf is 9, odd, "tune"."""
+    found = re.search(r"\d+", path.stem)
+    return "tune" if found and int(found.group()) % 2 else "held-out"
 
 
 def _ratio(part: int, whole: int) -> float:
@@ -204,19 +205,23 @@ def run(folder: Path, tiers: Sequence[str]) -> list[DocumentScore]:
 
     cascade = Cascade(ParsingConfig())
     out = []
-    for pdf in sorted(folder.glob("eu-*.pdf")):
-        truth = read_truth(pdf.with_name(f"{pdf.stem}-str.xml"))
-        for tier in tiers:
-            started = time.perf_counter()
-            try:
-                pages = parse_pages(pdf, tier, cascade)
-                error = None
-            except DeadLetter as exc:  # scored as finding nothing: a table the parser loses counts against it
-                pages, error = {}, f"{exc.reason}: {exc}"
-            score = score_document(pdf.name, half_of(pdf), tier, pages, truth)
-            score.seconds, score.error = round(time.perf_counter() - started, 2), error
-            out.append(score)
-    cascade.close()
+    try:
+        for pdf in sorted(folder.glob("eu-*.pdf")):
+            truth = read_truth(pdf.with_name(f"{pdf.stem}-str.xml"))
+            for tier in tiers:
+                started = time.perf_counter()
+                try:
+                    pages = parse_pages(pdf, tier, cascade)
+                    error = None
+                except DeadLetter as exc:  # scored as finding nothing: a table the parser loses counts against it
+                    pages, error = {}, str(exc)
+                except Exception as exc:  # a parser crash is scored the same way and named, and the run goes on
+                    pages, error = {}, f"crash: {type(exc).__name__}: {exc}"
+                score = score_document(pdf.name, half_of(pdf), tier, pages, truth)
+                score.seconds, score.error = round(time.perf_counter() - started, 2), error
+                out.append(score)
+    finally:
+        cascade.close()
     return out
 
 
@@ -266,6 +271,10 @@ def main() -> None:
     print(f"machine: {machine()}; {args.folder}\n")
     scores = run(args.folder, tiers)
     before = ([DocumentScore(**row) for row in json.loads(args.compare.read_text())] if args.compare else None)
+    if before is not None and {(s.file, s.tier) for s in before} != {(s.file, s.tier) for s in scores}:
+        print(f"note: {args.compare} scored other documents or tiers; only the rows both cover compare\n")
+        shared = {(s.file, s.tier) for s in before} & {(s.file, s.tier) for s in scores}
+        before = [s for s in before if (s.file, s.tier) in shared]
     report(scores, before)
     if args.documents:
         print("\n| file | half | tier | tables | detected | spurious | cell recall | cell precision | adjacency F1 |"

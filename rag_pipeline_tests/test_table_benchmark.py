@@ -94,6 +94,7 @@ def test_halves_are_fixed_by_the_file_number() -> None:
     assert half_of(Path("eu-001.pdf")) == "tune"
     assert half_of(Path("eu-002.pdf")) == "held-out"
     assert half_of(Path("eu-027.pdf")) == "tune"
+    assert half_of(Path("eu-009a.pdf")) == "tune"
 
 
 @pytest.mark.icdar

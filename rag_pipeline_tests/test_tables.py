@@ -389,6 +389,54 @@ def test_a_line_naming_a_table_above_its_header_is_its_caption_not_a_header_line
     assert "Table 8.19 - Campylobacter cases by country of origin, 2007" in " ".join(page.markdown.split())
 
 
+def test_a_header_that_starts_with_note_or_a_word_after_table_stays_the_header(tmp_path):
+    """Only a line that numbers a table ("Table 8.19") is a caption: a header that starts with "Note" (over a
+    column of note references) or with "Table" and a word ("Table name") heads its columns."""
+    def draw(pdf, height):
+        pdf.drawString(76, height - 102, "Note")
+        for x, name in zip((200.0, 300.0, 400.0), ("Home", "Abroad", "Cases"), strict=True):
+            pdf.drawRightString(x + 80, height - 102, name)
+        for i, (label, *figures) in enumerate(COUNTRY_ROWS):
+            pdf.drawString(76, height - 120 - 16 * i, label)
+            for x, figure in zip((200.0, 300.0, 400.0), figures, strict=True):
+                pdf.drawRightString(x + 80, height - 120 - 16 * i, figure)
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "note-header.pdf", draw))
+    [table] = markdown_tables(page.markdown)
+    assert table[0] == ["Note", "Home", "Abroad", "Cases"], page.markdown
+
+
+def test_a_fully_ruled_grid_with_two_lines_in_a_cell_keeps_its_cells(tmp_path):
+    """Each figure over its share ("104" over "(1.0%)") in a grid ruled between every column: the aligned reading
+    of the same words makes more, emptier rows; the grid holds each row whole and stays."""
+    rows = [("Austria", "104", "(1.0%)", "12", "(0.1%)"), ("Belgium", "230", "(2.2%)", "31", "(0.3%)"),
+            ("Cyprus", "17", "(0.2%)", "2", "(0.0%)"), ("Denmark", "388", "(3.7%)", "40", "(0.4%)")]
+    left, columns, right = 72.0, (200.0, 300.0), 400.0
+
+    def draw(pdf, height):
+        top = height - 100
+        pdf.drawString(76, top - 12, "Country")
+        pdf.drawRightString(columns[0] + 90, top - 12, "Cases")
+        pdf.drawRightString(columns[1] + 90, top - 12, "Deaths")
+        edges = [top, top - 16]
+        for i, (label, cases, share, deaths, death_share) in enumerate(rows):
+            y = top - 30 - 30 * i
+            pdf.drawString(76, y, label)
+            for x, figure, part in ((columns[0], cases, share), (columns[1], deaths, death_share)):
+                pdf.drawRightString(x + 90, y, figure)
+                pdf.drawRightString(x + 90, y - 12, part)
+            edges.append(y - 16)
+        for y in edges:
+            pdf.line(left, y, right, y)
+        for x in (left, *columns, right):
+            pdf.line(x, top, x, edges[-1])
+
+    [page] = parse_file(_canvas_pdf(tmp_path / "stacked.pdf", draw))
+    [table] = markdown_tables(page.markdown)
+    assert page.signals["ruled_tables"] == 1, page.markdown
+    assert ["Austria", "104 (1.0%)", "12 (0.1%)"] in table, page.markdown
+
+
 def test_a_table_in_one_column_of_two_takes_nothing_from_the_other(tmp_path):
     left = "In this section we describe the method used to collect the data for every firm"
 

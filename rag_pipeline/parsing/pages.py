@@ -52,7 +52,8 @@ class ParsedPage:
 
 # PDFs parsed by an older parser are parsed again once (what rp9 and rp10 keep beside the text, the pictures and a
 # raster picture's words, is new; rp11 spaces glued words, reads stamped scans and framed pages; rp12 reads tables a
-# grid of row rules alone held in one cell per row): rag_pipeline.store.queue.requeue_for_parser
+# grid of row rules alone held in one cell per row, and escapes text lines that opened as Markdown):
+# rag_pipeline.store.queue.requeue_for_parser
 REPARSE_PDFS_BELOW = 12
 
 
@@ -72,9 +73,9 @@ def parser_version() -> str:
     # rp11: a scan stamped with a line of text is read by OCR; a ruled grid none of whose rows fills two cells (a
     # page's frame) is prose, not a table; sideways words are no heading; words a text layer sets apart by gaps
     # alone are spaced, overprinted glyphs read once (rag_pipeline.parsing.word_gaps)
-    # rp12: a ruled grid that sets fewer cells beside its row labels than the aligned reading of the same rows (rules
-    # under each row and none between the columns) gives way to it; a line naming a table is its caption, never a
-    # header line (rag_pipeline.parsing.ruled_tables, tables); a text line that opens as Markdown would ("#", ">", "|")
-    # is escaped unless its type size makes it a heading (rag_pipeline.parsing.pdf)
+    # rp12: a ruled grid that holds most of an aligned table's rows each in one cell (rules under each row and none
+    # between the columns) gives way to it; a line numbering a table is its caption, never a header line
+    # (rag_pipeline.parsing.ruled_tables, tables); a text line that opens as Markdown would ("#", ">", "|") is
+    # escaped unless its type size makes it a heading (rag_pipeline.parsing.pdf)
     return (f"rp12;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

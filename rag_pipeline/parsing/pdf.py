@@ -108,7 +108,8 @@ def heading_levels(page: Any) -> dict[str, int]:
 # A line of the text layer that opens as Markdown would (a heading's "#", a quote's ">", a table row's "|": a comment
 # in a code listing, a pipe in prose) is escaped, so that the chunker reads it as text, not as a heading or a table:
 # the page's headings are those its type sizes mark. Lines that open with "-" or "1." are left as they are: in a PDF
-# they are list items and numbered headings, as the chunker reads them.
+# they are list items and numbered headings, as the chunker reads them. A line with right-to-left letters is left:
+# it is in visual order here, and its start is only known once rtl.logical_text has reordered it.
 MARKDOWN_START_RE = re.compile(r"^\s*(?:#{1,6}(?:\s|$)|>|\|)")
 
 
@@ -118,7 +119,7 @@ def _mark_headings(text: str, levels: dict[str, int]) -> str:
         level = levels.get(" ".join(line.split())) if levels else None
         if level:
             out.append(f"{'#' * level} {line.strip()}")
-        elif MARKDOWN_START_RE.match(line):
+        elif MARKDOWN_START_RE.match(line) and not rtl.has_rtl(line):
             out.append("\\" + line.lstrip())
         else:
             out.append(line)

@@ -43,6 +43,7 @@ class PageTable:
     caption: str = ""
     caption_bbox: tuple[float, float, float, float] | None = None  # the lines the caption was read from
     kind: str = "ruled"  # ruled | aligned
+    row_boxes: list[tuple[float, float, float, float]] | None = None  # a ruled grid's rows, as pdfplumber cut them
 
     @property
     def top(self) -> float:
@@ -76,10 +77,21 @@ def ragged_ratio(rows: list[list[Any]]) -> float:
     return round(sum(1 for n in body if n != usual) / len(body), 3)
 
 
-def _cells_beside_labels(rows: list[list[Any]]) -> int:
-    """Filled cells past the first filled one of each row: what a table sets beside its row labels (a label wrapped
-    over two lines adds none)."""
-    return sum(max(0, sum(1 for cell in row if cell not in (None, "")) - 1) for row in rows)
+def _filled(row: list[Any]) -> int:
+    return sum(1 for cell in row if cell not in (None, ""))
+
+
+def rows_in_one_cell(grid: PageTable, table: PageTable) -> bool:
+    """The grid holds most of the aligned table's rows each in one cell, where the aligned reading sets most of them
+    in two cells or more: rules drawn under each row and none between the columns (statistical tables) leave a
+    row's label and figures in one cell. Only the grid's rows within the aligned table count."""
+    if not grid.row_boxes:
+        return False
+    inside = [row for row, box in zip(grid.rows, grid.row_boxes, strict=False)
+              if table.bbox[1] <= (box[1] + box[3]) / 2 <= table.bbox[3] and _filled(row)]
+    body = [row for row in table.rows[1:] if _filled(row)]
+    return (bool(inside) and sum(1 for row in inside if _filled(row) == 1) > len(inside) / 2
+            and sum(1 for row in body if _filled(row) >= 2) > len(body) / 2)
 
 
 def _inside(box: tuple[float, float, float, float], outer: tuple[float, float, float, float]) -> bool:
@@ -103,8 +115,8 @@ def find_page_tables(page: Any, words: list[dict[str, Any]] | None = None
     table. `words`: the page's `extract_words()`, when read already."""
     from rag_pipeline.parsing import tables as aligned_tables
 
-    ruled_found = [(t.bbox, t.extract()) for t in page.find_tables()]
-    ruled = [PageTable(bbox, rows) for bbox, rows in ruled_found if _is_real_table(rows)]
+    ruled_found = [(t.bbox, t.extract(), [row.bbox for row in t.rows]) for t in page.find_tables()]
+    ruled = [PageTable(bbox, rows, row_boxes=boxes) for bbox, rows, boxes in ruled_found if _is_real_table(rows)]
     # Sideways words (a rotated margin stamp, a vertical axis title) belong to no row.
     words = [w for w in (page.extract_words() if words is None else words) if w.get("upright", True)]
     # Beside columns of prose, lines are read per column: a table in one column must not take the other's text.
@@ -114,14 +126,13 @@ def find_page_tables(page: Any, words: list[dict[str, Any]] | None = None
                for lo, hi in zip(bounds, bounds[1:], strict=False)
                for t in aligned_tables.find_tables([w for w in words if lo <= (w["x0"] + w["x1"]) / 2 < hi])]
     def holds(grid: PageTable, table: PageTable) -> bool:
-        """The grid has the better cells for the aligned table: it holds it, resolves as many columns and sets as
-        many cells beside its labels (rules drawn under each row and none between the columns leave each row's
-        words in one cell), and is not broken where the aligned reading holds together (rules drawn around shaded
-        rows cut a grid that puts a row's label in one row and its figures in the next)."""
+        """The grid has the better cells for the aligned table: it holds it, resolves as many columns, does not
+        hold its rows each in one cell, and is not broken where the aligned reading holds together (rules drawn
+        around shaded rows cut a grid that puts a row's label in one row and its figures in the next)."""
         grid_ragged = ragged_ratio(grid.rows)
         return (len(grid.rows) >= 3 and _inside(table.bbox, grid.bbox)
                 and max(len(row) for row in grid.rows) >= len(table.rows[0])
-                and _cells_beside_labels(grid.rows) >= _cells_beside_labels(table.rows)
+                and not rows_in_one_cell(grid, table)
                 and (grid_ragged <= BROKEN_GRID_RAGGEDNESS or grid_ragged <= ragged_ratio(table.rows)))
 
     # Decided per grid, so the answer does not depend on which aligned table is looked at first: a grid stays
@@ -138,7 +149,7 @@ def find_page_tables(page: Any, words: list[dict[str, Any]] | None = None
     found = sorted(ruled + kept_aligned, key=lambda t: t.bbox[1])
     stray = [row for row in aligned_tables.figure_rows(words) if not any(_inside(row, t.bbox) for t in found)]
     stats = {"ruled_tables": len(ruled), "aligned_tables": len(kept_aligned),
-             "one_row_rulings": sum(1 for _, rows in ruled_found if not _is_real_table(rows)),
+             "one_row_rulings": sum(1 for _, rows, _ in ruled_found if not _is_real_table(rows)),
              "stray_figure_rows": len(stray)}
     return found, stats
 

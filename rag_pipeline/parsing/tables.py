@@ -36,6 +36,9 @@ TRAILING_MARKS_RE = re.compile(r"(?:\s?\([a-z]{1,3}\)){1,4}$")
 # every space of a long run and backtrack over the rest (quadratic).
 LEADER_RE = re.compile(r"(?:\.\s*){3,}|(?:\.\s*){2,}$")
 TITLE_RE = re.compile(r"^(?:Table|Tabelle|Tableau|Exhibit|Schedule|Statement|Note)\s+[\w.-]+", re.IGNORECASE)
+# A line that numbers a table ("Table 8.19 - Coffee ...", "Exhibit 4"): its caption, never a line of its header (a
+# header may start with "Note" or "Statement", or "Table" followed by a word: "Table name | Rows")
+NUMBERED_TABLE_RE = re.compile(r"^(?:Table|Tabelle|Tableau|Exhibit)\s+[A-Z]?\d[\w.]*", re.IGNORECASE)
 YEARISH_RE = re.compile(r"^(?:19|20)\d\d$|^(?:Q[1-4]|FY)\s?\d{2,4}$", re.IGNORECASE)
 
 MAX_HEADER_LINES = 5
@@ -346,7 +349,7 @@ def _header_lines(lines: list[Line], first: int, columns: list[tuple[float, floa
                   pitch: float, used_until: int) -> list[Line]:
     """Lines above the first row of figures with phrases over the columns (and perhaps a stub header such as
     "Offense charged" left of them). A phrase that starts in the stub and runs into the columns (a title
-    centred on the page, a note), or a line that names a table (its caption, set over the columns), ends the
+    centred on the page, a note), or a line that numbers a table (its caption, set over the columns), ends the
     header."""
     figures_left = columns[0][0]
     stub_reach = labels_left + 0.25 * (figures_left - labels_left)
@@ -354,7 +357,8 @@ def _header_lines(lines: list[Line], first: int, columns: list[tuple[float, floa
     for line in _lines_above(lines, first, used_until, MAX_HEADER_LINES, 1.6 * pitch):
         over_columns = [c for c in line.cells if (c.x0 + c.x1) / 2 >= figures_left - 2 and c.x0 > stub_reach]
         in_stub = [c for c in line.cells if c.x1 < figures_left]
-        if not over_columns or len(over_columns) + len(in_stub) < len(line.cells) or TITLE_RE.match(line.text):
+        if (not over_columns or len(over_columns) + len(in_stub) < len(line.cells)
+                or NUMBERED_TABLE_RE.match(line.text)):
             break
         header.insert(0, line)
     return header
