@@ -50,6 +50,10 @@ class PageTable:
         return min(self.bbox[1], self.caption_bbox[1]) if self.caption_bbox else self.bbox[1]
 
 
+def _filled(row: list[Any]) -> int:
+    return sum(1 for cell in row if cell not in (None, ""))
+
+
 def _is_real_table(rows: list[list[Any]]) -> bool:
     """Two rows and two columns at least, and a row that sets two values side by side. A ruled "table" of one row
     is an underlined line (a subtotal rule, a box around a note), and is read as text or as part of the aligned
@@ -57,7 +61,7 @@ def _is_real_table(rows: list[list[Any]]) -> bool:
     side tab), whose prose is read as prose, column by column."""
     rows = _drop_empty_rows_and_columns(rows)
     return (len(rows) >= 2 and max(len(r) for r in rows) >= 2
-            and any(sum(1 for cell in row if cell not in (None, "")) >= 2 for row in rows))
+            and any(_filled(row) >= 2 for row in rows))
 
 
 # A grid this ragged is broken (the default of parsing.max_ragged_table_ratio, above which a page escalates): only
@@ -69,16 +73,12 @@ BROKEN_GRID_RAGGEDNESS = 0.34
 def ragged_ratio(rows: list[list[Any]]) -> float:
     """Share of a table's rows whose filled-cell count differs from most rows': a sign of broken structure.
     Rows with only their label filled are section rows ("Operating activities:"), not broken ones."""
-    filled = [sum(1 for c in row if c not in (None, "")) for row in rows[1:]]
+    filled = [_filled(row) for row in rows[1:]]
     body = [n for n in filled if n > 1]
     if not body:
         return 0.0
     usual = max(set(body), key=body.count)
     return round(sum(1 for n in body if n != usual) / len(body), 3)
-
-
-def _filled(row: list[Any]) -> int:
-    return sum(1 for cell in row if cell not in (None, ""))
 
 
 def rows_in_one_cell(grid: PageTable, table: PageTable) -> bool:
