@@ -15,14 +15,16 @@ from rag_pipeline.parsing.pictures import (
     Picture,
     find_pictures,
     group_drawings,
+    is_caption,
     page_pictures,
     picture_from_record,
     picture_record,
+    region_pictures,
     without_furniture,
 )
 from rag_pipeline.text.chunking import Chunk
 from rag_pipeline.text.figures import figure_chunks, figure_text
-from rag_pipeline_tests.conftest import MMLONGBENCH, report_with_a_chart
+from rag_pipeline_tests.conftest import MMLONGBENCH, TORTURE, report_with_a_chart
 from torture_set.generate import raster_screenshot
 
 WIDTH, HEIGHT = 612.0, 792.0
@@ -69,6 +71,62 @@ def test_decorations_scans_rules_icons_and_ruled_tables_are_not_pictures():
     assert find_pictures(1, WIDTH, HEIGHT, [], bar_chart()[:5], []) == []
     # a grid the table finders read as a table is the table's, not a picture
     assert find_pictures(1, WIDTH, HEIGHT, [], bar_chart(), [], tables=[(95, 195, 405, 410)]) == []
+
+
+def test_prose_that_refers_to_a_figure_is_no_caption_and_a_caption_set_close_under_it_is():
+    chart = bar_chart()
+    reference = [word("Figure", 100, 170), word("3-5", 140, 170), word("shows", 165, 170), word("the", 200, 170),
+                 word("difference", 220, 170)]  # prose above, within the caption distance
+    caption = [word("Figure", 100, 408), word("3-5", 140, 408), word("Special", 165, 408),
+               word("registers", 215, 408), word("and", 275, 408), word("adopted", 300, 408),
+               word("authority", 350, 408)]  # set 4 points under the chart: it runs on past the box's right edge
+    [picture] = find_pictures(1, WIDTH, HEIGHT, [], chart, reference + caption)
+    assert picture.caption == "Figure 3-5 Special registers and adopted authority"
+    [picture] = find_pictures(1, WIDTH, HEIGHT, [], chart, reference)
+    assert picture.caption is None
+    # "Chart 2: Revenue" and a label with a title in lower case after its colon are captions; "Chart of accounts" is not
+    assert is_caption("Chart 2: Revenue") and is_caption("Figure 1: overview") and is_caption("Fig. 2.1 Results")
+    assert not is_caption("Chart of accounts") and not is_caption("Figure 4 compares the two")
+
+
+def test_a_diagram_the_table_finders_read_as_a_grid_is_a_picture_when_its_caption_names_a_figure():
+    grid = (95, 195, 405, 410)
+    caption = [word("Figure", 100, 430), word("2", 140, 430), word("Data", 160, 430), word("flow", 195, 430)]
+    [picture] = find_pictures(1, WIDTH, HEIGHT, [], bar_chart(), caption, tables=[grid])
+    assert picture.caption == "Figure 2 Data flow"
+    table_caption = [word("Table", 100, 430), word("2", 140, 430), word("Data", 160, 430), word("flow", 195, 430)]
+    assert find_pictures(1, WIDTH, HEIGHT, [], bar_chart(), table_caption, tables=[grid]) == []
+
+
+@pytest.mark.torture
+def test_a_real_manuals_diagrams_keep_their_captions_and_words():
+    """IBM's Redbook (../shared/torture): a syntax diagram the table finder reads as a grid, a diagram of boxes
+    under prose that names it ("Figure 3-5 shows …"), and a screenshot whose caption is set inside its margin."""
+    from rag_pipeline.parsing.pdf import parse_pdf
+
+    pages = {page.page: page for page in parse_pdf(TORTURE / "docs" / "docling_redp5110_sampled.pdf", None)}
+    captions = {picture.caption: picture for number in (10, 11, 14) for record in pages[number].signals["pictures"]
+                if (picture := picture_from_record(number, record))}
+    assert "CREATE PERMISSION" in captions["Figure 3-1 CREATE PERMISSION SQL statement"].text
+    assert "Owner = JOE" in captions["Figure 3-5 Special registers and adopted authority"].text
+    assert "Figure 3-11 Selecting the EMPLOYEES table from System i Navigator" in captions
+    assert not any(caption and caption.startswith("Figure3-5 shows") for caption in captions)
+
+
+def test_a_region_the_layout_model_calls_a_figure_is_a_picture_unless_one_found_already_covers_it():
+    diagram = [word("Client", 120, 220), word("Gateway", 260, 220), word("Index", 400, 220),
+               word("requests", 180, 260), word("queries", 330, 260)]  # boxes' labels, no drawing to group
+    caption = [word("Figure", 120, 330), word("2:", 160, 330), word("Request", 180, 330), word("flow", 230, 330)]
+    region = (110.0, 210.0, 460.0, 300.0)
+    [picture] = region_pictures(3, WIDTH, HEIGHT, [region], diagram + caption)
+    assert (picture.page, picture.kind, picture.box) == (3, "figure", region)
+    assert picture.caption == "Figure 2: Request flow" and "Gateway" in picture.text
+    found = Picture(3, "drawing", (100.0, 200.0, 450.0, 310.0), None, "")
+    assert region_pictures(3, WIDTH, HEIGHT, [region], diagram, known=[found]) == []
+    # an icon-sized region, one off the page and a page of no size add nothing
+    assert region_pictures(3, WIDTH, HEIGHT, [(10.0, 10.0, 20.0, 20.0), (900.0, 900.0, 990.0, 990.0)], diagram) == []
+    assert region_pictures(3, 0.0, HEIGHT, [region], diagram) == []
+    assert picture_from_record(3, picture_record(picture)) == picture
 
 
 def test_a_picture_repeated_at_the_same_place_on_many_pages_is_page_furniture():

@@ -216,7 +216,23 @@ def _read_truth(torture: Path, entry: dict[str, Any]) -> dict[str, Any]:
         truth["tables"] = [
             list(csv.reader((torture / name).read_text(encoding="utf-8").splitlines())) for name in entry["tables_csv"]
         ]
+    if "pictures_docling_file" in entry:
+        truth["picture_text"] = docling_picture_text(json.loads((torture / entry["pictures_docling_file"]).read_text()))
     return truth
+
+
+def docling_picture_text(document: dict[str, Any]) -> str:
+    """The words of a Docling document's captioned pictures (a figure, not a logo or a cover's art): each caption
+    and the texts Docling placed inside the picture, as its own tests' reference conversion gives them."""
+    texts = {t.get("self_ref"): t.get("text", "") for t in document.get("texts", [])}
+    said: list[str] = []
+    for picture in document.get("pictures", []):
+        captions = [texts.get(c.get("$ref"), "") for c in picture.get("captions", [])]
+        if not any(captions):
+            continue
+        inside = [texts.get(c.get("$ref"), "") for c in picture.get("children", [])]
+        said += captions + [text for text in inside if text not in captions]
+    return "\n".join(said)
 
 
 def documents(torture: Path, generated_dir: Path) -> list[tuple[str, Path, dict[str, Any]]]:

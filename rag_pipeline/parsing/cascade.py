@@ -23,7 +23,7 @@ import io
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -33,7 +33,14 @@ from typing import Any
 from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
 from rag_pipeline.parsing.pages import ParsedPage, TextLayer
-from rag_pipeline.parsing.pictures import Picture, picture_record, pictures_kept
+from rag_pipeline.parsing.pictures import (
+    MAX_PICTURES,
+    Picture,
+    picture_from_record,
+    picture_record,
+    pictures_kept,
+    region_pictures,
+)
 from rag_pipeline.workers import budget
 from rag_pipeline.workers.threads import compute_threads
 
@@ -228,10 +235,18 @@ class OpenPdf:
 
 def layout_page(path: Path, page_number: int, config: ParsingConfig, password: str | None,
                 opened: OpenPdf | None = None, text_layer: TextLayer | None = None) -> str:
+    """The page's Markdown as the layout-and-table tier reads it (layout_reading without its pictures)."""
+    return layout_reading(path, page_number, config, password, opened, text_layer)[0]
+
+
+def layout_reading(path: Path, page_number: int, config: ParsingConfig, password: str | None,
+                   opened: OpenPdf | None = None, text_layer: TextLayer | None = None,
+                   known: Sequence[Picture] = ()) -> tuple[str, list[Picture]]:
     """The layout-and-table tier (rag_pipeline.parsing.layout) on one page; its words are the PDF's own characters (what
     is drawn: hidden text is never read), or RapidOCR's where the page has no text layer. `text_layer`: what tier 1
     read of the page, else the page is read here; `opened`: the file, open already (Cascade.run keeps it open for
-    all the pages it escalates)."""
+    all the pages it escalates). With the page's Markdown come the pictures at the regions the model called
+    figures that none of the `known` pictures (tier 1's) covers."""
     from rag_pipeline.parsing import layout, rtl
 
     if config.layout_engine == "none":
@@ -246,7 +261,9 @@ def layout_page(path: Path, page_number: int, config: ParsingConfig, password: s
     image = render_page(path, page_number, config.layout_dpi, password, config.max_render_pixels)
     scale = image.width / max(1.0, text_layer.width)  # pixels per point, as rendered
     words = text_layer.words or _ocr_words(image, scale)
-    return rtl.logical_text(layout.page_markdown(image, scale, words))
+    reading = layout.page_markdown(image, scale, words)
+    pictures = region_pictures(page_number, text_layer.width, image.height / scale, reading.figures, words, known)
+    return rtl.logical_text(reading.markdown), pictures
 
 
 def read_text_layer(document: OpenPdf, page_number: int, close: bool) -> TextLayer:
@@ -357,18 +374,20 @@ class Cascade:
             self._vlm.close()
 
     def _tier(self, tier: str, path: Path, page: ParsedPage, password: str | None,
-              opened: OpenPdf | None = None) -> str:
+              opened: OpenPdf | None = None) -> tuple[str, list[Picture]]:
+        """The page's Markdown as `tier` reads it, and the pictures it found that tier 1 had not."""
         if tier == "docling":
-            return docling_page(path, page.page, self.config)
+            return docling_page(path, page.page, self.config), []
         if tier == "ocr":
-            return ocr_page(path, page.page, self.config, password)
+            return ocr_page(path, page.page, self.config, password), []
         if tier == "layout":
-            return layout_page(path, page.page, self.config, password, opened, page.text_layer)
+            known = [p for r in page.signals.get("pictures") or [] if (p := picture_from_record(page.page, r))]
+            return layout_reading(path, page.page, self.config, password, opened, page.text_layer, known)
         if self._vlm is None:
             raise TierUnavailable("no vision-language model configured (parsing.vlm.endpoint and .model)")
         if not self.budget.take():
             raise TierUnavailable(f"VLM page budget of {self.config.vlm.page_budget} spent for this run")
-        return self._vlm.page(path, page.page, password)
+        return self._vlm.page(path, page.page, password), []
 
     def _escalate(self, path: Path, page: ParsedPage, reason: str, password: str | None,
                   opened: OpenPdf | None = None) -> ParsedPage:
@@ -376,7 +395,7 @@ class Cascade:
         for tier in REMEDIES[reason]:
             started = time.perf_counter()
             try:
-                markdown = self._tier(tier, path, page, password, opened)
+                markdown, found = self._tier(tier, path, page, password, opened)
             except TierUnavailable as exc:
                 self.unavailable.setdefault(tier, str(exc))
                 attempts.append({"tier": tier, "outcome": "unavailable", "detail": str(exc)})
@@ -400,6 +419,9 @@ class Cascade:
                     attempts[-1]["detail"] = (f"the OCR models read {', '.join(OCR_SCRIPTS)}; this page's fonts "
                                               f"name {', '.join(gaps)}: its text may be incomplete")
                 signals = {**page.signals, "escalation": reason, "attempts": attempts}
+                if found:
+                    known = list(page.signals.get("pictures") or [])
+                    signals["pictures"] = known + [picture_record(p) for p in found][:MAX_PICTURES - len(known)]
                 return ParsedPage(page.page, tier, markdown, page.seconds + seconds, page.tables, signals)
             attempts.append({"tier": tier, "outcome": "empty"})
         signals = {**page.signals, "escalation": reason, "attempts": attempts, "unresolved": True}

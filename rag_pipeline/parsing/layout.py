@@ -244,9 +244,16 @@ def read_table(pixels: Any, scale: float, bbox: tuple[float, float, float, float
     return html_table_rows(markup)
 
 
-def page_markdown(image: Any, scale: float, words: Sequence[dict[str, Any]]) -> str:
+@dataclass(frozen=True)
+class LayoutReading:
+    markdown: str
+    figures: list[tuple[float, float, float, float]]  # the regions the model called figures, in PDF points
+
+
+def page_markdown(image: Any, scale: float, words: Sequence[dict[str, Any]]) -> LayoutReading:
     """A page from its layout: regions top to bottom, titles as headings, tables read by SLANet with their
-    captions. Words (PDF points) no region holds are kept where they stand: the tier never drops text."""
+    captions. Words (PDF points) no region holds are kept where they stand: the tier never drops text. The figure
+    regions come with it, for the page's pictures (rag_pipeline.parsing.pictures.region_pictures)."""
     import numpy as np
 
     words = list(words)
@@ -291,7 +298,8 @@ def page_markdown(image: Any, scale: float, words: Sequence[dict[str, Any]]) -> 
                 text.split())
         blocks.append(((region.bbox[1], region.bbox[0]), text))
     blocks += _unheld_blocks([w for i, w in enumerate(words) if i not in used], [key[0] for key, _ in blocks])
-    return "\n\n".join(text for _, text in sorted(blocks, key=lambda b: b[0]) if text)
+    return LayoutReading("\n\n".join(text for _, text in sorted(blocks, key=lambda b: b[0]) if text),
+                         [r.bbox for r in regions if r.kind == "figure"])
 
 
 def _unheld_blocks(words: Sequence[dict[str, Any]], block_tops: Sequence[float]

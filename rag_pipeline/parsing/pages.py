@@ -52,9 +52,9 @@ class ParsedPage:
 
 # PDFs parsed by an older parser are parsed again once (what rp9 and rp10 keep beside the text, the pictures and a
 # raster picture's words, is new; rp11 spaces glued words, reads stamped scans and framed pages; rp12 reads tables a
-# grid of row rules alone held in one cell per row, and escapes text lines that opened as Markdown):
-# rag_pipeline.store.queue.requeue_for_parser
-REPARSE_PDFS_BELOW = 12
+# grid of row rules alone held in one cell per row, and escapes text lines that opened as Markdown; rp13 keeps the
+# captions and diagrams rp12 lost and the layout model's figures): rag_pipeline.store.queue.requeue_for_parser
+REPARSE_PDFS_BELOW = 13
 
 
 @lru_cache(maxsize=1)
@@ -77,5 +77,8 @@ def parser_version() -> str:
     # between the columns) gives way to it; a line numbering a table is its caption, never a header line
     # (rag_pipeline.parsing.ruled_tables, tables); a text line that opens as Markdown would ("#", ">", "|") is
     # escaped unless its type size makes it a heading (rag_pipeline.parsing.pdf)
-    return (f"rp12;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
+    # rp13: prose that refers to a figure ("Figure 3 shows …") is no caption, and a caption set within a picture's
+    # margin is; a diagram the table finders read as a grid is a picture too when its caption names a figure; the
+    # layout tier's figure regions are pictures where tier 1 found none (rag_pipeline.parsing.pictures)
+    return (f"rp13;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

@@ -13,8 +13,10 @@ they belong to, they can be said together instead of scattered through the prose
     banner) and is dropped by `without_furniture`;
   * words: those whose middle lies in the picture's box or within WORD_MARGIN points of it (axis labels);
   * caption: the nearest line beginning "Figure 3", "Fig. 3", "Chart 2", "Exhibit 4", "Graph", "Diagram", "Map" or
-    "Photo" within CAPTION_DISTANCE points above or below, else a line of three words or more, not ending a sentence,
-    within TITLE_DISTANCE points above (a chart's title).
+    "Photo" within CAPTION_DISTANCE points above or below (not prose that refers to one: "Figure 3 shows …"), else
+    such a line opening or closing the picture's own words, else a line of three words or more, not ending a
+    sentence, within TITLE_DISTANCE points above (a chart's title);
+  * a drawing the table finders read as a grid is the table's, unless its caption names it a figure.
 """
 
 from __future__ import annotations
@@ -59,14 +61,21 @@ UNREADABLE_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]|\(cid:\d+\)")
 
 CAPTION_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
                         r"[\dIVXivx]*\b", re.IGNORECASE)
+# The caption's label in full ("Figure 3-5", "Fig. 2.1", "Chart IV") and what follows it: a caption goes on with its
+# title ("Figure 3-5 Special registers", "Figure 2: overview"); prose that refers to a figure goes on with a word in
+# lower case ("Figure 3-5 shows the difference", "Chart of accounts").
+CAPTION_LABEL_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
+                              r"(?:[\dIVXivx]+(?:[.\-\u2013][\dA-Za-z]+)*)?\s*(?P<rest>.*)$", re.IGNORECASE)
 
 Box = tuple[float, float, float, float]  # x0, top, x1, bottom, in points from the page's top left
+# an embedded image, a group of vector drawings, a region the layout model called a figure
+KINDS = ("image", "drawing", "figure")
 
 
 @dataclass(frozen=True)
 class Picture:
     page: int  # 1-based
-    kind: str  # "image" or "drawing"
+    kind: str  # one of KINDS
     box: Box
     caption: str | None
     text: str  # the words drawn inside the box, line by line
@@ -187,22 +196,60 @@ def _inside(word: dict[str, Any], box: Box) -> bool:
     return box[0] <= cx <= box[2] and box[1] <= cy <= box[3]
 
 
-def _caption(box: Box, lines: Sequence[tuple[Box, str]]) -> str | None:
-    """The nearest "Figure N" line above or below the box, else a line set right above it (a chart's title)."""
+def is_caption(line: str) -> bool:
+    """A line that captions a picture ("Figure 3-5 Special registers", "Chart 2: Revenue", "Figure 4"), not prose
+    that refers to one ("Figure 3-5 shows …")."""
+    label = CAPTION_LABEL_RE.match(line) if CAPTION_RE.match(line) else None
+    return label is not None and not label.group("rest")[:1].islower()
+
+
+def _caption(box: Box, lines: Sequence[tuple[Box, str]], within: Sequence[str] = ()) -> str | None:
+    """The nearest "Figure N" line above or below the box, else the first or last of the lines set `within` its
+    margin when that is one (a caption set close under a picture), else a line set right above it (a chart's
+    title)."""
     def distance(line_box: Box) -> float:
         return box[1] - line_box[3] if line_box[3] <= box[1] else line_box[1] - box[3]
 
     beside = [(distance(b), text) for b, text in lines
               if b[2] >= box[0] and b[0] <= box[2] and (b[3] <= box[1] or b[1] >= box[3])
               and 0 <= distance(b) <= CAPTION_DISTANCE]
-    captions = sorted((d, text) for d, text in beside if CAPTION_RE.match(text))
+    captions = sorted((d, text) for d, text in beside if is_caption(text))
     if captions:
         return captions[0][1].strip()
+    for text in [*within[-1:], *within[:1]]:
+        if is_caption(text):
+            return text.strip()
     above = sorted((box[1] - b[3], text) for b, text in lines
                    if b[3] <= box[1] and box[1] - b[3] <= TITLE_DISTANCE and b[2] >= box[0] and b[0] <= box[2])
     if above and len(above[0][1].split()) >= 3 and not above[0][1].rstrip().endswith((".", ",", ";", ":")):
         return above[0][1].strip()
     return None
+
+
+class _PageWords:
+    """A page's words, placed and set in lines once, for the words and caption of each picture on it."""
+
+    def __init__(self, words: Iterable[dict[str, Any]], width: float, height: float):
+        self.placed = [w for w in itertools.islice(words, MAX_OBJECTS) if _on_page(w, width, height) is not None]
+        self.lines = _lines(self.placed)
+
+    def inside(self, box: Box) -> list[str]:
+        around = (box[0] - WORD_MARGIN, box[1] - WORD_MARGIN, box[2] + WORD_MARGIN, box[3] + WORD_MARGIN)
+        return [text for _, text in _lines([w for w in self.placed if _inside(w, around)])]
+
+    def caption(self, box: Box) -> str | None:
+        # the page's whole lines set within the picture's margin: a caption there may run on past its box
+        within = [t for b, t in self.lines if b[2] >= box[0] and b[0] <= box[2]
+                  and box[1] - WORD_MARGIN <= (b[1] + b[3]) / 2 <= box[3] + WORD_MARGIN]
+        return _caption(box, [(b, t) for b, t in self.lines if _overlap(b, box) == 0], within)
+
+    def picture(self, page_number: int, kind: str, box: Box) -> Picture:
+        return Picture(page_number, kind, tuple(round(v, 1) for v in box),  # type: ignore[arg-type]
+                       self.caption(box), "\n".join(self.inside(box)))
+
+
+def _valid_page(width: float, height: float) -> bool:
+    return math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0
 
 
 def find_pictures(page_number: int, width: float, height: float, images: Sequence[dict[str, Any]],
@@ -212,9 +259,10 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
     lines), `words` (extract_words) and the boxes of the tables found on it. Pure and bounded: the same objects give
     the same pictures; objects off the page or not finite are ignored, page-sized drawings (backgrounds) are not
     grouped, at most MAX_OBJECTS drawing objects and MAX_IMAGES images are considered and MAX_PICTURES kept."""
-    if not (math.isfinite(width) and math.isfinite(height)) or width <= 0 or height <= 0:
+    if not _valid_page(width, height):
         return []
     page_area = width * height
+    page_words = _PageWords(words, width, height)
     candidates: list[tuple[str, Box]] = []
     image_boxes = [b for b in (_on_page(i, width, height) for i in images) if b and _shaped_like_a_picture(b, page_area)]
     candidates += [("image", b) for b in sorted(image_boxes, key=_area, reverse=True)[:MAX_IMAGES]]
@@ -223,7 +271,10 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
     for box, count in group_drawings(boxes):
         if count < MIN_DRAWING_OBJECTS or not _shaped_like_a_picture(box, page_area):
             continue
-        if any(_overlap(box, table) >= TABLE_OVERLAP * _area(box) for table in tables):
+        # a drawing the table finders read as a grid is the table's, unless a caption names it a figure (a
+        # diagram of boxes and arrows read as cells)
+        if (any(_overlap(box, table) >= TABLE_OVERLAP * _area(box) for table in tables)
+                and not is_caption(page_words.caption(box) or "")):
             continue
         candidates.append(("drawing", box))
     # an image inside a drawing (a photo in a framed panel) is one picture: the larger box
@@ -233,16 +284,28 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
             break
         if not any(_overlap(box, other) >= 0.8 * _area(box) for _, other in kept):
             kept.append((kind, box))
-    placed = [w for w in itertools.islice(words, MAX_OBJECTS) if _on_page(w, width, height) is not None]
-    lines = _lines(placed)
-    pictures = []
-    for kind, box in sorted(kept, key=lambda c: (c[1][1], c[1][0])):
-        around = (box[0] - WORD_MARGIN, box[1] - WORD_MARGIN, box[2] + WORD_MARGIN, box[3] + WORD_MARGIN)
-        inside = [text for _, text in _lines([w for w in placed if _inside(w, around)])]
-        pictures.append(Picture(page_number, kind, tuple(round(v, 1) for v in box),  # type: ignore[arg-type]
-                                _caption(box, [(b, t) for b, t in lines if _overlap(b, box) == 0]),
-                                "\n".join(inside)))
-    return pictures
+    return [page_words.picture(page_number, kind, box) for kind, box in sorted(kept, key=lambda c: (c[1][1], c[1][0]))]
+
+
+def region_pictures(page_number: int, width: float, height: float, regions: Sequence[Box],
+                    words: Sequence[dict[str, Any]], known: Sequence[Picture] = ()) -> list[Picture]:
+    """Pictures at the regions a layout model calls figures (rag_pipeline.parsing.layout), kind `figure`: a diagram
+    set as words and a few strokes, which no image or group of drawings makes, has its words and caption kept as
+    any picture's. A region shaped like no picture, or one mostly covered by a picture `known` already (found from
+    the page's objects), adds nothing."""
+    if not _valid_page(width, height):
+        return []
+    page_area = width * height
+    page_words = _PageWords(words, width, height)
+    out: list[Picture] = []
+    for region in itertools.islice(regions, MAX_PICTURES):
+        box = _on_page({"x0": region[0], "top": region[1], "x1": region[2], "bottom": region[3]}, width, height)
+        if box is None or not _shaped_like_a_picture(box, page_area):
+            continue
+        if any(_overlap(box, other.box) >= 0.5 * min(_area(box), _area(other.box)) for other in [*known, *out]):
+            continue
+        out.append(page_words.picture(page_number, "figure", box))
+    return out
 
 
 def without_furniture(pictures: Sequence[Picture], repeated_pages: int = REPEATED_PAGES) -> list[Picture]:
@@ -310,7 +373,7 @@ def picture_from_record(page: int, record: Any) -> Picture | None:
         return None
     kind, box, caption, text = (record.get(key) for key in ("kind", "box", "caption", "text"))
     description = record.get("description")
-    if (kind not in ("image", "drawing") or not isinstance(box, list) or len(box) != 4
+    if (kind not in KINDS or not isinstance(box, list) or len(box) != 4
             or not all(isinstance(v, int | float) and math.isfinite(v) for v in box)
             or not isinstance(text, str) or not (caption is None or isinstance(caption, str))
             or not (description is None or isinstance(description, str))):
