@@ -341,6 +341,10 @@ def report(name: str, results: dict[str, list[Result]], before: dict[str, list[R
     slices: dict[str, Callable[[Result], bool]] = {
         f"{half}, {origin}": (lambda r, h=half, o=origin: r.half == h and r.origin == o)
         for half in ("tune", "held-out") for origin in ("third-party", "project")}
+    # where the evidence is (a chart, a figure, a table, layout or plain text), each half apart
+    sources = sorted({source for r in results["hybrid"] for source in r.sources})
+    slices |= {f"{half}, evidence {source}": (lambda r, h=half, s=source: r.half == h and s in r.sources)
+               for half in ("tune", "held-out") for source in sources}
     slices["both halves, all"] = lambda r: True
     for label, keep in slices.items():
         subset = {ranking: [r for r in rows if keep(r)] for ranking, rows in results.items()}

@@ -7,7 +7,7 @@ import pytest
 from rag_pipeline.parsing.formats import parse_file
 from rag_pipeline.parsing.pages import DeadLetter
 from rag_pipeline.parsing.ruled_tables import table_to_markdown
-from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
+from rag_pipeline_tests.conftest import MMLONGBENCH, SAMPLE_CORPUS, TORTURE
 
 TORTURE_DOCS = TORTURE / "docs"
 
@@ -146,6 +146,10 @@ def test_torture_encrypted_and_broken_files():
 def test_torture_office_formats_parse():
     pptx = list(parse_file(TORTURE_DOCS / "docling_powerpoint_sample.pptx"))
     assert [p.page for p in pptx] == [1, 2, 3]
+    # each slide's speaker notes follow its content, said as such; a slide without notes has none
+    assert pptx[1].markdown.endswith("\n\nSpeaker notes: Some notes on the second slide.")
+    assert pptx[2].markdown.endswith("Speaker notes: Final notes on the third slide. Second line of notes.")
+    assert "Speaker notes" not in pptx[0].markdown
     xlsx = list(parse_file(TORTURE_DOCS / "docling_xlsx_01.xlsx"))
     assert len(xlsx) == 4 and sum(p.tables for p in xlsx) >= 1
 
@@ -427,3 +431,53 @@ def test_a_text_line_that_opens_as_markdown_is_escaped_unless_its_type_makes_it_
     sections = sections_of([(1, page.markdown)])
     titles = {title for section in sections for title in section.path}
     assert "Installing the service" in titles and not any("cache directory" in title for title in titles)
+
+
+@pytest.mark.mmlongbench
+def test_a_slide_read_by_ocr_that_opens_a_line_with_a_hash_names_no_section():
+    """A SlideShare deck is pictures of slides, read by OCR: Caltrain's slide 18 lists "# train cars", "# people per
+    car". Read as a heading, it named the section of every later slide; as text, no section at all."""
+    from rag_pipeline.config import ParsingConfig
+    from rag_pipeline.parsing.cascade import ocr_page
+    from rag_pipeline.text.chunking import sections_of
+
+    deck = MMLONGBENCH / "pdfs" / "caltraincapacitymountainview1-150701205750-lva1-app6891_95.pdf"
+    text = ocr_page(deck, 18, ParsingConfig(), None)
+    assert "\\# train cars" in text.splitlines()
+    assert not [line for line in text.splitlines() if line.startswith("#")]
+    assert all(not section.path for section in sections_of([(18, text)]))
+
+
+def test_the_layout_tiers_text_that_opens_as_markdown_is_escaped():
+    from rag_pipeline.parsing.layout import _words_text
+
+    words = [{"text": "#", "x0": 72.0, "x1": 78.0, "top": 100.0, "bottom": 110.0},
+             {"text": "comment", "x0": 82.0, "x1": 130.0, "top": 100.0, "bottom": 110.0},
+             {"text": "value", "x0": 72.0, "x1": 100.0, "top": 114.0, "bottom": 124.0}]
+    assert _words_text(words).splitlines() == ["\\# comment", "value"]
+
+
+@pytest.mark.torture
+def test_a_deck_parsed_before_its_notes_were_kept_is_parsed_again_once(tmp_path, make_settings, db):
+    """A PPTX indexed by rp13, which left speaker notes out, is parsed again by the next refresh, and its notes are
+    found by search; a Word file is not parsed again."""
+    import shutil
+
+    from dagster import DagsterInstance
+
+    from rag_pipeline.defs.runs import run_ingest
+    from rag_pipeline.retrieval.search import search
+
+    root = tmp_path / "decks"
+    root.mkdir()
+    shutil.copy(TORTURE_DOCS / "docling_powerpoint_sample.pptx", root / "deck.pptx")
+    shutil.copy(TORTURE_DOCS / "docling_word_sample.docx", root / "memo.docx")
+    settings = make_settings([{"name": "decks", "root": str(root), "acl_labels": ["staff"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    db.execute("UPDATE documents SET parser_version = 'rp13;pdfplumber=0'")
+    with DagsterInstance.ephemeral() as instance:
+        again = run_ingest(settings, instance=instance)
+    assert again["success"] and again["requeued_for_new_parser"] == 1
+    hits = search(db, "final notes on the third slide", ["staff"], k=3)
+    assert hits and hits[0].page_start == 3 and "Speaker notes: Final notes" in hits[0].text

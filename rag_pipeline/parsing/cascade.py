@@ -32,7 +32,7 @@ from typing import Any
 
 from rag_pipeline.config import ParsingConfig, VlmConfig
 from rag_pipeline.endpoints.chat import ChatClient, EndpointError
-from rag_pipeline.parsing.pages import ParsedPage, TextLayer
+from rag_pipeline.parsing.pages import ParsedPage, TextLayer, as_text
 from rag_pipeline.parsing.pictures import (
     MAX_PICTURES,
     Picture,
@@ -200,13 +200,13 @@ def ocr_page(path: Path, page_number: int, config: ParsingConfig, password: str 
     image = render_page(path, page_number, config.ocr_dpi, password, config.max_render_pixels)
     first = _read(image)
     if first.upright and first.score >= UPRIGHT_SCORE or not first.lines:
-        return "\n".join(first.lines)
+        return as_text("\n".join(first.lines))
     if first.upright:  # upright lines read with low confidence: upside down, or a poor scan
         turned = _read(image.rotate(180, expand=True))
-        return "\n".join((turned if turned.score > first.score + TURN_MARGIN else first).lines)
+        return as_text("\n".join((turned if turned.score > first.score + TURN_MARGIN else first).lines))
     # Lines run vertically: the page lies sideways; the turn that reads upright with most confidence wins.
     readings = [r for r in (_read(image.rotate(angle, expand=True)) for angle in (90, 270)) if r.upright]
-    return "\n".join(max(readings, key=lambda r: r.score, default=first).lines)
+    return as_text("\n".join(max(readings, key=lambda r: r.score, default=first).lines))
 
 
 class OpenPdf:

@@ -26,6 +26,22 @@ def _docling_converter() -> Any:
     )
 
 
+# A slide's speaker notes follow its content in its page, said as such: what the presenter says about the slide is
+# often what a question asks (Docling keeps them on a layer of their own, which its Markdown leaves out).
+NOTES_LABEL = "Speaker notes:"
+
+
+def speaker_notes(document: Any) -> dict[int, str]:
+    """The notes of each slide of a converted deck, by slide number, their lines joined."""
+    from docling_core.types.doc import ContentLayer
+
+    notes: dict[int, list[str]] = {}
+    for item in document.texts:
+        if item.content_layer == ContentLayer.NOTES and item.prov and item.text.strip():
+            notes.setdefault(item.prov[0].page_no, []).append(" ".join(item.text.split()))
+    return {number: " ".join(lines) for number, lines in notes.items()}
+
+
 def parse_with_docling(path: Path) -> Iterator[ParsedPage]:
     from docling.datamodel.base_models import ConversionStatus
 
@@ -42,8 +58,11 @@ def parse_with_docling(path: Path) -> Iterator[ParsedPage]:
     elapsed = time.perf_counter() - started
     page_numbers = sorted(document.pages) or [None]
     per_page = elapsed / len(page_numbers)
+    notes = speaker_notes(document) if path.suffix.lower() == ".pptx" else {}
     for number in page_numbers:
         markdown = document.export_to_markdown(page_no=number) if number else document.export_to_markdown()
+        if notes.get(number):
+            markdown = f"{markdown.rstrip()}\n\n{NOTES_LABEL} {notes[number]}".lstrip()
         yield ParsedPage(
             page=number or 1,
             tier="docling",

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_pipeline.parsing import table_matching
+from rag_pipeline.parsing.pages import as_text_line
 from rag_pipeline.parsing.ruled_tables import table_to_markdown
 from rag_pipeline.parsing.tables import is_figure
 from rag_pipeline.workers.threads import UNBOUNDED, compute_threads
@@ -292,7 +293,7 @@ def page_markdown(image: Any, scale: float, words: Sequence[dict[str, Any]]) -> 
         if not text:
             continue
         if region.kind == "title":
-            text = "## " + " ".join(text.split())
+            text = "## " + " ".join(text.removeprefix("\\").split())
         elif region.kind in CAPTION_REGIONS:
             text = "Table: " + " ".join(text.split()) if not text.lower().startswith("table") else " ".join(
                 text.split())
@@ -330,6 +331,7 @@ def in_box(word: dict[str, Any], bbox: tuple[float, float, float, float], pad: f
 
 
 def _words_text(words: Sequence[dict[str, Any]]) -> str:
+    """The words as lines of text, each escaped where it would open as Markdown."""
     from rag_pipeline.parsing.tables import group_lines
 
-    return "\n".join(" ".join(str(w["text"]) for w in line) for line in group_lines(words))
+    return "\n".join(as_text_line(" ".join(str(w["text"]) for w in line)) for line in group_lines(words))

@@ -11,6 +11,24 @@ from functools import lru_cache
 from typing import Any
 
 TABLE_SEPARATOR_RE = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+\s*$", re.MULTILINE)
+# A line of plain text (a text layer's, OCR's) that opens as Markdown would (a heading's "#", a quote's ">", a table
+# row's "|": a comment in a code listing, "# train cars" on a slide) is escaped, so that the chunker reads it as
+# text, not as a heading that would name every later section, nor as a table. Lines that open with "-" or "1." are
+# left as they are: list items and numbered headings, as the chunker reads them. A line with right-to-left letters
+# is left: in a text layer it is in visual order, and its start is only known once rtl.logical_text has reordered it.
+MARKDOWN_START_RE = re.compile(r"^\s*(?:#{1,6}(?:\s|$)|>|\|)")
+
+
+def as_text_line(line: str) -> str:
+    """`line` of plain text, escaped where it would open as Markdown (MARKDOWN_START_RE)."""
+    from rag_pipeline.parsing.rtl import has_rtl
+
+    return "\\" + line.lstrip() if MARKDOWN_START_RE.match(line) and not has_rtl(line) else line
+
+
+def as_text(text: str) -> str:
+    """Plain text's lines, each as_text_line."""
+    return "\n".join(as_text_line(line) for line in text.split("\n"))
 
 
 # timeout, memory and crashed: the document's worker process went over its budget or died (rag_pipeline.workers.pool).
@@ -53,8 +71,9 @@ class ParsedPage:
 # PDFs parsed by an older parser are parsed again once (what rp9 and rp10 keep beside the text, the pictures and a
 # raster picture's words, is new; rp11 spaces glued words, reads stamped scans and framed pages; rp12 reads tables a
 # grid of row rules alone held in one cell per row, and escapes text lines that opened as Markdown; rp13 keeps the
-# captions and diagrams rp12 lost and the layout model's figures): rag_pipeline.store.queue.requeue_for_parser
-REPARSE_PDFS_BELOW = 13
+# captions and diagrams rp12 lost and the layout model's figures; rp14 escapes OCR's lines as rp12 did the text
+# layer's, and keeps a PPTX deck's speaker notes, so decks are parsed again too): rag_pipeline.store.queue.requeue_for_parser
+REPARSE_PDFS_BELOW = 14
 
 
 @lru_cache(maxsize=1)
@@ -80,5 +99,7 @@ def parser_version() -> str:
     # rp13: prose that refers to a figure ("Figure 3 shows …") is no caption, and a caption set within a picture's
     # margin is; a diagram the table finders read as a grid is a picture too when its caption names a figure; the
     # layout tier's figure regions are pictures where tier 1 found none (rag_pipeline.parsing.pictures)
-    return (f"rp13;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
+    # rp14: a line OCR or the layout tier reads that opens as Markdown would is escaped as tier 1's are (a slide's
+    # "# train cars" named every later slide's section); a PPTX slide's speaker notes follow its content
+    return (f"rp14;pdfplumber={versions['pdfplumber']};docling={versions['docling-slim']};"
             f"markdown-it={versions['markdown-it-py']}")

@@ -18,7 +18,7 @@ from rag_pipeline.parsing import forms, rtl
 from rag_pipeline.parsing.columns import find_gutters, group_words_into_lines, spans_gutter
 from rag_pipeline.parsing.fonts import unmapped_font_share, unmapped_scripts
 from rag_pipeline.parsing.limits import ParseLimits, check_page_content_size
-from rag_pipeline.parsing.pages import DeadLetter, ParsedPage, TextLayer
+from rag_pipeline.parsing.pages import DeadLetter, ParsedPage, TextLayer, as_text_line
 from rag_pipeline.parsing.pictures import page_pictures, picture_record
 from rag_pipeline.parsing.ruled_tables import find_page_tables, ragged_ratio, table_block
 from rag_pipeline.parsing.word_gaps import plain_words
@@ -105,24 +105,14 @@ def heading_levels(page: Any) -> dict[str, int]:
     return levels
 
 
-# A line of the text layer that opens as Markdown would (a heading's "#", a quote's ">", a table row's "|": a comment
-# in a code listing, a pipe in prose) is escaped, so that the chunker reads it as text, not as a heading or a table:
-# the page's headings are those its type sizes mark. Lines that open with "-" or "1." are left as they are: in a PDF
-# they are list items and numbered headings, as the chunker reads them. A line with right-to-left letters is left:
-# it is in visual order here, and its start is only known once rtl.logical_text has reordered it.
-MARKDOWN_START_RE = re.compile(r"^\s*(?:#{1,6}(?:\s|$)|>|\|)")
-
-
 def _mark_headings(text: str, levels: dict[str, int]) -> str:
     out = []
     for line in text.split("\n"):
         level = levels.get(" ".join(line.split())) if levels else None
         if level:
             out.append(f"{'#' * level} {line.strip()}")
-        elif MARKDOWN_START_RE.match(line) and not rtl.has_rtl(line):
-            out.append("\\" + line.lstrip())
         else:
-            out.append(line)
+            out.append(as_text_line(line))  # the page's headings are those its type sizes mark
     return "\n".join(out)
 
 

@@ -116,7 +116,8 @@ def requeue_for_chunker(conn: psycopg.Connection, chunker_version: str) -> int:
     ).rowcount
 
 
-_OLDER_PARSER = sql.SQL("""status = ANY(%s) AND lower(rel_path) LIKE '%%.pdf'
+# PDFs and slide decks (PPTX: their speaker notes, rp14) parsed by an older parser
+_OLDER_PARSER = sql.SQL("""status = ANY(%s) AND (lower(rel_path) LIKE '%%.pdf' OR lower(rel_path) LIKE '%%.pptx')
     AND coalesce(substring(parser_version from '^rp([0-9]+);')::integer, 0) < %s""")
 
 
@@ -127,8 +128,8 @@ def count_for_parser(conn: psycopg.Connection, below: int) -> int:
 
 
 def requeue_for_parser(conn: psycopg.Connection, below: int) -> int:
-    """PDFs in the index parsed by a parser older than rp`below` go back to parsing (once: the parse records the
-    new version). Their text is kept until the new parse replaces it; unchanged text is not embedded again."""
+    """PDFs and slide decks in the index parsed by a parser older than rp`below` go back to parsing (once: the parse
+    records the new version). Their text is kept until the new parse replaces it; unchanged text is not embedded again."""
     return conn.execute(
         sql.SQL("UPDATE documents SET status = %s, changed_at = now() WHERE {}").format(_OLDER_PARSER),
         (D.PENDING_PARSE, list(DOCUMENT_LIVE_IN_INDEX), below),
