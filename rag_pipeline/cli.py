@@ -202,7 +202,7 @@ def _ingest_preview(args: argparse.Namespace, settings: Settings) -> int:
     print(f"work: {work['documents_to_parse']} documents to parse ({work['bytes_to_parse']:,} bytes; those parsed "
           f"before had {work['pages_they_had']} pages), {work['documents_to_chunk']} to chunk from kept text, "
           f"{work['chunks_relabelled_in_place']} chunks relabelled in place, {work['chunks_removed']} chunks "
-          f"removed, {work['pdfs_for_the_new_parser']} PDFs for the new parser; unchanged text keeps its vectors")
+          f"removed, {work['pdfs_for_the_new_parser']} PDFs and decks for the new parser; unchanged text keeps its vectors")
     return EXIT_OK
 
 

@@ -222,6 +222,28 @@ def test_layout_tier_reads_borderless_tables_offline():
     assert "Table 324. Arrests by Sex and Age: 2009" in markdown  # its caption, read from the text layer
 
 
+@pytest.mark.torture
+def test_the_layout_tier_reads_a_page_whose_cropbox_is_not_its_mediabox_as_it_reads_the_page_itself(tmp_path):
+    """A printer's PDF draws on a larger MediaBox and shows its CropBox: the rendering is of the CropBox, pdfplumber
+    measures words from the MediaBox. The same page drawn with 100 points of margin outside its CropBox reads the
+    same, and its figures come back where pdfplumber measures them."""
+    import pypdfium2 as pdfium
+
+    from rag_pipeline.parsing.cascade import layout_page
+
+    original = TORTURE / "docs" / "camelot_12s0324_borderless_2tables.pdf"
+    framed = tmp_path / "framed.pdf"
+    pdf = pdfium.PdfDocument(str(original))
+    page = pdf[0]
+    left, bottom, right, top = page.get_mediabox()
+    page.set_mediabox(left - 100, bottom - 60, right + 40, top + 80)
+    page.set_cropbox(left, bottom, right, top)
+    pdf.save(str(framed))
+    pdf.close()
+    expected = layout_page(original, 1, ParsingConfig(), None)
+    assert "|" in expected and layout_page(framed, 1, ParsingConfig(), None) == expected
+
+
 @pytest.mark.financebench
 def test_the_layout_tier_reads_the_pages_of_one_open_filing_as_it_reads_each_alone():
     """A cascade keeps the file open for all the pages it escalates (opening a filing walks its whole page tree);

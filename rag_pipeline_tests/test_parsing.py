@@ -449,12 +449,15 @@ def test_a_slide_read_by_ocr_that_opens_a_line_with_a_hash_names_no_section():
 
 
 def test_the_layout_tiers_text_that_opens_as_markdown_is_escaped():
-    from rag_pipeline.parsing.layout import _words_text
+    """In the regions the model finds, and in the words no region holds (a figure's)."""
+    from rag_pipeline.parsing.layout import _unheld_blocks, _words_text
 
     words = [{"text": "#", "x0": 72.0, "x1": 78.0, "top": 100.0, "bottom": 110.0},
              {"text": "comment", "x0": 82.0, "x1": 130.0, "top": 100.0, "bottom": 110.0},
              {"text": "value", "x0": 72.0, "x1": 100.0, "top": 114.0, "bottom": 124.0}]
     assert _words_text(words).splitlines() == ["\\# comment", "value"]
+    [(_, text)] = _unheld_blocks(words, [])
+    assert text.splitlines() == ["\\# comment", "value"]
 
 
 @pytest.mark.torture
@@ -481,3 +484,20 @@ def test_a_deck_parsed_before_its_notes_were_kept_is_parsed_again_once(tmp_path,
     assert again["success"] and again["requeued_for_new_parser"] == 1
     hits = search(db, "final notes on the third slide", ["staff"], k=3)
     assert hits and hits[0].page_start == 3 and "Speaker notes: Final notes" in hits[0].text
+
+
+def test_a_hidden_slides_speaker_notes_are_left_out_with_it(tmp_path):
+    from pptx import Presentation
+
+    deck = Presentation()
+    for number, hidden in ((1, False), (2, True)):
+        slide = deck.slides.add_slide(deck.slide_layouts[1])
+        slide.shapes.title.text = f"Slide {number} title"
+        slide.placeholders[1].text = f"Body of slide {number}"
+        slide.notes_slide.notes_text_frame.text = f"Notes of slide {number}"
+        if hidden:
+            slide._element.set("show", "0")  # PowerPoint's "Hide slide"
+    deck.save(tmp_path / "deck.pptx")
+    pages = list(parse_file(tmp_path / "deck.pptx"))
+    assert "Speaker notes: Notes of slide 1" in pages[0].markdown
+    assert "slide 2" not in "\n".join(page.markdown for page in pages)

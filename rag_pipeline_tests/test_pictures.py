@@ -77,16 +77,18 @@ def test_prose_that_refers_to_a_figure_is_no_caption_and_a_caption_set_close_und
     chart = bar_chart()
     reference = [word("Figure", 100, 170), word("3-5", 140, 170), word("shows", 165, 170), word("the", 200, 170),
                  word("difference", 220, 170)]  # prose above, within the caption distance
-    caption = [word("Figure", 100, 408), word("3-5", 140, 408), word("Special", 165, 408),
-               word("registers", 215, 408), word("and", 275, 408), word("adopted", 300, 408),
-               word("authority", 350, 408)]  # set 4 points under the chart: it runs on past the box's right edge
+    caption = [word("Figure", 100, 400), word("3-5", 140, 400), word("Special", 165, 400),
+               word("registers", 215, 400), word("and", 275, 400), word("adopted", 300, 400),
+               word("authority", 350, 400)]  # set across the chart's bottom edge (404), running on past its right
     [picture] = find_pictures(1, WIDTH, HEIGHT, [], chart, reference + caption)
     assert picture.caption == "Figure 3-5 Special registers and adopted authority"
     [picture] = find_pictures(1, WIDTH, HEIGHT, [], chart, reference)
     assert picture.caption is None
     # "Chart 2: Revenue" and a label with a title in lower case after its colon are captions; "Chart of accounts" is not
     assert is_caption("Chart 2: Revenue") and is_caption("Figure 1: overview") and is_caption("Fig. 2.1 Results")
+    assert is_caption("Figure 3a: Distribution") and is_caption("Fig. 2b Results") and is_caption("Figure S1 Flow")
     assert not is_caption("Chart of accounts") and not is_caption("Figure 4 compares the two")
+    assert not is_caption("Figure S1 shows the flow") and not is_caption("Figure 3a shows the flow")
 
 
 def test_a_diagram_the_table_finders_read_as_a_grid_is_a_picture_when_its_caption_names_a_figure():
@@ -96,6 +98,15 @@ def test_a_diagram_the_table_finders_read_as_a_grid_is_a_picture_when_its_captio
     assert picture.caption == "Figure 2 Data flow"
     table_caption = [word("Table", 100, 430), word("2", 140, 430), word("Data", 160, 430), word("flow", 195, 430)]
     assert find_pictures(1, WIDTH, HEIGHT, [], bar_chart(), table_caption, tables=[grid]) == []
+    # the caption of a figure set above the table, prose that names a figure under it, and a table's own header
+    # row ("Exhibit No.") leave the grid the table's
+    above = [word("Figure", 100, 170), word("1", 140, 170), word("Sales", 160, 170), word("by", 200, 170),
+             word("year", 220, 170)]
+    prose = [word("Figure", 100, 430), word("2", 140, 430), word("shows", 160, 430), word("the", 200, 430),
+             word("flow", 230, 430)]
+    header = [word("Exhibit", 100, 205), word("No.", 150, 205), word("Description", 180, 205)]
+    for words in (above, prose, header):
+        assert find_pictures(1, WIDTH, HEIGHT, [], bar_chart(), words, tables=[grid]) == [], words
 
 
 @pytest.mark.torture
@@ -110,7 +121,8 @@ def test_a_real_manuals_diagrams_keep_their_captions_and_words():
     assert "CREATE PERMISSION" in captions["Figure 3-1 CREATE PERMISSION SQL statement"].text
     assert "Owner = JOE" in captions["Figure 3-5 Special registers and adopted authority"].text
     assert "Figure 3-11 Selecting the EMPLOYEES table from System i Navigator" in captions
-    assert not any(caption and caption.startswith("Figure3-5 shows") for caption in captions)
+    # Table 3-1, a ruled table above prose that names Figure 3-5, stays a table: the diagram is page 11's one picture
+    assert [p.caption for p in captions.values() if p.page == 11] == ["Figure 3-5 Special registers and adopted authority"]
 
 
 def test_a_region_the_layout_model_calls_a_figure_is_a_picture_unless_one_found_already_covers_it():

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -259,11 +259,27 @@ def layout_reading(path: Path, page_number: int, config: ParsingConfig, password
     if text_layer.rotation:
         raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
     image = render_page(path, page_number, config.layout_dpi, password, config.max_render_pixels)
-    scale = image.width / max(1.0, text_layer.width)  # pixels per point, as rendered
-    words = text_layer.words or _ocr_words(image, scale)
+    # The rendering is of the CropBox; pdfplumber measures words from the MediaBox's top left: the model's regions
+    # and the words are matched in the rendering's frame, and the figures found go back to pdfplumber's.
+    placement = PagePlacement.of(path, page_number, password, image.width) or PagePlacement(
+        image.width / max(1.0, text_layer.width), 0.0, 0.0)
+    scale, dx, dy = placement.scale, placement.dx, placement.dy
+    words = [_shifted(w, dx, dy) for w in text_layer.words] or _ocr_words(image, scale)
     reading = layout.page_markdown(image, scale, words)
-    pictures = region_pictures(page_number, text_layer.width, image.height / scale, reading.figures, words, known)
+    try:
+        figures = [(x0 - dx, top - dy, x1 - dx, bottom - dy) for x0, top, x1, bottom in reading.figures]
+        found = region_pictures(page_number, image.width / scale - dx, image.height / scale - dy, figures,
+                                [_shifted(w, -dx, -dy) for w in words], known)
+        pictures = [replace(p, text=rtl.logical_text(p.text)) for p in found]
+    except Exception as exc:  # a picture that cannot be read is lost, not the page's reading
+        log.warning("figures on %s page %s not read: %s: %s", path.name, page_number, type(exc).__name__, exc)
+        pictures = []
     return rtl.logical_text(reading.markdown), pictures
+
+
+def _shifted(word: dict[str, Any], dx: float, dy: float) -> dict[str, Any]:
+    return {**word, "x0": float(word["x0"]) + dx, "x1": float(word["x1"]) + dx,
+            "top": float(word["top"]) + dy, "bottom": float(word["bottom"]) + dy}
 
 
 def read_text_layer(document: OpenPdf, page_number: int, close: bool) -> TextLayer:

@@ -32,13 +32,21 @@ NOTES_LABEL = "Speaker notes:"
 
 
 def speaker_notes(document: Any) -> dict[int, str]:
-    """The notes of each slide of a converted deck, by slide number, their lines joined."""
+    """The notes of each shown slide of a converted deck, by slide number, their lines joined. A hidden slide's
+    content is on Docling's invisible layer and its notes stay on the notes layer: they are left out with it."""
     from docling_core.types.doc import ContentLayer
 
+    layers: dict[int, set[Any]] = {}
+    for item in [*document.texts, *document.tables, *document.pictures]:
+        for prov in item.prov or ():
+            layers.setdefault(prov.page_no, set()).add(item.content_layer)
+    hidden = {number for number, seen in layers.items()
+              if ContentLayer.INVISIBLE in seen and ContentLayer.BODY not in seen}
     notes: dict[int, list[str]] = {}
     for item in document.texts:
         if item.content_layer == ContentLayer.NOTES and item.prov and item.text.strip():
-            notes.setdefault(item.prov[0].page_no, []).append(" ".join(item.text.split()))
+            if item.prov[0].page_no not in hidden:
+                notes.setdefault(item.prov[0].page_no, []).append(" ".join(item.text.split()))
     return {number: " ".join(lines) for number, lines in notes.items()}
 
 

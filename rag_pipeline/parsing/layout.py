@@ -293,7 +293,7 @@ def page_markdown(image: Any, scale: float, words: Sequence[dict[str, Any]]) -> 
         if not text:
             continue
         if region.kind == "title":
-            text = "## " + " ".join(text.removeprefix("\\").split())
+            text = "## " + " ".join(" ".join(line.removeprefix("\\") for line in text.split("\n")).split())
         elif region.kind in CAPTION_REGIONS:
             text = "Table: " + " ".join(text.split()) if not text.lower().startswith("table") else " ".join(
                 text.split())
@@ -314,7 +314,7 @@ def _unheld_blocks(words: Sequence[dict[str, Any]], block_tops: Sequence[float]
     last_top = None
     for line in group_lines(words):
         top = min(float(w["top"]) for w in line)
-        text = " ".join(str(w["text"]) for w in line)
+        text = as_text_line(" ".join(str(w["text"]) for w in line))
         if runs and last_top is not None and not any(last_top < t <= top for t in block_tops):
             runs[-1][1].append(text)
         else:

@@ -16,7 +16,8 @@ they belong to, they can be said together instead of scattered through the prose
     "Photo" within CAPTION_DISTANCE points above or below (not prose that refers to one: "Figure 3 shows …"), else
     such a line opening or closing the picture's own words, else a line of three words or more, not ending a
     sentence, within TITLE_DISTANCE points above (a chart's title);
-  * a drawing the table finders read as a grid is the table's, unless its caption names it a figure.
+  * a drawing the table finders read as a grid is the table's, unless the caption set under it names a numbered
+    figure ("Figure 3-1 …": a diagram of boxes read as cells).
 """
 
 from __future__ import annotations
@@ -64,8 +65,15 @@ CAPTION_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|ph
 # The caption's label in full ("Figure 3-5", "Fig. 2.1", "Chart IV") and what follows it: a caption goes on with its
 # title ("Figure 3-5 Special registers", "Figure 2: overview"); prose that refers to a figure goes on with a word in
 # lower case ("Figure 3-5 shows the difference", "Chart of accounts").
+# A label's number may carry a supplement's or an appendix's letter before it and a panel's after it ("Figure S1",
+# "Figure A.2", "Figure 3a", "Fig. 2b").
 CAPTION_LABEL_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
-                              r"(?:[\dIVXivx]+(?:[.\-\u2013][\dA-Za-z]+)*)?\s*(?P<rest>.*)$", re.IGNORECASE)
+                              r"(?:(?:[A-Z]\.?)?[\dIVXivx]+[a-z]?(?:[.\-\u2013][\dA-Za-z]+)*)?\s*(?P<rest>.*)$",
+                              re.IGNORECASE)
+# A caption that names a figure by number, set under it: the one thing that makes a drawing the table finders read
+# as a grid a picture too (a diagram of boxes), where a table's own header ("Exhibit No.", "Map Reference") or the
+# caption of a figure set above the table does not.
+NUMBERED_FIGURE_RE = re.compile(r"^\s*(?:figure|fig\.|diagram)\s*[A-Z]?\.?\d", re.IGNORECASE)
 
 Box = tuple[float, float, float, float]  # x0, top, x1, bottom, in points from the page's top left
 # an embedded image, a group of vector drawings, a region the layout model called a figure
@@ -243,6 +251,13 @@ class _PageWords:
                   and box[1] - WORD_MARGIN <= (b[1] + b[3]) / 2 <= box[3] + WORD_MARGIN]
         return _caption(box, [(b, t) for b, t in self.lines if _overlap(b, box) == 0], within)
 
+    def names_a_figure_below(self, box: Box) -> bool:
+        """The first line set under the box (its middle below the box's bottom, within CAPTION_DISTANCE) captions
+        a numbered figure (NUMBERED_FIGURE_RE)."""
+        below = sorted((b[1], t) for b, t in self.lines if b[2] >= box[0] and b[0] <= box[2]
+                       and (b[1] + b[3]) / 2 > box[3] and b[1] - box[3] <= CAPTION_DISTANCE)
+        return bool(below) and bool(NUMBERED_FIGURE_RE.match(below[0][1])) and is_caption(below[0][1])
+
     def picture(self, page_number: int, kind: str, box: Box) -> Picture:
         return Picture(page_number, kind, tuple(round(v, 1) for v in box),  # type: ignore[arg-type]
                        self.caption(box), "\n".join(self.inside(box)))
@@ -271,10 +286,10 @@ def find_pictures(page_number: int, width: float, height: float, images: Sequenc
     for box, count in group_drawings(boxes):
         if count < MIN_DRAWING_OBJECTS or not _shaped_like_a_picture(box, page_area):
             continue
-        # a drawing the table finders read as a grid is the table's, unless a caption names it a figure (a
-        # diagram of boxes and arrows read as cells)
+        # a drawing the table finders read as a grid is the table's, unless the caption under it names a figure
+        # (a diagram of boxes and arrows read as cells)
         if (any(_overlap(box, table) >= TABLE_OVERLAP * _area(box) for table in tables)
-                and not is_caption(page_words.caption(box) or "")):
+                and not page_words.names_a_figure_below(box)):
             continue
         candidates.append(("drawing", box))
     # an image inside a drawing (a photo in a framed panel) is one picture: the larger box
@@ -302,8 +317,8 @@ def region_pictures(page_number: int, width: float, height: float, regions: Sequ
         box = _on_page({"x0": region[0], "top": region[1], "x1": region[2], "bottom": region[3]}, width, height)
         if box is None or not _shaped_like_a_picture(box, page_area):
             continue
-        if any(_overlap(box, other.box) >= 0.5 * min(_area(box), _area(other.box)) for other in [*known, *out]):
-            continue
+        if any(_overlap(box, other.box) >= 0.5 * _area(box) for other in [*known, *out]):
+            continue  # mostly a picture found already (a region holding a small image is not)
         out.append(page_words.picture(page_number, "figure", box))
     return out
 

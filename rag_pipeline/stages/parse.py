@@ -43,7 +43,7 @@ D = DocumentStatus
 @dataclass
 class ParseStats(StageStats):
     parsed: int = 0
-    requeued_for_new_parser: int = 0  # PDFs parsed again for what a newer parser keeps (REPARSE_PDFS_BELOW)
+    requeued_for_new_parser: int = 0  # PDFs and decks parsed again for what a newer parser keeps (REPARSE_PDFS_BELOW)
     content_unchanged: int = 0  # file changed, text did not: no chunking, no embedding
     regrouped: int = 0  # of those, relabelled too: chunked again into their label set's groups (nothing embedded)
     dead_lettered: int = 0

@@ -82,7 +82,7 @@ class SourcePreview:
 @dataclass
 class RefreshPreview:
     sources: list[SourcePreview] = field(default_factory=list)
-    pdfs_for_the_new_parser: int = 0  # indexed PDFs a newer parser sends back to parsing once (stages.process)
+    pdfs_for_the_new_parser: int = 0  # indexed PDFs and decks a newer parser sends back to parsing once (stages.process)
 
     def counts(self) -> Counter[str]:
         return sum((s.counts for s in self.sources), Counter())
