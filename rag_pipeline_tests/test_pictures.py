@@ -272,6 +272,25 @@ def test_parsing_keeps_a_real_reports_charts_with_their_pages():
     assert "Latino perceptions of personal finances" in text and "General public" in text
 
 
+@pytest.mark.mmlongbench
+def test_a_page_the_layout_tier_reads_keeps_the_figures_its_model_finds():
+    """A paper's page of plotted F1 scores: tier 1 reads its plots as a table and finds no picture; the page
+    escalates to the layout tier, whose model calls the two rows of plots figures, kept with their words and caption."""
+    from rag_pipeline.config import ParsingConfig
+    from rag_pipeline.parsing.cascade import Cascade
+    from rag_pipeline.parsing.pdf import parse_pdf
+
+    path = MMLONGBENCH / "pdfs" / "2303.08559v2.pdf"
+    [page] = [p for p in parse_pdf(path, None) if p.page == 19]
+    assert not page.signals.get("pictures")
+    [page] = Cascade(ParsingConfig()).run(path, [page])
+    assert page.tier == "layout"
+    figures = [picture_from_record(19, record) for record in page.signals["pictures"]]
+    assert [p.kind for p in figures if p] == ["figure", "figure"]
+    assert any(p and p.caption and p.caption.startswith("Figure 8: Relationship between demo number") and
+               "Vicuna (13B)" in p.text for p in figures)
+
+
 def test_a_drawn_chart_is_parsed_listed_and_indexed_as_a_figure_chunk(tmp_path, make_settings, db):
     import subprocess
     import sys
