@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from rag_pipeline.parsing.cascade import Cascade, escalation_reason, parse_docum
 from rag_pipeline.parsing.formats import parse_file
 from rag_pipeline.text.cleaning import clean_parsed_pages
 from rag_pipeline_tests.chat_server import FakeChatServer
-from rag_pipeline_tests.conftest import SAMPLE_CORPUS, TORTURE
+from rag_pipeline_tests.conftest import MMLONGBENCH, SAMPLE_CORPUS, TORTURE
 
 SCANNED = TORTURE / "docs" / "docling_ocr_test_scanned.pdf"
 
@@ -242,6 +243,50 @@ def test_the_layout_tier_reads_a_page_whose_cropbox_is_not_its_mediabox_as_it_re
     pdf.close()
     expected = layout_page(original, 1, ParsingConfig(), None)
     assert "|" in expected and layout_page(framed, 1, ParsingConfig(), None) == expected
+
+
+def _page_drawn_elsewhere(source: Path, index: int, out: Path, dx: float, dy: float) -> None:
+    """The page `index` of `source` drawn dx, dy points away from the origin, its MediaBox moved with it: it
+    renders the same, while pdfplumber measures its words dx points further right (x as the PDF says it)."""
+    import pypdfium2 as pdfium
+
+    original, moved = pdfium.PdfDocument(str(source)), pdfium.PdfDocument.new()
+    width, height = original[index].get_size()
+    drawing = original.page_as_xobject(index, moved).as_pageobject()
+    drawing.transform(pdfium.PdfMatrix().translate(dx, dy))
+    page = moved.new_page(width + dx, height + dy)
+    page.insert_obj(drawing)
+    page.gen_content()
+    page.set_mediabox(dx, dy, dx + width, dy + height)
+    moved.save(str(out))
+    moved.close()
+    original.close()
+
+
+@pytest.mark.torture
+@pytest.mark.mmlongbench
+def test_the_layout_tier_reads_a_page_drawn_away_from_the_origin_as_the_page_itself(tmp_path):
+    """The tier renders the page and measures its words as pdfplumber does, in two frames: a page whose MediaBox
+    starts at x = 200 reads the same, and the figures its model finds come back where pdfplumber measures them."""
+    import pdfplumber
+
+    from rag_pipeline.parsing.cascade import layout_reading
+
+    for source, index in ((TORTURE / "docs" / "camelot_12s0324_borderless_2tables.pdf", 0),
+                          (MMLONGBENCH / "pdfs" / "2303.08559v2.pdf", 18)):
+        alone, moved = tmp_path / f"alone-{source.name}", tmp_path / f"moved-{source.name}"
+        _page_drawn_elsewhere(source, index, alone, 0, 0)
+        _page_drawn_elsewhere(source, index, moved, 200, 100)
+        with pdfplumber.open(alone) as a, pdfplumber.open(moved) as b:
+            first, again = a.pages[0].extract_words()[0], b.pages[0].extract_words()[0]
+        shift = (round(again["x0"] - first["x0"], 1), round(again["top"] - first["top"], 1))
+        assert shift[0] == 200  # the frames differ, or the test tests nothing
+        (expected, figures), (markdown, found) = (layout_reading(path, 1, ParsingConfig(), None)
+                                                  for path in (alone, moved))
+        assert "|" in expected and markdown == expected
+        assert [p.box for p in found] == [tuple(round(v + shift[i % 2], 1) for i, v in enumerate(p.box))
+                                          for p in figures]
+    assert len(figures) == 2  # the paper's page: its two rows of plots
 
 
 @pytest.mark.financebench

@@ -135,6 +135,9 @@ def test_a_region_the_layout_model_calls_a_figure_is_a_picture_unless_one_found_
     assert picture.caption == "Figure 2: Request flow" and "Gateway" in picture.text
     found = Picture(3, "drawing", (100.0, 200.0, 450.0, 310.0), None, "")
     assert region_pictures(3, WIDTH, HEIGHT, [region], diagram, known=[found]) == []
+    # a small image inside the region (a logo in the diagram) leaves the rest of its words to the region
+    logo = Picture(3, "image", (115.0, 212.0, 165.0, 240.0), None, "")
+    assert [p.box for p in region_pictures(3, WIDTH, HEIGHT, [region], diagram, known=[logo])] == [region]
     # an icon-sized region, one off the page and a page of no size add nothing
     assert region_pictures(3, WIDTH, HEIGHT, [(10.0, 10.0, 20.0, 20.0), (900.0, 900.0, 990.0, 990.0)], diagram) == []
     assert region_pictures(3, 0.0, HEIGHT, [region], diagram) == []
@@ -386,6 +389,36 @@ def test_a_pictures_box_is_cut_from_the_rendered_page_where_it_is_drawn_whatever
     assert sum(crop.getdata()) / (200 * 100) < 10  # all black: the box itself, not 36 points beside it
     _cropped_page_with_a_black_box(tmp_path / "turned.pdf", rotate=90)
     assert PagePlacement.of(tmp_path / "turned.pdf", 1, None, 720) is None
+
+
+def test_a_picture_is_placed_on_a_page_whose_mediabox_it_inherits_from_the_page_tree(tmp_path):
+    """A landscape A4 page whose MediaBox is set on its /Pages node (as some producers write it): pdfium's box getters
+    read the page's own dictionary only and take it for US Letter; tier 1 records the box pdfplumber reads through
+    the page tree, and pictures are cut from the rendering by that."""
+    from rag_pipeline.config import ParsingConfig
+    from rag_pipeline.parsing.cascade import PagePlacement, render_page
+    from rag_pipeline.parsing.pdf import parse_pdf
+
+    content = b"BT /F1 24 Tf 100 300 Td (Inherited box) Tj ET"
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [3 0 R] /Count 1 /MediaBox [0 0 842 595] >>",
+               b"<< /Type /Page /Parent 2 0 R /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    pdf, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(pdf))
+        pdf += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(pdf)
+    pdf += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    pdf += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    path = tmp_path / "inherited.pdf"
+    path.write_bytes(bytes(pdf))
+    [page] = list(parse_pdf(path, None))
+    assert page.signals["crop_box"] == [0.0, 0.0, 842.0, 595.0]
+    image = render_page(path, 1, 72, None, ParsingConfig().max_render_pixels)
+    assert image.size == (842, 595)
+    assert PagePlacement.of_page(page, image.width) == PagePlacement(1.0, 0.0, 0.0)
 
 
 def test_a_page_that_cannot_be_rendered_loses_its_pictures_words_not_the_document(tmp_path, monkeypatch):

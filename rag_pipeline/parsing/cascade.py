@@ -259,22 +259,25 @@ def layout_reading(path: Path, page_number: int, config: ParsingConfig, password
     if text_layer.rotation:
         raise TierUnavailable("the layout tier reads upright pages only (this one has /Rotate)")
     image = render_page(path, page_number, config.layout_dpi, password, config.max_render_pixels)
-    # The rendering is of the CropBox; pdfplumber measures words from the MediaBox's top left: the model's regions
-    # and the words are matched in the rendering's frame, and the figures found go back to pdfplumber's.
-    placement = PagePlacement.of(path, page_number, password, image.width) or PagePlacement(
-        image.width / max(1.0, text_layer.width), 0.0, 0.0)
-    scale, dx, dy = placement.scale, placement.dx, placement.dy
-    words = [_shifted(w, dx, dy) for w in text_layer.words] or _ocr_words(image, scale)
+    # The rendering shows the CropBox; pdfplumber measures words from the MediaBox's top left (and reads both boxes
+    # through the page tree, where pdfium's box getters read the page's own dictionary only). Words, the model's
+    # regions and known pictures meet in the rendering's frame; the figures found go back to pdfplumber's.
+    left, top, right, _ = text_layer.crop
+    scale = image.width / max(1.0, right - left)  # pixels per point, as rendered
+    words = [_shifted(w, -left, -top) for w in text_layer.words] or _ocr_words(image, scale)
     reading = layout.page_markdown(image, scale, words)
     try:
-        figures = [(x0 - dx, top - dy, x1 - dx, bottom - dy) for x0, top, x1, bottom in reading.figures]
-        found = region_pictures(page_number, image.width / scale - dx, image.height / scale - dy, figures,
-                                [_shifted(w, -dx, -dy) for w in words], known)
-        pictures = [replace(p, text=rtl.logical_text(p.text)) for p in found]
+        found = region_pictures(page_number, image.width / scale, image.height / scale, reading.figures, words,
+                                [replace(p, box=_moved(p.box, -left, -top)) for p in known])
+        pictures = [replace(p, box=_moved(p.box, left, top), text=rtl.logical_text(p.text)) for p in found]
     except Exception as exc:  # a picture that cannot be read is lost, not the page's reading
         log.warning("figures on %s page %s not read: %s: %s", path.name, page_number, type(exc).__name__, exc)
         pictures = []
     return rtl.logical_text(reading.markdown), pictures
+
+
+def _moved(box: tuple[float, float, float, float], dx: float, dy: float) -> tuple[float, float, float, float]:
+    return round(box[0] + dx, 1), round(box[1] + dy, 1), round(box[2] + dx, 1), round(box[3] + dy, 1)
 
 
 def _shifted(word: dict[str, Any], dx: float, dy: float) -> dict[str, Any]:
@@ -285,7 +288,7 @@ def _shifted(word: dict[str, Any], dx: float, dy: float) -> dict[str, Any]:
 def read_text_layer(document: OpenPdf, page_number: int, close: bool) -> TextLayer:
     """A page's text layer as tier 1 reads it (rag_pipeline.parsing.pdf), for a page that comes without one."""
     from rag_pipeline.parsing import rtl
-    from rag_pipeline.parsing.pdf import INVISIBLE_RENDER_MODE, render_aware
+    from rag_pipeline.parsing.pdf import INVISIBLE_RENDER_MODE, crop_box, render_aware
     from rag_pipeline.parsing.word_gaps import plain_words
 
     try:
@@ -296,7 +299,7 @@ def read_text_layer(document: OpenPdf, page_number: int, close: bool) -> TextLay
                 for char in page.chars:
                     char["text"] = rtl.visual_glyph(char["text"])
                 visible, _ = plain_words(page.filter(lambda obj: obj.get("render_mode") != INVISIBLE_RENDER_MODE))
-                return TextLayer(float(page.width), int(page.rotation or 0), visible.extract_words())
+                return TextLayer(crop_box(page), int(page.rotation or 0), visible.extract_words())
             finally:
                 original.close()  # its parsed objects: a long filing would otherwise keep every page's
     finally:
@@ -513,7 +516,7 @@ def read_raster_pictures(path: Path, pages: list[ParsedPage], password: str | No
 def _read_page_pictures(path: Path, page_number: int, password: str | None, config: ParsingConfig,
                         items: list[tuple[ParsedPage, int, Picture]]) -> int:
     image = render_page(path, page_number, config.ocr_dpi, password, config.max_render_pixels)
-    place = PagePlacement.of(path, page_number, password, image.width)
+    place = PagePlacement.of_page(items[0][0], image.width) or PagePlacement.of(path, page_number, password, image.width)
     if place is None:
         return 0
     read = 0
@@ -545,6 +548,17 @@ class PagePlacement:
     scale: float
     dx: float  # points to add to a box's x to measure it from the CropBox's left
     dy: float  # points to add to a box's top to measure it from the CropBox's top
+
+    @classmethod
+    def of_page(cls, page: ParsedPage, image_width: int) -> PagePlacement | None:
+        """From the CropBox tier 1 recorded in pdfplumber's frame (read through the page tree, where pdfium's box
+        getters read the page's own dictionary only); None on a turned page or one recorded without it."""
+        box = page.signals.get("crop_box")
+        if page.signals.get("rotation") or not (isinstance(box, list) and len(box) == 4
+                                                and all(isinstance(v, int | float) for v in box)):
+            return None
+        left, top, right, _ = (float(v) for v in box)
+        return cls(image_width / (right - left), -left, -top) if right - left > 0 else None
 
     @classmethod
     def of(cls, path: Path, page_number: int, password: str | None, image_width: int) -> PagePlacement | None:

@@ -108,7 +108,8 @@ class PictureDescriber:
                        items: list[tuple[ParsedPage, int, Picture]], cache: DescriptionCache,
                        stats: DescriptionStats) -> None:
         image = render_page(path, page_number, self.config.dpi, password, self.max_pixels)
-        place = PagePlacement.of(path, page_number, password, image.width)
+        place = (PagePlacement.of_page(items[0][0], image.width)
+                 or PagePlacement.of(path, page_number, password, image.width))
         if place is None:
             return
         for page, index, picture in items:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from rag_pipeline.parsing.pages import TABLE_SEPARATOR_RE, DeadLetter, ParsedPage
+
+log = logging.getLogger(__name__)
 
 # The converter is shared; Docling does not promise thread safety.
 _converter_lock = threading.Lock()
@@ -31,23 +34,31 @@ def _docling_converter() -> Any:
 NOTES_LABEL = "Speaker notes:"
 
 
-def speaker_notes(document: Any) -> dict[int, str]:
-    """The notes of each shown slide of a converted deck, by slide number, their lines joined. A hidden slide's
-    content is on Docling's invisible layer and its notes stay on the notes layer: they are left out with it."""
+def speaker_notes(document: Any, path: Path) -> dict[int, str]:
+    """The notes of each shown slide of a converted deck, by slide number, their lines joined. A slide marked hidden
+    in the deck (`show="0"`) keeps its notes out with its content; a deck whose slides cannot be read for that
+    gives no notes at all (what is hidden is never indexed)."""
     from docling_core.types.doc import ContentLayer
 
-    layers: dict[int, set[Any]] = {}
-    for item in [*document.texts, *document.tables, *document.pictures]:
-        for prov in item.prov or ():
-            layers.setdefault(prov.page_no, set()).add(item.content_layer)
-    hidden = {number for number, seen in layers.items()
-              if ContentLayer.INVISIBLE in seen and ContentLayer.BODY not in seen}
+    try:
+        hidden = hidden_slides(path)
+    except Exception as exc:  # python-pptx raises a wide variety on a malformed deck
+        log.warning("speaker notes of %s left out: its slides' visibility could not be read: %s", path.name, exc)
+        return {}
     notes: dict[int, list[str]] = {}
     for item in document.texts:
         if item.content_layer == ContentLayer.NOTES and item.prov and item.text.strip():
             if item.prov[0].page_no not in hidden:
                 notes.setdefault(item.prov[0].page_no, []).append(" ".join(item.text.split()))
     return {number: " ".join(lines) for number, lines in notes.items()}
+
+
+def hidden_slides(path: Path) -> set[int]:
+    """The numbers of the slides a deck marks hidden (PowerPoint's "Hide slide": `<p:sld show="0">`)."""
+    from pptx import Presentation
+
+    return {number for number, slide in enumerate(Presentation(str(path)).slides, 1)
+            if slide._element.get("show") in ("0", "false")}
 
 
 def parse_with_docling(path: Path) -> Iterator[ParsedPage]:
@@ -66,7 +77,7 @@ def parse_with_docling(path: Path) -> Iterator[ParsedPage]:
     elapsed = time.perf_counter() - started
     page_numbers = sorted(document.pages) or [None]
     per_page = elapsed / len(page_numbers)
-    notes = speaker_notes(document) if path.suffix.lower() == ".pptx" else {}
+    notes = speaker_notes(document, path) if path.suffix.lower() == ".pptx" else {}
     for number in page_numbers:
         markdown = document.export_to_markdown(page_no=number) if number else document.export_to_markdown()
         if notes.get(number):

@@ -50,7 +50,7 @@ class DeadLetter(Exception):
 class TextLayer:
     """What tier 1 read of a PDF page that the layout tier needs again: reading the page's content stream twice was
     half that tier's time. `words` are pdfplumber's, of what is drawn (hidden text is never read)."""
-    width: float  # points
+    crop: tuple[float, float, float, float]  # the CropBox (what a page's rendering shows), in pdfplumber's frame
     rotation: int
     words: list[dict[str, Any]]
 

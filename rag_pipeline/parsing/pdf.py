@@ -187,6 +187,13 @@ def _band_text(page: Any, top: float, bottom: float) -> str:
     return page.filter(within).extract_text() or ""
 
 
+def crop_box(page: Any) -> tuple[float, float, float, float]:
+    """What a rendering of the page shows, its CropBox within its MediaBox, as pdfplumber measures them (both read
+    through the page tree)."""
+    crop, media = [float(v) for v in page.cropbox], [float(v) for v in page.mediabox]
+    return max(crop[0], media[0]), max(crop[1], media[1]), min(crop[2], media[2]), min(crop[3], media[3])
+
+
 def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
     all_chars = len(page.chars)
     for char in page.chars:
@@ -260,6 +267,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
         "ragged_table_ratio": max((ragged_ratio(rows) for rows in table_rows), default=0.0),
         "images": len(page.images),
         "rotation": int(page.rotation or 0),
+        "crop_box": [round(v, 2) for v in crop_box(page)],  # where a picture's crop is cut from the page's rendering
         "headings": len(headings),
         "columns": column_count,
         "rtl_lines": sum(1 for line in markdown.split("\n") if rtl.has_rtl(line)),
@@ -269,7 +277,7 @@ def _pdf_page(page: Any) -> tuple[str, int, dict[str, Any], TextLayer]:
     signals.update(table_stats)
     signals.update(annotation_stats)
     signals.update(spacing)
-    return markdown, len(table_blocks), signals, TextLayer(float(page.width), int(page.rotation or 0), words)
+    return markdown, len(table_blocks), signals, TextLayer(crop_box(page), int(page.rotation or 0), words)
 
 
 def parse_pdf(path: Path, password: str | None, limits: ParseLimits = ParseLimits()) -> Iterator[ParsedPage]:

@@ -68,12 +68,12 @@ CAPTION_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|ph
 # A label's number may carry a supplement's or an appendix's letter before it and a panel's after it ("Figure S1",
 # "Figure A.2", "Figure 3a", "Fig. 2b").
 CAPTION_LABEL_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
-                              r"(?:(?:[A-Z]\.?)?[\dIVXivx]+[a-z]?(?:[.\-\u2013][\dA-Za-z]+)*)?\s*(?P<rest>.*)$",
+                              r"(?:(?:[A-Z]\.?)?(?:\d+[a-z]?|[IVX]+\b)(?:[.\-\u2013][\dA-Za-z]+)*)?\s*(?P<rest>.*)$",
                               re.IGNORECASE)
 # A caption that names a figure by number, set under it: the one thing that makes a drawing the table finders read
 # as a grid a picture too (a diagram of boxes), where a table's own header ("Exhibit No.", "Map Reference") or the
 # caption of a figure set above the table does not.
-NUMBERED_FIGURE_RE = re.compile(r"^\s*(?:figure|fig\.|diagram)\s*[A-Z]?\.?\d", re.IGNORECASE)
+NUMBERED_FIGURE_RE = re.compile(r"^\s*(?:figure|fig\.|diagram)\s*(?:[A-Z]?\.?\d|[IVX]+\b)", re.IGNORECASE)
 
 Box = tuple[float, float, float, float]  # x0, top, x1, bottom, in points from the page's top left
 # an embedded image, a group of vector drawings, a region the layout model called a figure
