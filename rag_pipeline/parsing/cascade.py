@@ -262,14 +262,13 @@ def layout_reading(path: Path, page_number: int, config: ParsingConfig, password
     # The rendering shows the CropBox; pdfplumber measures words from the MediaBox's top left (and reads both boxes
     # through the page tree, where pdfium's box getters read the page's own dictionary only). Words, the model's
     # regions and known pictures meet in the rendering's frame; the figures found go back to pdfplumber's.
-    left, top, right, _ = text_layer.crop
-    scale = image.width / max(1.0, right - left)  # pixels per point, as rendered
-    words = [_shifted(w, -left, -top) for w in text_layer.words] or _ocr_words(image, scale)
-    reading = layout.page_markdown(image, scale, words)
+    place = PagePlacement.of_crop(text_layer.crop, image.width)
+    words = [_shifted(w, place.dx, place.dy) for w in text_layer.words] or _ocr_words(image, place.scale)
+    reading = layout.page_markdown(image, place.scale, words)
     try:
-        found = region_pictures(page_number, image.width / scale, image.height / scale, reading.figures, words,
-                                [replace(p, box=_moved(p.box, -left, -top)) for p in known])
-        pictures = [replace(p, box=_moved(p.box, left, top), text=rtl.logical_text(p.text)) for p in found]
+        found = region_pictures(page_number, image.width / place.scale, image.height / place.scale, reading.figures,
+                                words, [replace(p, box=_moved(p.box, place.dx, place.dy)) for p in known])
+        pictures = [replace(p, box=_moved(p.box, -place.dx, -place.dy), text=rtl.logical_text(p.text)) for p in found]
     except Exception as exc:  # a picture that cannot be read is lost, not the page's reading
         log.warning("figures on %s page %s not read: %s: %s", path.name, page_number, type(exc).__name__, exc)
         pictures = []
@@ -557,8 +556,12 @@ class PagePlacement:
         if page.signals.get("rotation") or not (isinstance(box, list) and len(box) == 4
                                                 and all(isinstance(v, int | float) for v in box)):
             return None
-        left, top, right, _ = (float(v) for v in box)
-        return cls(image_width / (right - left), -left, -top) if right - left > 0 else None
+        return cls.of_crop(tuple(float(v) for v in box), image_width) if box[2] - box[0] > 0 else None  # type: ignore[arg-type]
+
+    @classmethod
+    def of_crop(cls, crop: tuple[float, float, float, float], image_width: int) -> PagePlacement:
+        """From the CropBox in pdfplumber's frame (what the rendering `image_width` pixels wide shows)."""
+        return cls(image_width / max(1.0, crop[2] - crop[0]), -crop[0], -crop[1])
 
     @classmethod
     def of(cls, path: Path, page_number: int, password: str | None, image_width: int) -> PagePlacement | None:

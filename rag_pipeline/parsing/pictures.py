@@ -60,15 +60,14 @@ MAX_DESCRIPTION_CHARS = 2000  # of a model's description of it
 # would lose the document; an escape has no business on a terminal) and glyphs the font could not map
 UNREADABLE_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]|\(cid:\d+\)")
 
-CAPTION_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
-                        r"[\dIVXivx]*\b", re.IGNORECASE)
+CAPTION_WORDS = r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
+CAPTION_RE = re.compile(CAPTION_WORDS + r"[\dIVXivx]*\b", re.IGNORECASE)
 # The caption's label in full ("Figure 3-5", "Fig. 2.1", "Chart IV") and what follows it: a caption goes on with its
 # title ("Figure 3-5 Special registers", "Figure 2: overview"); prose that refers to a figure goes on with a word in
 # lower case ("Figure 3-5 shows the difference", "Chart of accounts").
 # A label's number may carry a supplement's or an appendix's letter before it and a panel's after it ("Figure S1",
 # "Figure A.2", "Figure 3a", "Fig. 2b").
-CAPTION_LABEL_RE = re.compile(r"^\s*(?:figure|fig\.|chart|exhibit|graph|diagram|map|photo|illustration|plate)\s*"
-                              r"(?:(?:[A-Z]\.?)?(?:\d+[a-z]?|[IVX]+\b)(?:[.\-\u2013][\dA-Za-z]+)*)?\s*(?P<rest>.*)$",
+CAPTION_LABEL_RE = re.compile(CAPTION_WORDS + r"(?:(?:[A-Z]\.?)?(?:\d+[a-z]?|[IVX]+\b)(?:[.\-\u2013][\dA-Za-z]+)*)?\s*(?P<rest>.*)$",
                               re.IGNORECASE)
 # A caption that names a figure by number, set under it: the one thing that makes a drawing the table finders read
 # as a grid a picture too (a diagram of boxes), where a table's own header ("Exhibit No.", "Map Reference") or the
