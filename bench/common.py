@@ -44,6 +44,14 @@ class Database:
     def create(self, name: str) -> str:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
+        return self.open(name)
+
+    def exists(self, name: str) -> bool:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+
+    def open(self, name: str) -> str:
+        """The database `name`, created when missing and migrated (functions included) to this checkout."""
         ensure_database(self.admin_url, name)
         url = psycopg.conninfo.make_conninfo(self.admin_url, dbname=name)
         migrate(url)
@@ -66,6 +74,18 @@ def throwaway_database() -> Iterator[Database]:
         if server is not None:
             server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def kept_database(workdir: Path) -> Iterator[Database]:
+    """The embedded PostgreSQL in `workdir` (started, created the first time), kept with its databases after."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = EmbeddedPostgres(workdir / "pg")
+    server.start()
+    try:
+        yield Database(server.url("postgres"), workdir)
+    finally:
+        server.stop()
 
 
 def paragraph(rng: random.Random, low: int = 40, high: int = 120) -> str:

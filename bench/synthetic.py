@@ -23,7 +23,8 @@ from rag_pipeline.embedding.embedders import get_embedder
 from rag_pipeline.embedding.identity import configured_identity
 
 RARE_LABEL = "rare"  # on 2% of the documents: the selective ACL filter
-COMMON_LABEL = "staff"
+TEAM_LABEL = "team"  # on 20% of them
+COMMON_LABEL = "staff"  # on the rest
 
 
 class ZipfText:
@@ -65,20 +66,24 @@ def synthetic_vectors(count: int, passages: int, seed: int = 3) -> tuple[list[st
     return texts[:count], np.vstack(vectors)[:count]
 
 
+def document_labels(d: int) -> list[str]:
+    """The d-th document's label: one document in 50 is RARE_LABEL's, one in 5 TEAM_LABEL's (never the same)."""
+    return [RARE_LABEL] if d % 50 == 0 else [TEAM_LABEL] if d % 5 == 1 else [COMMON_LABEL]
+
+
 def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, chunks_per_document: int = 50,
-               rare_share: float = 0.02) -> tuple[store.versions.IndexVersion, dict[str, float]]:
+               ) -> tuple[store.versions.IndexVersion, dict[str, float]]:
     """Documents, chunks and one active index version holding every row; returns it and load timings."""
     timings: dict[str, float] = {}
     documents = -(-len(texts) // chunks_per_document)
-    rare_every = round(1 / rare_share)
     with conn.transaction():
         conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) "
                      "VALUES ('synthetic', '/nonexistent', '{}', 86400)")
         with conn.cursor().copy("COPY documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, "
                                 "acl_labels, status) FROM STDIN") as copy:
             for d in range(documents):
-                labels = [RARE_LABEL] if d % rare_every == 0 else [COMMON_LABEL]
-                copy.write_row((f"doc{d:06d}", "synthetic", f"doc{d:06d}.md", "f", 1, "2026-01-01", labels, "indexed"))
+                copy.write_row((f"doc{d:06d}", "synthetic", f"doc{d:06d}.md", "f", 1, "2026-01-01", document_labels(d),
+                                "indexed"))
         version = store.versions.ensure_active(conn, configured_identity(EmbeddingConfig()), vectors.shape[1], "synthetic",
                                                "synthetic")
     table = sql.Identifier(version.table_name)
@@ -92,12 +97,12 @@ def load_index(conn: psycopg.Connection, texts: list[str], vectors: np.ndarray, 
             "content_type, acl_labels, embedding_input_sha, embedding) FROM STDIN").format(table)) as copy:
             for i, (text, vector) in enumerate(zip(texts, vectors, strict=True)):
                 d = i // chunks_per_document
-                labels = [RARE_LABEL] if d % rare_every == 0 else [COMMON_LABEL]
                 copy.write_row((f"c{i:07d}", f"c{i:07d}", f"doc{d:06d}", i % chunks_per_document, text, "", "", 1, 1,
-                                "prose", labels, f"s{i}", HalfVector(vector)))
+                                "prose", document_labels(d), f"s{i}", HalfVector(vector)))
     timings["copy_rows_s"] = time.perf_counter() - started
     started = time.perf_counter()
-    conn.execute("SET maintenance_work_mem = '1GB'")
+    conn.execute("SET maintenance_work_mem = '4GB'")  # the HNSW graph of 1,000,000 rows in memory while it is built
+    conn.execute("SET work_mem = '256MB'")
     conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding halfvec_cosine_ops)").format(
         sql.Identifier(f"{version.table_name}_hnsw"), table))
     conn.execute(sql.SQL("ANALYZE {}").format(table))

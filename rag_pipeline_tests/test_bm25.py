@@ -212,3 +212,39 @@ def test_identifiers_are_matched_as_typed(db):
                 sql.Identifier(version.table_name)), (f"c{i}", f"c{i}", i, text, HalfVector([0.1] * 8)))
     for query, best in (("10-K", "c0"), ("fy2019 filing", "c0"), ("240.13a-15", "c0"), ("pg_stat_activity", "c2")):
         assert store.search.bm25_ranking(db, version, query, ("staff",), 2).chunk_ids[0] == best, query
+
+
+def _bm25_structures(conn, version) -> dict[str, object]:
+    """Everything a version's BM25 holds, in an order-free form, and the postings' index definitions."""
+    def rows(query: str, *names: str) -> list[tuple]:
+        return conn.execute(sql.SQL(query).format(*(sql.Identifier(version.table_name + n) for n in names))).fetchall()
+
+    return {
+        "postings": rows("SELECT term_id, lexical_id, tf, weight FROM {} ORDER BY 1, 2", "_postings"),
+        "weights": rows("SELECT lexical_id, len, vec::text FROM {} ORDER BY 1", "_bm25docs"),
+        "df": rows("SELECT term_id, sum(df) FROM {} GROUP BY 1 HAVING sum(df) <> 0 ORDER BY 1", "_bm25_df"),
+        "totals": rows("SELECT sum(chunks), sum(total_len) FROM {}", "_bm25_totals"),
+        "params": rows("SELECT k1, b, avgdl, configs::text FROM {}", "_bm25_params"),
+        "indexes": sorted(r[0] for r in conn.execute(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s::regclass",
+            (f"{version.table_name}_postings",)).fetchall()),
+        "key": conn.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass"
+                            " AND contype = 'p'", (f"{version.table_name}_postings",)).fetchall(),
+    }
+
+
+@BOTH_DATABASES
+def test_a_rebuild_writes_what_the_triggers_wrote(corpus_db):
+    """The set-based rebuild (bulk loads, the reindex step) against the triggers' row-by-row writes and a re-weight:
+    the same postings with the same weights, weight vectors, counters and parameters, and the postings' key and
+    indexes made again as they were (the rebuild drops them for the load)."""
+    conn, version, _ = corpus_db
+    with conn.transaction():
+        store.versions.reweight_bm25(conn, version, K1, B)
+    written = _bm25_structures(conn, version)
+    assert len(written["postings"]) > CHUNKS * 10 and len(written["indexes"]) == 2 and written["key"]
+    with conn.transaction():
+        store.versions.rebuild_bm25(conn, version)
+    rebuilt = _bm25_structures(conn, version)
+    for name, before in written.items():
+        assert rebuilt[name] == before, name

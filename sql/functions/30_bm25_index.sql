@@ -171,44 +171,87 @@ END $$;
 -- Every BM25 structure of a version recomputed from its rows, set-based: for rows that exist before the
 -- structures do (migration), after a bulk load made with the triggers off, and as the reindex step of the
 -- maintenance policy (it also drops the dead space many deletions leave).
+-- Each row is tokenised once, into a temporary table; the weights are computed from it with the live average
+-- length as the postings are written, and the postings' indexes are built after them, sorted. (Written with the
+-- indexes in place and then re-weighted, every posting was inserted into two B-trees in random order and then
+-- updated: at 100,000 rows 112 s, growing faster than the rows once the B-trees outgrow memory.)
 -- rag_bm25_rebuild takes its locks on the BM25 structures up front, in the order searches read them, so a
 -- search that reads the version while it is rebuilt waits instead of deadlocking with it.
 CREATE OR REPLACE FUNCTION rag_bm25_rebuild(version_table text) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     params record;
+    postings text := version_table || '_postings';
+    live_avgdl double precision;
+    index_definitions text[];
+    constraint_definitions text[];
+    definition text;
 BEGIN
     EXECUTE format('LOCK TABLE %I IN SHARE ROW EXCLUSIVE MODE', version_table);
     -- In the order searches read them (params, totals, counters, postings, weights): a search holding one
     -- finishes before the rebuild takes the next, so the two never wait on each other in a cycle. Searches of
     -- this version wait until the rebuild commits.
     EXECUTE format('LOCK TABLE %I, %I, %I, %I, %I IN ACCESS EXCLUSIVE MODE', version_table || '_bm25_params',
-                   version_table || '_bm25_totals', version_table || '_bm25_df', version_table || '_postings',
+                   version_table || '_bm25_totals', version_table || '_bm25_df', postings,
                    version_table || '_bm25docs');
     EXECUTE format('SELECT k1, b FROM %I', version_table || '_bm25_params') INTO params;
-    EXECUTE format('TRUNCATE %I, %I, %I, %I', version_table || '_postings', version_table || '_bm25docs',
+    EXECUTE format('TRUNCATE %I, %I, %I, %I', postings, version_table || '_bm25docs',
                    version_table || '_bm25_df', version_table || '_bm25_totals');
+    -- The postings' indexes and key, as they are defined, dropped now and made again after the load.
+    SELECT array_agg(format('ALTER TABLE %I ADD CONSTRAINT %I %s', postings, c.conname, pg_get_constraintdef(c.oid)))
+        INTO constraint_definitions FROM pg_constraint c WHERE c.conrelid = postings::regclass AND c.contype = 'p';
+    SELECT array_agg(pg_get_indexdef(i.indexrelid)) INTO index_definitions
+        FROM pg_index i WHERE i.indrelid = postings::regclass
+         AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid);
+    FOR definition IN SELECT format('ALTER TABLE %I DROP CONSTRAINT %I', postings, c.conname)
+                      FROM pg_constraint c WHERE c.conrelid = postings::regclass AND c.contype = 'p'
+                      UNION ALL
+                      SELECT format('DROP INDEX %s', i.indexrelid::regclass)
+                      FROM pg_index i WHERE i.indrelid = postings::regclass
+                       AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid) LOOP
+        EXECUTE definition;
+    END LOOP;
+    EXECUTE format($sql$
+        CREATE TEMP TABLE rag_bm25_terms ON COMMIT DROP AS
+        SELECT rag_term_id(l.term) AS term_id, t.lexical_id, sum(l.tf)::integer AS tf
+        FROM %I t, rag_lexemes(t.text_config, t.prefix || ' ' || t.text) l GROUP BY 1, 2
+    $sql$, version_table);
+    EXECUTE format($sql$
+        CREATE TEMP TABLE rag_bm25_lengths ON COMMIT DROP AS
+        SELECT t.lexical_id, coalesce(s.len, 0)::integer AS len
+        FROM %I t LEFT JOIN (SELECT lexical_id, sum(tf) AS len FROM rag_bm25_terms GROUP BY lexical_id) s
+             USING (lexical_id)
+    $sql$, version_table);
+    ANALYZE rag_bm25_terms, rag_bm25_lengths;
+    SELECT sum(len)::double precision / nullif(count(*), 0) INTO live_avgdl FROM rag_bm25_lengths;
     EXECUTE format($sql$
         INSERT INTO %I (term_id, lexical_id, tf, weight)
-        SELECT rag_term_id(l.term), t.lexical_id, sum(l.tf), 0
-        FROM %I t, rag_lexemes(t.text_config, t.prefix || ' ' || t.text) l GROUP BY 1, 2
-    $sql$, version_table || '_postings', version_table);
+        SELECT s.term_id, s.lexical_id, s.tf, rag_bm25_weight(s.tf, l.len, $1, $2, $3)
+        FROM rag_bm25_terms s JOIN rag_bm25_lengths l USING (lexical_id)
+    $sql$, postings) USING live_avgdl, params.k1, params.b;
     EXECUTE format($sql$
         INSERT INTO %I (lexical_id, len, vec)
-        SELECT t.lexical_id, coalesce(sum(p.tf), 0), '{}/1000000000'::sparsevec
-        FROM %I t LEFT JOIN %I p USING (lexical_id) GROUP BY t.lexical_id
-    $sql$, version_table || '_bm25docs', version_table, version_table || '_postings');
-    EXECUTE format('INSERT INTO %I (term_id, shard, df) SELECT term_id, 0, count(*) FROM %I GROUP BY term_id',
-                   version_table || '_bm25_df', version_table || '_postings');
+        SELECT l.lexical_id, l.len, coalesce(v.vec, '{}/1000000000'::sparsevec)
+        FROM rag_bm25_lengths l LEFT JOIN (
+            SELECT lexical_id, ('{' || string_agg(term_id || ':' || weight, ',' ORDER BY term_id)
+                                || '}/1000000000')::sparsevec AS vec
+            FROM %I GROUP BY lexical_id) v USING (lexical_id)
+    $sql$, version_table || '_bm25docs', postings);
+    EXECUTE format('INSERT INTO %I (term_id, shard, df) SELECT term_id, 0, count(*) FROM rag_bm25_terms GROUP BY term_id',
+                   version_table || '_bm25_df');
     EXECUTE format($sql$
         INSERT INTO %I AS c (term_id, shard, df)
         SELECT rag_label_term_id(l), 0, count(*) FROM %I, unnest(acl_labels) AS l GROUP BY 1
         ON CONFLICT (term_id, shard) DO UPDATE SET df = c.df + EXCLUDED.df
     $sql$, version_table || '_bm25_df', version_table);
     EXECUTE format('INSERT INTO %I (shard, chunks, total_len) SELECT 0, count(*), coalesce(sum(len), 0) FROM %I',
-                   version_table || '_bm25_totals', version_table || '_bm25docs');
-    EXECUTE format($sql$UPDATE %I SET configs = (SELECT coalesce(array_agg(DISTINCT text_config), '{}') FROM %I)$sql$,
-                   version_table || '_bm25_params', version_table);
-    PERFORM rag_bm25_reweight(version_table, params.k1, params.b);
+                   version_table || '_bm25_totals', 'rag_bm25_lengths');
+    EXECUTE format($sql$UPDATE %I SET avgdl = $1, configs = (SELECT coalesce(array_agg(DISTINCT text_config), '{}')
+                                                            FROM %I)$sql$,
+                   version_table || '_bm25_params', version_table) USING live_avgdl;
+    DROP TABLE rag_bm25_terms, rag_bm25_lengths;
+    FOREACH definition IN ARRAY coalesce(constraint_definitions, '{}') || coalesce(index_definitions, '{}') LOOP
+        EXECUTE definition;
+    END LOOP;
 END $$;
 
 -- Give a version table its BM25 structures and triggers, and index the rows it already holds.
