@@ -77,15 +77,37 @@ def throwaway_database() -> Iterator[Database]:
 
 
 @contextlib.contextmanager
-def kept_database(workdir: Path) -> Iterator[Database]:
-    """The embedded PostgreSQL in `workdir` (started, created the first time), kept with its databases after."""
+def kept_database(workdir: Path, server_settings: dict[str, str] | None = None) -> Iterator[Database]:
+    """The embedded PostgreSQL in `workdir` (started, created the first time), kept with its databases after.
+    `server_settings` (e.g. shared_buffers) are written with ALTER SYSTEM, the server restarted when they change;
+    a setting left out goes back to its default."""
     workdir.mkdir(parents=True, exist_ok=True)
     server = EmbeddedPostgres(workdir / "pg")
     server.start()
+    wanted = dict(server_settings or {})
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        held = dict(conn.execute("SELECT name, setting FROM pg_file_settings WHERE sourcefile LIKE "
+                                 "'%%postgresql.auto.conf'").fetchall())
+        for name in held.keys() - wanted.keys():
+            conn.execute(psycopg.sql.SQL("ALTER SYSTEM RESET {}").format(psycopg.sql.Identifier(name)))
+        for name, value in wanted.items():
+            conn.execute(psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(psycopg.sql.Identifier(name),
+                                                                            psycopg.sql.Literal(value)))
+    if held != wanted:
+        server.stop()
+        server.start()
     try:
         yield Database(server.url("postgres"), workdir)
     finally:
         server.stop()
+
+
+def server_settings(admin_url: str, names: tuple[str, ...] = ("shared_buffers", "work_mem", "effective_cache_size",
+                                                              "max_parallel_workers_per_gather")) -> str:
+    """The server's settings that latency depends on, as one line."""
+    with psycopg.connect(admin_url) as conn:
+        return ", ".join(f"{n} {conn.execute(psycopg.sql.SQL('SHOW {}').format(psycopg.sql.Identifier(n))).fetchone()[0]}"
+                         for n in names)
 
 
 def paragraph(rng: random.Random, low: int = 40, high: int = 120) -> str:

@@ -27,7 +27,7 @@ import psycopg
 from pgvector import HalfVector
 from psycopg import sql
 
-from bench.common import WORDS, Database, kept_database, machine, throwaway_database
+from bench.common import WORDS, Database, kept_database, machine, server_settings, throwaway_database
 from bench.synthetic import COMMON_LABEL, RARE_LABEL, TEAM_LABEL, ZipfText, load_index, synthetic_vectors
 from rag_pipeline import store
 from rag_pipeline.config import Settings
@@ -245,7 +245,11 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8", help="comma-separated numbers of concurrent clients")
     parser.add_argument("--churn", type=int, default=0, help="refresh cycles of 10%% churn at the first size")
     parser.add_argument("--workdir", type=Path, help="keep the server and each size's index here, reuse them")
+    parser.add_argument("--server-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="with --workdir: a server setting (e.g. shared_buffers=6GB), restarting it; repeatable")
     args = parser.parse_args()
+    if args.server_setting and not args.workdir:
+        parser.error("--server-setting needs --workdir (a kept server)")
     modes = args.modes.split(",")
     clients = [int(c) for c in args.clients.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -260,8 +264,10 @@ def main() -> None:
     zipf = ZipfText()
     rows_out, checks_out, sizes_out = [], [], []
     p95: dict[tuple[str, str, str, int, int], float] = {}
-    server = kept_database(args.workdir) if args.workdir else throwaway_database()
+    server = (kept_database(args.workdir, dict(s.split("=", 1) for s in args.server_setting)) if args.workdir
+              else throwaway_database())
     with server as database:
+        print(f"server: {server_settings(database.admin_url)}", flush=True)
         for vocabulary in args.vocabularies.split(","):
             rng = random.Random(5)
             if vocabulary == "zipf":

@@ -56,7 +56,7 @@ def test_schema_has_pgvector_and_the_version_table_indexes(db):
     )
     defs = " ".join(indexes.values())
     assert "USING hnsw (embedding halfvec_cosine_ops)" in defs
-    assert "USING gin (tsv)" in defs and "USING gin (acl_labels)" in defs
+    assert "USING gin (acl_labels)" in defs and "tsv" not in defs
     column_type = db.execute(
         "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'embedding'",
         (created.table_name,),
@@ -436,3 +436,40 @@ def test_the_previous_versions_migration_names_the_kept_version_previous(pg_admi
             with pytest.raises(psycopg.errors.CheckViolation, match="cannot go from retired to previous"):
                 conn.execute("UPDATE index_versions SET status = 'previous' WHERE version_id = 1")
             conn.execute("UPDATE index_versions SET status = 'previous' WHERE version_id = 3")  # a promotion's step
+
+
+def test_the_tsv_migration_drops_the_column_the_previous_main_left_and_keeps_the_rows(pg_admin_url, tmp_path):
+    """Migration 010 on a database at 009 whose version tables carry `tsv` and its GIN index, as every version table
+    main created until dd2f4a2 did: the column and its index are gone, every row stays, BM25 still finds it, and
+    rows written afterwards are indexed by the triggers as before. A dropped version's table is not looked for."""
+    from pgvector import HalfVector
+
+    with _database_at(pg_admin_url, tmp_path, "009_previous_versions.sql") as url:
+        with connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) "
+                         "VALUES ('s', '/x', '{}', 60)")
+            conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                                   acl_labels, status)
+                            VALUES ('d', 's', 'd.md', 'f', 1, now(), '{staff}', 'indexed')""")
+            version = store.versions.ensure_active(conn, ids.ModelIdentity("torch", "m", "sha256:m"), 8, "c", "p")
+            table = sql.Identifier(version.table_name)
+            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN tsv tsvector GENERATED ALWAYS AS "
+                                 "(to_tsvector('english', prefix || ' ' || text)) STORED").format(table))
+            conn.execute(sql.SQL("CREATE INDEX {} ON {} USING gin (tsv)").format(
+                sql.Identifier(f"{version.table_name}_tsv"), table))
+            insert = sql.SQL("INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path,"
+                             " page_start, page_end, content_type, acl_labels, embedding_input_sha, embedding)"
+                             " VALUES (%s, %s, 'd', %s, %s, '', '', 1, 1, 'prose', '{{staff}}', 's', %s)").format(table)
+            conn.execute(insert, ("c0", "c0", 0, "the warehouse robot docks to charge", HalfVector([0.1] * 8)))
+            conn.execute("""INSERT INTO index_versions (table_name, embedding_model, dimensions, chunker_version,
+                                                        parser_version, status, dropped_at)
+                            VALUES ('index_v99', 'm', 8, 'c', 'p', 'retired', now())""")
+        assert "010_drop_unused_tsv.sql" in migrate(url)
+        with connect(url, autocommit=True) as conn:
+            columns = [r[0] for r in conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+                                                  "AND attnum > 0 AND NOT attisdropped", (version.table_name,))]
+            assert "tsv" not in columns and "embedding" in columns
+            assert conn.execute("SELECT to_regclass(%s)", (f"{version.table_name}_tsv",)).fetchone()[0] is None
+            conn.execute(insert, ("c1", "c1", 1, "a second robot for the warehouse floor", HalfVector([0.2] * 8)))
+            assert sorted(store.search.bm25_ranking(conn, version, "warehouse robot", ("staff",), 5).chunk_ids) == [
+                "c0", "c1"]

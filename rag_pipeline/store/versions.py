@@ -134,15 +134,12 @@ def create_version(
                    -- default-deny in the schema itself: a row nobody may read cannot exist
                    acl_labels          text[] NOT NULL CHECK (cardinality(acl_labels) > 0),
                    embedding_input_sha text NOT NULL,
-                   embedding           halfvec({dims}) NOT NULL,
-                   tsv                 tsvector GENERATED ALWAYS AS
-                                         (to_tsvector('english', prefix || ' ' || text)) STORED
+                   embedding           halfvec({dims}) NOT NULL
                )"""
         ).format(table=table, dims=sql.Literal(dimensions))
     )
     for suffix, index_sql in (
         ("hnsw", "CREATE INDEX {name} ON {table} USING hnsw (embedding halfvec_cosine_ops)"),
-        ("tsv", "CREATE INDEX {name} ON {table} USING gin (tsv)"),
         ("acl", "CREATE INDEX {name} ON {table} USING gin (acl_labels)"),
         ("doc", "CREATE INDEX {name} ON {table} (doc_id, ordinal)"),
         ("ctype", "CREATE INDEX {name} ON {table} (content_type)"),
