@@ -124,10 +124,12 @@ BEGIN
                 ORDER BY embedding <=> $1 LIMIT $5) AS nearest
             UNION ALL
             SELECT chunk_id, row_number() OVER (ORDER BY distance, chunk_id) FROM (
-                -- exact: `+ 0` keeps the planner off the HNSW index (the rows come from the labels' GIN index)
-                SELECT chunk_id, embedding <=> $1 AS distance FROM %1$I
-                WHERE $2 AND $3 AND acl_labels && $4
-                ORDER BY (embedding <=> $1) + 0 LIMIT $5) AS exact
+                -- exact: OFFSET 0 keeps the planner off the HNSW index (the rows come from the labels' GIN index)
+                -- and computes each row's distance once (sorting on `(embedding <=> $1) + 0` computed it twice)
+                SELECT chunk_id, distance FROM (
+                    SELECT chunk_id, embedding <=> $1 AS distance FROM %1$I
+                    WHERE $2 AND $3 AND acl_labels && $4 OFFSET 0) AS readable
+                ORDER BY distance LIMIT $5) AS exact
         ),
         sparse AS (SELECT chunk_id, rank FROM unnest($6::text[]) WITH ORDINALITY AS s(chunk_id, rank)),
         -- document-aware ranking: the same lists within the documents the query names
