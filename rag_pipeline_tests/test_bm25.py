@@ -248,3 +248,52 @@ def test_a_rebuild_writes_what_the_triggers_wrote(corpus_db):
     rebuilt = _bm25_structures(conn, version)
     for name, before in written.items():
         assert rebuilt[name] == before, name
+
+
+def _bm25_by_chunk(conn, version) -> dict[str, list[tuple]]:
+    """A version's BM25 structures keyed by chunk id (row keys differ between versions holding the same rows)."""
+    def rows(query: str, *names: str) -> list[tuple]:
+        return conn.execute(sql.SQL(query).format(*(sql.Identifier(version.table_name + n) for n in names))).fetchall()
+
+    return {
+        "postings": rows("SELECT t.chunk_id, p.term_id, p.tf, p.weight FROM {} p JOIN {} t USING (lexical_id) "
+                         "ORDER BY 1, 2", "_postings", ""),
+        "weights": rows("SELECT t.chunk_id, d.len, d.vec::text FROM {} d JOIN {} t USING (lexical_id) ORDER BY 1",
+                        "_bm25docs", ""),
+        "df": rows("SELECT term_id, sum(df) FROM {} GROUP BY 1 HAVING sum(df) <> 0 ORDER BY 1", "_bm25_df"),
+        "totals": rows("SELECT sum(chunks), sum(total_len) FROM {}", "_bm25_totals"),
+        "params": rows("SELECT k1, b, avgdl FROM {}", "_bm25_params"),
+        "indexes": sorted(r[0].replace(version.table_name, "index_vN") for r in conn.execute(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s::regclass",
+            (f"{version.table_name}_postings",)).fetchall()),
+    }
+
+
+@NEW_DATABASE
+def test_a_version_no_search_reads_is_reweighted_by_writing_its_postings_again(corpus_db):
+    """The active version is re-weighted in place (searches go on); a version being built has its postings written
+    again from their term frequencies, keys and indexes built after them. Both give the same postings, weights,
+    counters and parameters for the same rows, and the rewritten version keeps its key and indexes."""
+    conn, active, _ = corpus_db
+    columns = sql.SQL("chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start, page_end, "
+                      "content_type, acl_labels, embedding_input_sha, embedding")
+    with conn.transaction():
+        building = store.versions.create_version(conn, FAKE_MODEL, 8, "c", "p", K1, B)
+        conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY chunk_id DESC").format(
+            sql.Identifier(building.table_name), columns, columns, sql.Identifier(active.table_name)))
+    assert building.status == "building"
+
+    def files() -> list[int]:  # a rewritten (truncated) table gets a new file, an updated one keeps its own
+        return [conn.execute("SELECT pg_relation_filenode(%s::regclass)", (f"{v.table_name}_postings",)).fetchone()[0]
+                for v in (active, building)]
+
+    before = files()
+    with conn.transaction():
+        store.versions.reweight_bm25(conn, active, K1, B)
+        store.versions.reweight_bm25(conn, building, K1, B)
+    after = files()
+    assert after[0] == before[0] and after[1] != before[1]
+    in_place, rewritten = _bm25_by_chunk(conn, active), _bm25_by_chunk(conn, building)
+    assert len(rewritten["postings"]) > CHUNKS * 10 and len(rewritten["indexes"]) == 2
+    for name, expected in in_place.items():
+        assert rewritten[name] == expected, name
