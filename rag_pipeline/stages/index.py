@@ -165,14 +165,24 @@ def rebalance_bm25(conn: psycopg.Connection, version: IndexVersion, settings: Se
     """Recompute a version's BM25 weights when the corpus's average length has drifted from the one they were
     computed with (a first build, a corpus that changed shape) or k1/b changed: scores stay textbook BM25."""
     bm25 = settings.retrieval.bm25
-    with conn.transaction():
+
+    def due() -> bool:
         state = store.versions.bm25_state(conn, version)
         drifted = (state.live_avgdl is not None and state.weights_avgdl is not None
                    and abs(state.live_avgdl - state.weights_avgdl) > bm25.reweight_drift * state.weights_avgdl)
-        if drifted or (state.k1, state.b) != (bm25.k1, bm25.b):
-            store.versions.reweight_bm25(conn, version, bm25.k1, bm25.b)
-            return True
-    return False
+        return drifted or (state.k1, state.b) != (bm25.k1, bm25.b)
+
+    with conn.transaction():
+        if not due():
+            return False
+    with conn.transaction():
+        # The version's writes locked before its state is read again: two re-weights of one version (backfill
+        # shards finishing together) take turns instead of each holding a read the other's rewrite must wait for.
+        store.versions.lock_writes(conn, version)
+        if not due():
+            return False
+        store.versions.reweight_bm25(conn, version, bm25.k1, bm25.b)
+    return True
 
 
 def assign_groups(

@@ -461,6 +461,11 @@ def bm25_state(conn: psycopg.Connection, version: IndexVersion) -> Bm25State:
                      float(total_len) / float(counted) if counted else None, int(counted), int(weighted))
 
 
+def lock_writes(conn: psycopg.Connection, version: IndexVersion) -> None:
+    """Hold off every write to the version's rows (searches go on) until the transaction ends."""
+    conn.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(version.table_name)))
+
+
 def reweight_bm25(conn: psycopg.Connection, version: IndexVersion, k1: float, b: float) -> float | None:
     """Recompute every BM25 weight of a version with the current average length (and these k1, b)."""
     return conn.execute("SELECT rag_bm25_reweight(%s, %s, %s)", (version.table_name, k1, b)).fetchone()[0]

@@ -126,10 +126,12 @@ BEGIN
 END $$;
 
 -- Recompute every weight with the current average length (and the given k1, b); counters are compacted.
--- The version searches read (the alias's) is updated in place, so they go on while it is re-weighted. Any other
--- (a version being built, the end of whose backfill re-weights it; one kept for rollback) has its postings written
--- again from their term frequencies, as a rebuild writes them: updating every posting of a million-chunk version
--- rewrites 140 million rows into both of its B-trees and leaves the table twice its size.
+-- The active version is updated in place, so its searches go on while it is re-weighted. Any other (a version
+-- being built, whose backfill re-weights it at the end when its average length drifted; one kept for rollback)
+-- has its postings written again from their term frequencies, as a rebuild writes them: updating every posting
+-- of a million-chunk version rewrites 140 million rows into both of its B-trees and leaves the table twice its
+-- size. (A search of such a version, a promotion's quality gate, waits until the rewrite commits; so do the searches
+-- of a version promoted while it is rewritten.)
 CREATE OR REPLACE FUNCTION rag_bm25_reweight(version_table text, new_k1 double precision, new_b double precision)
 RETURNS double precision LANGUAGE plpgsql AS $$
 DECLARE
@@ -137,7 +139,7 @@ DECLARE
 BEGIN
     EXECUTE format('LOCK TABLE %I IN SHARE ROW EXCLUSIVE MODE', version_table);
     IF NOT EXISTS (SELECT 1 FROM index_alias a JOIN index_versions v USING (version_id)
-                   WHERE v.table_name = version_table) THEN
+                   WHERE a.alias = 'active' AND v.table_name = version_table) THEN
         EXECUTE format('LOCK TABLE %I, %I, %I, %I, %I IN ACCESS EXCLUSIVE MODE', version_table || '_bm25_params',
                        version_table || '_bm25_totals', version_table || '_bm25_df', version_table || '_postings',
                        version_table || '_bm25docs');
@@ -202,15 +204,16 @@ BEGIN
     EXECUTE format('TRUNCATE %I, %I', postings, version_table || '_bm25docs');
     -- The postings' indexes and key, as they are defined, dropped now and made again after the load.
     SELECT array_agg(format('ALTER TABLE %I ADD CONSTRAINT %I %s', postings, c.conname, pg_get_constraintdef(c.oid)))
-        INTO constraint_definitions FROM pg_constraint c WHERE c.conrelid = postings::regclass AND c.contype = 'p';
+        INTO constraint_definitions FROM pg_constraint c
+        WHERE c.conrelid = format('%I', postings)::regclass AND c.contype = 'p';
     SELECT array_agg(pg_get_indexdef(i.indexrelid)) INTO index_definitions
-        FROM pg_index i WHERE i.indrelid = postings::regclass
+        FROM pg_index i WHERE i.indrelid = format('%I', postings)::regclass
          AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid);
     FOR definition IN SELECT format('ALTER TABLE %I DROP CONSTRAINT %I', postings, c.conname)
-                      FROM pg_constraint c WHERE c.conrelid = postings::regclass AND c.contype = 'p'
+                      FROM pg_constraint c WHERE c.conrelid = format('%I', postings)::regclass AND c.contype = 'p'
                       UNION ALL
                       SELECT format('DROP INDEX %s', i.indexrelid::regclass)
-                      FROM pg_index i WHERE i.indrelid = postings::regclass
+                      FROM pg_index i WHERE i.indrelid = format('%I', postings)::regclass
                        AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid) LOOP
         EXECUTE definition;
     END LOOP;

@@ -159,7 +159,7 @@ BEGIN
     -- (scoring a readable row directly costs about what checking one candidate does); and callers whose labels
     -- reach under 1/32 of the rows, up to 10 x p_few_rows of them: most chunks the postings rank first are not
     -- theirs, so the threshold from the first candidates is low, nearly every chunk read is checked, and lists are
-    -- read again (at 1,000,000 rows a 2% caller, 20,000 rows: p95 379 ms that way, 50 ms ranked directly).
+    -- read again (at 1,000,000 rows a 2% caller, 20,000 rows, 40 wanted: p95 379 ms that way, 50 ms ranked directly).
     -- p_few_rows = 0 never ranks directly.
     IF p_documents IS NOT NULL OR rarest > 0.25 * everything
        OR (p_few_rows > 0 AND (reach < p_few_rows + 2 * pool OR (32 * reach < everything AND reach < 10 * p_few_rows))) THEN

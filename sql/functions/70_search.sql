@@ -66,6 +66,10 @@ BEGIN
         RAISE EXCEPTION 'the ranking options % have no value: neither the call nor rag.search_settings sets them '
             '(rag-pipeline migrate writes their defaults there)', unset USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
+    -- The version's BM25 structures, in the order a rebuild or re-weight locks them (30_bm25_index.sql): a search
+    -- that started first finishes first, one that starts during a rebuild waits for it; neither waits in a cycle.
+    EXECUTE format('LOCK TABLE %I, %I, %I, %I, %I IN ACCESS SHARE MODE', t || '_bm25_params', t || '_bm25_totals',
+                   t || '_bm25_df', t || '_postings', t || '_bm25docs');
     candidates := coalesce((o ->> 'candidates')::integer, greatest(4 * p_k, 40));
     -- rounded first: a share scaled by the caller (k / top_n) must not gain a row from floating point
     per_document := greatest(1, ceil(round(((routing ->> 'max_share')::double precision * p_k)::numeric, 6)))::integer;
@@ -129,7 +133,7 @@ BEGIN
                 SELECT chunk_id, distance FROM (
                     SELECT chunk_id, embedding <=> $1 AS distance FROM %1$I
                     WHERE $2 AND $3 AND acl_labels && $4 OFFSET 0) AS readable
-                ORDER BY distance LIMIT $5) AS exact
+                ORDER BY distance, chunk_id LIMIT $5) AS exact
         ),
         sparse AS (SELECT chunk_id, rank FROM unnest($6::text[]) WITH ORDINALITY AS s(chunk_id, rank)),
         -- document-aware ranking: the same lists within the documents the query names

@@ -7,8 +7,9 @@ DO $$
 DECLARE
     version_table text;
 BEGIN
+    -- in version order, as index writes lock versions
     FOR version_table IN SELECT table_name FROM index_versions
-                         WHERE dropped_at IS NULL AND to_regclass(table_name) IS NOT NULL LOOP
+                         WHERE dropped_at IS NULL AND to_regclass(table_name) IS NOT NULL ORDER BY version_id LOOP
         EXECUTE format('ALTER TABLE %I DROP COLUMN IF EXISTS tsv', version_table);
     END LOOP;
 END $$;
