@@ -42,8 +42,9 @@ import yaml
 
 from bench.common import WORDS, machine, throwaway_database
 from rag_pipeline.config import Settings, SourceConfig, load_settings
+from rag_pipeline.sources import kinds
 from rag_pipeline.sources.folders import ScanReport
-from rag_pipeline.sources.object_stores import StoreCounters, build_store, list_objects, scan_objects
+from rag_pipeline.sources.object_stores import StoreCounters, build_store, list_objects
 
 BUCKET = "bench-docs"
 SOURCE = "bench"
@@ -171,8 +172,8 @@ def child(what: str, entry: dict[str, Any], trace: bool) -> None:
     if what == "list":
         store = build_store(source)
         consume = lambda: list_objects(store, counters)  # noqa: E731
-    else:
-        consume = lambda: scan_objects(source, ScanReport(), counters=counters)  # noqa: E731
+    else:  # a folder or a bucket: the scan the discover stage runs
+        consume = lambda: kinds.scan(source, ScanReport(), counters=counters)  # noqa: E731
     baseline_kib = _status_kib("VmHWM")  # interpreter, pipeline and obstore imported, nothing listed yet
     if trace:
         tracemalloc.start()
@@ -198,7 +199,8 @@ class Memory:
 
 
 def measure_memory(what: str, entry: dict[str, Any]) -> Memory:
-    """Two fresh children: one for RSS (untraced), one for the Python heap's peak (traced)."""
+    """Two fresh children: one for RSS (untraced), one for the Python heap's peak (traced). `entry` is a source's
+    configuration (a folder's too, for a scan)."""
     runs = []
     for trace in (False, True):
         done = subprocess.run(

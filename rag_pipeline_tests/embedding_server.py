@@ -1,18 +1,39 @@
 """An OpenAI-compatible /v1/embeddings server on 127.0.0.1 serving the real packaged MiniLM model (what
-text-embeddings-inference or vLLM would serve), with switches to answer 429 or serve vectors of another size."""
+text-embeddings-inference or vLLM would serve), with switches to answer 429 or serve vectors of another size.
+`EmbeddingServer.stand_in()` serves feature-hashed vectors instead, at thousands of texts a second: a GPU fleet's
+stand-in for benchmarks that measure the pipeline's own cost at sizes two CPU cores could not embed."""
 
 from __future__ import annotations
 
 import json
 import threading
+import zlib
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+
+def hashed_vectors(texts: list[str], dimensions: int = 384) -> np.ndarray:
+    """Unit vectors of signed word counts hashed into `dimensions` (texts sharing words are near each other)."""
+    vectors = np.zeros((len(texts), dimensions), dtype=np.float32)
+    for row, text in enumerate(texts):
+        for word in text.lower().split():
+            code = zlib.crc32(word.encode())
+            vectors[row, code % dimensions] += 1.0 if code & 0x80000000 else -1.0
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1.0, norms)
 
 
 class EmbeddingServer:
-    def __init__(self, model_location: str, served_name: str = "all-MiniLM-L6-v2"):
-        from sentence_transformers import SentenceTransformer
+    def __init__(self, model_location: str | None, served_name: str = "all-MiniLM-L6-v2",
+                 encode: Callable[[list[str]], np.ndarray] | None = None):
+        if encode is None:
+            from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(model_location, device="cpu")
+            model = SentenceTransformer(model_location, device="cpu")
+            encode = lambda texts: model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)  # noqa: E731
+        self.encode = encode
         self.served_name = served_name
         self.requests = 0
         self.throttle_next = 0  # answer the next N requests with 429 and Retry-After
@@ -51,7 +72,7 @@ class EmbeddingServer:
                     return
                 texts = request["input"] if isinstance(request["input"], list) else [request["input"]]
                 with server._lock:  # one encode at a time, as a single-GPU server would
-                    vectors = server.model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+                    vectors = server.encode(texts)
                 if server.truncate_to:
                     vectors = vectors[:, :server.truncate_to]
                 self._answer(200, {"object": "list", "model": server.served_name, "data": [
@@ -62,6 +83,32 @@ class EmbeddingServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
+    @classmethod
+    def stand_in(cls, served_name: str, dimensions: int = 384) -> EmbeddingServer:
+        return cls(None, served_name, encode=lambda texts: hashed_vectors(texts, dimensions))
+
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def main() -> None:
+    """`python -m rag_pipeline_tests.embedding_server --stand-in NAME`: serve the stand-in in its own process (so
+    its CPU is not the measured pipeline's), print its URL on one line, and serve until killed."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--stand-in", required=True, metavar="NAME", help="the model name it serves")
+    parser.add_argument("--dimensions", type=int, default=384)
+    args = parser.parse_args()
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # before the server's threads start: they inherit it
+    server = EmbeddingServer.stand_in(args.stand_in, args.dimensions)
+    print(server.url, flush=True)
+    signal.sigwait(stop_signals)
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ model's own tokenizer, sized so that prefix + chunk fits the model's maximum seq
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -264,6 +265,9 @@ class Chunker:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.overlap_tokens = overlap_tokens
+        # The same text is counted again and again (a block, then the chunk it becomes; the splitter's merges of
+        # its pieces), and tokenizing is most of a small document's chunking: the last few thousand counts kept.
+        self._token_count = functools.lru_cache(maxsize=4096)(lambda text: len(tokenizer.tokenize(text)))
         # The model's tokens measure length (as langchain's from_huggingface_tokenizer does, without requiring
         # transformers' class: rag_pipeline.embedding.locations.FastTokenizer gives the same tokens).
         self._splitter = RecursiveCharacterTextSplitter(
@@ -278,7 +282,7 @@ class Chunker:
         return chunker_version(self.max_tokens, self.overlap_tokens)
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.tokenize(text))
+        return self._token_count(text)
 
     def split_table(self, table: str, caption: str = "") -> list[str]:
         """A table is atomic; one too large for a chunk is cut between rows, every piece repeating

@@ -129,6 +129,7 @@ class _Slot:
     waiting: int = 0
     pages: int = 0
     peak_rss: int = 0
+    measured_at: float = 0.0  # when its memory was last measured (a measurement walks /proc: not on every event)
 
     def clock(self, now: float) -> float:
         """Seconds of the item's budget used: wall time less the time spent waiting on endpoints."""
@@ -186,6 +187,7 @@ class WorkerPool:
             slot.channel.send(item)
         now = time.monotonic()
         slot.key, slot.started, slot.paused_total, slot.paused_since, slot.waiting, slot.pages = key, now, 0.0, None, 0, 0
+        slot.measured_at = now
 
     def _spawn(self, slot: _Slot) -> None:
         if multiprocessing.current_process().daemon:
@@ -274,6 +276,9 @@ class WorkerPool:
                 f"still working after {used:.0f} s; the budget was {allowed:.0f} s (execution.document_timeout "
                 f"{self.limits.seconds:.0f} s + execution.page_timeout {self.limits.seconds_per_page:.0f} s x "
                 f"{slot.pages} pages)")))
+        if now - slot.measured_at < POLL_SECONDS:
+            return None
+        slot.measured_at = now
         try:
             rss = _rss(psutil.Process(slot.process.pid))
         except psutil.Error:
