@@ -7,6 +7,8 @@ import os
 import platform
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -134,3 +136,24 @@ def timed(fn) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
+
+
+STAND_IN_MODELS = {"all-MiniLM-L6-v2": 384, "stand-in-768": 768}  # the default model's name, and one to swap to
+
+
+@contextlib.contextmanager
+def stand_in_endpoint() -> Iterator[str]:
+    """rag_pipeline_tests.embedding_server's stand-in (hashed vectors, thousands of texts a second) serving
+    STAND_IN_MODELS, in a process of its own so its CPU is not the measured pipeline's; yields its base URL."""
+    process = subprocess.Popen([sys.executable, "-m", "rag_pipeline_tests.embedding_server",
+                                *(f"--stand-in={name}={size}" for name, size in STAND_IN_MODELS.items())],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        if not url:
+            raise RuntimeError(f"the stand-in embedding server did not start (exit code {process.poll()})")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -27,23 +27,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 from dagster import DagsterInstance
 
-from bench.common import generate_documents, machine, throwaway_database
+from bench.common import generate_documents, kept_database, machine, stand_in_endpoint, throwaway_database
 from bench.object_store import measure_memory
 from rag_pipeline.config import load_settings
 from rag_pipeline.defs.runs import run_ingest
 from rag_pipeline.embedding.embedders import get_embedder
 
 MODEL = "all-MiniLM-L6-v2"
+SOURCE_LABELS = ["staff"]
 
 
 class FolderCorpus:
@@ -101,20 +99,6 @@ class BucketCorpus(FolderCorpus):
         obstore.delete(self.server.store(self.bucket), self.key(path))
 
 
-@contextlib.contextmanager
-def stand_in_endpoint() -> Iterator[str]:
-    """rag_pipeline_tests.embedding_server's stand-in in a process of its own (its CPU is not the pipeline's);
-    yields its URL."""
-    process = subprocess.Popen([sys.executable, "-m", "rag_pipeline_tests.embedding_server", "--stand-in", MODEL],
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        yield process.stdout.readline().strip()
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
 def run(settings, instance, label: str) -> tuple[float, dict]:
     started = time.perf_counter()
     summary = run_ingest(settings, instance=instance, log_level="WARNING")
@@ -128,14 +112,23 @@ def run(settings, instance, label: str) -> tuple[float, dict]:
     return elapsed, summary
 
 
-def measure(database, corpus: FolderCorpus, documents: list[Path], size: int,
-            embedding: dict[str, Any]) -> dict[str, Any]:
+def database_name(size: int) -> str:
+    return f"bench_refresh_{size}"
+
+
+def write_settings(database, size: int, db_url: str, source: dict[str, Any], embedding: dict[str, Any]):
+    """The configuration of the index for `size` documents (bench.index_swap writes it again for a kept one)."""
     config = database.workdir / f"rag-{size}.yaml"
     config.write_text(yaml.safe_dump({
-        "database_url": database.create(f"bench_refresh_{size}"), "data_dir": str(database.workdir / f"data-{size}"),
-        "embedding": {"model": MODEL, **embedding}, "sources": [corpus.entry],
+        "database_url": db_url, "data_dir": str(database.workdir / f"data-{size}"),
+        "embedding": {"model": MODEL, **embedding}, "sources": [source],
     }))
-    settings = load_settings(config)
+    return load_settings(config)
+
+
+def measure(database, corpus: FolderCorpus, documents: list[Path], size: int,
+            embedding: dict[str, Any]) -> dict[str, Any]:
+    settings = write_settings(database, size, database.create(database_name(size)), corpus.entry, embedding)
     listing, listed = corpus.listing_seconds()
     scan = measure_memory("scan", corpus.entry)
     print(f"  listing alone: {listed:,} in {listing:.2f} s; the pipeline's scan alone: {scan.items:,} in "
@@ -206,10 +199,12 @@ def main() -> None:
     parser.add_argument("--store", choices=("folder", "s3"), default="folder", help="where the documents are")
     parser.add_argument("--embedding", choices=("local", "stand-in"), default="local",
                         help="local: the real model in this process; stand-in: a remote endpoint of hashed vectors")
+    parser.add_argument("--workdir", type=Path, help="keep the server, the corpus and each size's index here "
+                        "(bench.index_swap builds a new version of a kept one); default: a throwaway one")
     args = parser.parse_args()
     results = []
     with contextlib.ExitStack() as stack:
-        database = stack.enter_context(throwaway_database())
+        database = stack.enter_context(kept_database(args.workdir) if args.workdir else throwaway_database())
         embedding: dict[str, Any] = {}
         if args.embedding == "stand-in":
             embedding = {"backend": "remote", "endpoint": stack.enter_context(stand_in_endpoint())}
@@ -220,8 +215,8 @@ def main() -> None:
             print(f"{size:,} documents", flush=True)
             folder = database.workdir / f"corpus-{size}"
             documents = generate_documents(folder, size)
-            corpus = (FolderCorpus(folder, ["staff"]) if server is None
-                      else BucketCorpus(folder, ["staff"], server, f"bench-refresh-{size}"))
+            corpus = (FolderCorpus(folder, SOURCE_LABELS) if server is None
+                      else BucketCorpus(folder, SOURCE_LABELS, server, f"bench-refresh-{size}"))
             results.append(measure(database, corpus, documents, size, embedding))
     print_tables(results, args.store, args.embedding)
 

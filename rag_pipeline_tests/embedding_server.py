@@ -5,6 +5,7 @@ stand-in for benchmarks that measure the pipeline's own cost at sizes two CPU co
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import zlib
@@ -33,8 +34,8 @@ class EmbeddingServer:
 
             model = SentenceTransformer(model_location, device="cpu")
             encode = lambda texts: model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)  # noqa: E731
-        self.encode = encode
         self.served_name = served_name
+        self.models: dict[str, Callable[[list[str]], np.ndarray]] = {served_name: encode}  # name -> its vectors
         self.requests = 0
         self.throttle_next = 0  # answer the next N requests with 429 and Retry-After
         self.retry_after = "1"
@@ -64,7 +65,8 @@ class EmbeddingServer:
                     server.authorization.append(self.headers.get("Authorization"))
                     throttled = server.throttle_next > 0
                     server.throttle_next -= throttled
-                if self.path != "/v1/embeddings" or request.get("model") != server.served_name:
+                encode = server.models.get(request.get("model"))
+                if self.path != "/v1/embeddings" or encode is None:
                     self._answer(404, {"error": {"message": f"no model {request.get('model')!r} at {self.path}"}})
                     return
                 if throttled:
@@ -72,10 +74,10 @@ class EmbeddingServer:
                     return
                 texts = request["input"] if isinstance(request["input"], list) else [request["input"]]
                 with server._lock:  # one encode at a time, as a single-GPU server would
-                    vectors = server.encode(texts)
+                    vectors = encode(texts)
                 if server.truncate_to:
                     vectors = vectors[:, :server.truncate_to]
-                self._answer(200, {"object": "list", "model": server.served_name, "data": [
+                self._answer(200, {"object": "list", "model": request["model"], "data": [
                     {"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -84,8 +86,13 @@ class EmbeddingServer:
         self.thread.start()
 
     @classmethod
-    def stand_in(cls, served_name: str, dimensions: int = 384) -> EmbeddingServer:
-        return cls(None, served_name, encode=lambda texts: hashed_vectors(texts, dimensions))
+    def stand_in(cls, served_name: str, dimensions: int = 384, **others: int) -> EmbeddingServer:
+        """Hashed vectors under `served_name`, and under each of `others` (name=dimensions: other models, for a
+        swap)."""
+        server = cls(None, served_name, encode=functools.partial(hashed_vectors, dimensions=dimensions))
+        for name, size in others.items():
+            server.models[name] = functools.partial(hashed_vectors, dimensions=size)
+        return server
 
     def stop(self) -> None:
         self.httpd.shutdown()
@@ -93,18 +100,20 @@ class EmbeddingServer:
 
 
 def main() -> None:
-    """`python -m rag_pipeline_tests.embedding_server --stand-in NAME`: serve the stand-in in its own process (so
-    its CPU is not the measured pipeline's), print its URL on one line, and serve until killed."""
+    """`python -m rag_pipeline_tests.embedding_server --stand-in NAME=DIMENSIONS ...`: serve the stand-in in its
+    own process (so its CPU is not the measured pipeline's), print its URL on one line, and serve until killed."""
     import argparse
     import signal
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--stand-in", required=True, metavar="NAME", help="the model name it serves")
-    parser.add_argument("--dimensions", type=int, default=384)
+    parser.add_argument("--stand-in", required=True, action="append", metavar="NAME=DIMENSIONS",
+                        help="a model name it serves and its vectors' size (repeat for more models)")
     args = parser.parse_args()
+    models = {name: int(size) for name, _, size in (spec.rpartition("=") for spec in args.stand_in)}
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # before the server's threads start: they inherit it
-    server = EmbeddingServer.stand_in(args.stand_in, args.dimensions)
+    first = next(iter(models))
+    server = EmbeddingServer.stand_in(first, models.pop(first), **models)
     print(server.url, flush=True)
     signal.sigwait(stop_signals)
     server.stop()
