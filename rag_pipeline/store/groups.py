@@ -64,11 +64,13 @@ def open_group(
            ON CONFLICT (group_id) DO NOTHING""",
         (group_id, labels_key, params_key, signature.tolist()),
     )
-    with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO chunk_group_bands (bucket, band, group_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-            [(bucket, band, group_id) for band, bucket in enumerate(buckets)],
-        )
+    # One statement for all bands (a chunk has dozens): a statement per band was most of an index write's time.
+    conn.execute(
+        """INSERT INTO chunk_group_bands (bucket, band, group_id)
+           SELECT b.bucket, b.band, %s FROM unnest(%s::bigint[], %s::int[]) AS b (bucket, band)
+           ON CONFLICT DO NOTHING""",
+        (group_id, list(buckets), list(range(len(buckets)))),
+    )
 
 
 # --- groups that follow labels -----------------------------------------------------------------------
