@@ -66,6 +66,8 @@ bench: bench-deps
 	$(BIN)/python -m bench.cascade
 	$(BIN)/python -m bench.embedding --docs 300
 	$(BIN)/python -m bench.refresh --sizes 300,3000
+	$(BIN)/python -m bench.refresh --sizes 10000 --embedding stand-in --workdir .bench/refresh
+	$(BIN)/python -m bench.index_swap --workdir .bench/refresh --size 10000
 	$(BIN)/python -m bench.langchain_indexing --docs 300
 	$(BIN)/python -m bench.footprint --chunks 100000
 	$(BIN)/python -m bench.query_latency --sizes 100000

@@ -392,26 +392,36 @@ def scan_source(source: SourceConfig, report: ScanReport | None = None) -> Itera
             report.problem((current / name).relative_to(root).as_posix(), "folder name is not valid UTF-8; skipped")
         dirnames.sort()
         folder = folders.of(current)
+        rel_folder = current.relative_to(root).as_posix()
+        listed = set(filenames)
         for name in sorted(filenames):
             if is_sidecar(name):
                 continue
             path = current / name
-            rel_path = path.relative_to(root).as_posix()
+            rel_path = name if rel_folder == "." else f"{rel_folder}/{name}"
             if not _is_valid_name(name):
                 report.problem(rel_path, "file name is not valid UTF-8; skipped")
                 continue
             if not matches_include(rel_path, source.include):
                 continue
-            found = _discover_file(source, root, folders, folder, path, rel_path, report)
+            found = _discover_file(source, root, folders, folder, path, rel_path, report,
+                                   sidecar_listed=name + FILE_SIDECAR_SUFFIX in listed)
             if found is not None:
                 yield found
 
 
 def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folder: _Folder, path: Path,
-                   rel_path: str, report: ScanReport) -> DiscoveredFile | None:
+                   rel_path: str, report: ScanReport, sidecar_listed: bool) -> DiscoveredFile | None:
     try:
-        resolved = confine(root, path)
-        info = resolved.stat()
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            resolved = confine(root, path)
+            info = resolved.stat()
+        else:
+            # The walk starts at the resolved root and never descends into a linked folder, so a path that is not
+            # a link is already resolved and inside the root (resolving it again was most of a scan's time). The
+            # read confines it again when it opens it (open_beneath), whatever changed meanwhile.
+            resolved = path
     except UnsafePathError:
         report.problem(rel_path, "resolves outside the source root")
         return None
@@ -437,7 +447,9 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
     sidecar = named.with_name(named.name + FILE_SIDECAR_SUFFIX)
     if held is None:
         try:
-            if sidecar_present(sidecar):
+            # Beside a file that is not a link, its folder's listing says whether the sidecar is there (a stat
+            # less per file); beside a link's target, in another folder, it is looked for.
+            if sidecar_listed if named is path else sidecar_present(sidecar):
                 meta.update(read_sidecar(sidecar, root))
         except SidecarError as exc:
             held = (D.HELD_BAD_SIDECAR, str(exc))
