@@ -33,15 +33,20 @@ from typing import Any
 
 import yaml
 from dagster import DagsterInstance
+from psycopg import sql
 
 from bench.common import generate_documents, kept_database, machine, stand_in_endpoint, throwaway_database
 from bench.object_store import measure_memory
+from rag_pipeline import store
 from rag_pipeline.config import load_settings
 from rag_pipeline.defs.runs import run_ingest
+from rag_pipeline.domain import ids
 from rag_pipeline.embedding.embedders import get_embedder
+from rag_pipeline.store.database import connect
 
 MODEL = "all-MiniLM-L6-v2"
-SOURCE_LABELS = ["staff"]
+SOURCE, SOURCE_LABELS = "bench", ["staff"]
+REVISION = "A revised closing paragraph about the charging dock"  # what a changed document's last chunk says
 
 
 class FolderCorpus:
@@ -49,13 +54,17 @@ class FolderCorpus:
 
     def __init__(self, root: Path, labels: list[str]):
         self.root = root
-        self.entry: dict[str, Any] = {"name": "bench", "root": str(root), "acl_labels": labels}
+        self.entry: dict[str, Any] = {"name": SOURCE, "root": str(root), "acl_labels": labels}
 
     def listing_seconds(self) -> tuple[float, int]:
         """A walk of the folder alone (what the filesystem costs, nothing the pipeline adds)."""
         started = time.perf_counter()
         files = sum(len(names) for _, _, names in os.walk(self.root))
         return time.perf_counter() - started, files
+
+    def rel_path(self, path: Path) -> str:
+        """The document's path as the source names it (a bucket's source is rooted at `generated/`)."""
+        return path.relative_to(self.root).as_posix()
 
     def write(self, path: Path, text: str) -> None:
         path.write_text(text)
@@ -82,6 +91,9 @@ class BucketCorpus(FolderCorpus):
     def key(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
 
+    def rel_path(self, path: Path) -> str:
+        return self.key(path).removeprefix("generated/")
+
     def listing_seconds(self) -> tuple[float, int]:
         from bench.object_store import timed_listing
 
@@ -92,11 +104,35 @@ class BucketCorpus(FolderCorpus):
         import obstore
 
         obstore.put(self.server.store(self.bucket), self.key(path), text.encode())
+        super().write(path, text)  # the folder stays the bucket's copy
 
     def delete(self, path: Path) -> None:
         import obstore
 
         obstore.delete(self.server.store(self.bucket), self.key(path))
+        super().delete(path)
+
+
+def index_agrees(db_url: str, generated: list[str], deleted: list[str], changed: list[str]) -> str:
+    """What the active version holds after the refreshes, against the corpus: every live document indexed and
+    nothing else, no row of a deleted one, and the changed ones' rows revised. Raises when any differs."""
+    live = {ids.doc_id(SOURCE, rel_path) for rel_path in set(generated) - set(deleted)}
+    gone = [ids.doc_id(SOURCE, rel_path) for rel_path in deleted]
+    revised = [ids.doc_id(SOURCE, rel_path) for rel_path in changed]
+    with connect(db_url) as conn:
+        table = sql.Identifier(store.versions.active_version(conn).table_name)
+        indexed = {row[0] for row in conn.execute("SELECT doc_id FROM documents WHERE status = 'indexed'")}
+        rows_of_deleted = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE doc_id = ANY(%s)").format(table),
+                                       (gone,)).fetchone()[0]
+        with_revision = {row[0] for row in conn.execute(
+            sql.SQL("SELECT DISTINCT doc_id FROM {} WHERE doc_id = ANY(%s) AND text LIKE %s").format(table),
+            (revised, f"%{REVISION}%"))}
+    found = (f"index against the corpus: {len(indexed):,} indexed of {len(live):,} live documents, "
+             f"{len(live - indexed)} missing, {len(indexed - live)} not in the corpus, {rows_of_deleted} rows of "
+             f"deleted documents, {len(with_revision)} of {len(revised)} changed documents revised")
+    if live != indexed or rows_of_deleted or len(with_revision) != len(revised):
+        raise SystemExit(f"the index does not agree with the corpus: {found}")
+    return found
 
 
 def run(settings, instance, label: str) -> tuple[float, dict]:
@@ -141,14 +177,16 @@ def measure(database, corpus: FolderCorpus, documents: list[Path], size: int,
         changed = documents[::step][: max(1, size // 100)]
         for path in changed:
             text = path.read_text().replace("## Section 1", "## Section 1 (revised)", 1)
-            text += "\nA revised closing paragraph about the charging dock.\n"
-            path.write_text(text)
+            text += f"\n{REVISION}.\n"
             corpus.write(path, text)
         one_percent, _ = run(settings, instance, f"1% changed ({len(changed)})")
         deleted = documents[1::step][: max(1, size // 100)]
         for path in deleted:
             corpus.delete(path)
         deletion, _ = run(settings, instance, f"1% deleted ({len(deleted)})")
+    agreement = index_agrees(settings.database_url, [corpus.rel_path(p) for p in documents],
+                             [corpus.rel_path(p) for p in deleted], [corpus.rel_path(p) for p in changed])
+    print(f"  {agreement}", flush=True)
     return {"documents": size, "chunks": first["chunks_written"], "full": full, "full_stages": first["seconds"],
             "noop": noop, "noop_stages": idle["seconds"], "one_percent": one_percent, "deletion": deletion,
             "listing": listing, "scan": scan}
