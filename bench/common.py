@@ -144,7 +144,8 @@ STAND_IN_MODELS = {"all-MiniLM-L6-v2": 384, "stand-in-768": 768}  # the default 
 @contextlib.contextmanager
 def stand_in_endpoint() -> Iterator[str]:
     """rag_pipeline_tests.embedding_server's stand-in (hashed vectors, thousands of texts a second) serving
-    STAND_IN_MODELS, in a process of its own so its CPU is not the measured pipeline's; yields its base URL."""
+    STAND_IN_MODELS, in a process of its own (not under the pipeline's interpreter lock; on this machine's two cores
+    it still takes some of their time, which a remote fleet would not); yields its base URL."""
     process = subprocess.Popen([sys.executable, "-m", "rag_pipeline_tests.embedding_server",
                                 *(f"--stand-in={name}={size}" for name, size in STAND_IN_MODELS.items())],
                                stdout=subprocess.PIPE, text=True)
@@ -156,4 +157,8 @@ def stand_in_endpoint() -> Iterator[str]:
         yield url
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

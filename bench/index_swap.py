@@ -75,13 +75,18 @@ def main() -> None:
     parser.add_argument("--qps", type=float, default=5.0, help="the application's searches a second")
     parser.add_argument("--baseline", type=float, default=60.0, help="seconds of searches before the build")
     args = parser.parse_args()
-    with kept_database(args.workdir) as database, stand_in_endpoint() as endpoint:
+    with kept_database(args.workdir) as database, stand_in_endpoint() as endpoint, \
+            stand_in_endpoint() as query_endpoint:
         if not database.exists(database_name(args.size)):
             raise SystemExit(f"no index for {args.size:,} documents in {args.workdir}: run bench.refresh --sizes "
                              f"{args.size} --embedding stand-in --workdir {args.workdir} first")
         db_url = database.open(database_name(args.size))
         source = {"name": "bench", "root": str(args.workdir / f"corpus-{args.size}"), "acl_labels": SOURCE_LABELS}
         settings = write_settings(database, args.size, db_url, source, {"backend": "remote", "endpoint": endpoint})
+        # The application embeds its queries at an endpoint of its own: its latency is the database's and the
+        # machine's, not a wait behind the build's batches at a shared stand-in (which encodes one batch at a time).
+        application = write_settings(database, args.size, db_url, source,
+                                     {"backend": "remote", "endpoint": query_endpoint}, name="application")
         with connect(db_url) as conn:
             active = store.versions.active_version(conn)
             active_rows = store.versions.row_count(conn, active)
@@ -92,14 +97,17 @@ def main() -> None:
 
         context = multiprocessing.get_context("spawn")
         stop, results = context.Event(), context.Queue()
-        searcher = context.Process(target=search_load, args=(str(settings.config_file), args.qps, stop, results))
+        searcher = context.Process(target=search_load, args=(str(application.config_file), args.qps, stop, results),
+                                   daemon=True)
         searcher.start()
-        time.sleep(args.baseline)
-        build_started = time.time()
-        with DagsterInstance.ephemeral() as instance:
-            built = run_index_build(settings, SWAP_MODEL, instance=instance)
-        build_ended = time.time()
-        stop.set()
+        try:
+            time.sleep(args.baseline)
+            build_started = time.time()
+            with DagsterInstance.ephemeral() as instance:
+                built = run_index_build(settings, SWAP_MODEL, instance=instance)
+            build_ended = time.time()
+        finally:
+            stop.set()
         timings = results.get(timeout=120)
         searcher.join(timeout=60)
         if not built["success"]:
@@ -110,6 +118,9 @@ def main() -> None:
     seconds = build_ended - build_started
     before = [latency for started, latency in timings if started < build_started]
     during = [latency for started, latency in timings if build_started <= started < build_ended]
+    if not before or not during:
+        raise SystemExit(f"the application's searches stopped early: {len(before)} before the build, "
+                         f"{len(during)} during it")
     print(f"\n| index | new version | rows written | build | rows/s |\n|---|---|---|---|---|\n"
           f"| {documents:,} documents, {active_rows:,} rows ({active.embedding_model}) | {built['model']} "
           f"({built['dimensions']} dimensions), {built['status']} | {built['rows']:,} | {seconds:.1f} s | "

@@ -101,8 +101,10 @@ class EmbeddingServer:
 
 def main() -> None:
     """`python -m rag_pipeline_tests.embedding_server --stand-in NAME=DIMENSIONS ...`: serve the stand-in in its
-    own process (so its CPU is not the measured pipeline's), print its URL on one line, and serve until killed."""
+    own process (not under the measured pipeline's interpreter lock), print its URL on one line, and serve until
+    stopped or orphaned."""
     import argparse
+    import os
     import signal
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -115,7 +117,9 @@ def main() -> None:
     first = next(iter(models))
     server = EmbeddingServer.stand_in(first, models.pop(first), **models)
     print(server.url, flush=True)
-    signal.sigwait(stop_signals)
+    parent = os.getppid()
+    while os.getppid() == parent and signal.sigtimedwait(stop_signals, 1.0) is None:
+        pass  # until told to stop, or until the process that started it is gone
     server.stop()
 
 

@@ -2,12 +2,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rag_pipeline.config import ConfigError, SourceConfig, load_settings, parse_duration, parse_labels
 from rag_pipeline.domain import ids
+from rag_pipeline.domain.status import DocumentStatus
 from rag_pipeline.sources.folders import ScanReport, UnsafePathError, safe_join, scan_source
 
 
@@ -85,6 +87,44 @@ def test_scan_applies_sidecars_and_default_deny(tmp_path):
     assert found["team/secret.md"].acl_labels == ()  # explicit empty list: nobody, so it will be held back
     assert "password" not in found["team/secret.md"].metadata
     assert found["a.md"].doc_id == ids.doc_id("docs", "a.md") != ids.doc_id("other", "a.md")
+
+
+def _judged(found):
+    return {f.rel_path: (f.acl_labels, f.title, f.metadata, f.held, f.read_path) for f in found}
+
+
+def test_scan_judges_from_its_folder_listing_as_from_the_disk(tmp_path, monkeypatch):
+    """Files older than the scan are judged from their folder's listing (no stat of a sidecar, no resolving of a
+    path that is not a link): the same labels, holds and read paths as files judged from the disk."""
+    _tree(tmp_path)
+    (tmp_path / "d.md").write_text("d")
+    (tmp_path / "d.md.meta.json").mkdir()  # a sidecar that is a folder: unreadable, so d.md is held
+    (tmp_path / "team" / "link.md").symlink_to(tmp_path / "team" / "deep" / "c.md")
+    source = SourceConfig(name="docs", root=tmp_path, include=("*.md",), acl_labels=("staff",))
+    from_disk = _judged(scan_source(source))  # every file is new: each sidecar is looked for
+    real_time_ns = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + 3600 * 10**9)  # an hour on: the listing decides
+    from_listing = _judged(scan_source(source))
+    assert from_listing == from_disk
+    assert from_disk["a.md"][4] is None and from_disk["team/link.md"][4] == "team/deep/c.md"
+    assert from_disk["team/link.md"][0] == ("x", "y")  # a link speaks with its target's sidecar
+    assert from_disk["d.md"][0] == () and from_disk["d.md"][3][0] == DocumentStatus.HELD_BAD_SIDECAR
+
+
+def test_a_file_newer_than_the_scan_gets_the_sidecar_its_folder_listing_missed(tmp_path, monkeypatch):
+    """A listing is no snapshot: one read while a writer adds a sidecar and then its file can show the file and
+    not the sidecar. A file changed since the scan began is judged from the disk, so it never gets wider labels."""
+    (tmp_path / "c.md").write_text("c")
+    (tmp_path / "c.md.meta.json").write_text(json.dumps({"acl_labels": ["board"]}))
+    real_walk = os.walk
+
+    def racing_walk(*args, **kwargs):
+        for dirpath, dirnames, filenames in real_walk(*args, **kwargs):
+            yield dirpath, dirnames, [name for name in filenames if not name.endswith(".meta.json")]
+
+    monkeypatch.setattr(os, "walk", racing_walk)
+    found = list(scan_source(SourceConfig(name="docs", root=tmp_path, acl_labels=("staff",))))
+    assert [(f.rel_path, f.acl_labels) for f in found] == [("c.md", ("board",))]
 
 
 def test_fingerprint_changes_with_mtime_not_with_identity(tmp_path):

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -385,15 +386,19 @@ def scan_source(source: SourceConfig, report: ScanReport | None = None) -> Itera
         report.problem(where, f"cannot be read: {exc.strerror or exc}; its documents are kept as they were",
                        unreadable=True)
 
+    # A file changed less than this long before the scan started is judged against its folder's listing for its
+    # sidecar; a newer one is looked for again (a listing is no snapshot: it may show a new file and miss the
+    # sidecar written just before it). A second leaves room for the coarse clock that stamps files.
+    listing_trusted_before_ns = time.time_ns() - 1_000_000_000
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=walk_error):
         current = Path(dirpath)
+        listed = {*filenames, *dirnames}  # a sidecar that is a folder (or a link to one) is there too: it holds
         for name in [d for d in dirnames if not _is_valid_name(d)]:
             dirnames.remove(name)
             report.problem((current / name).relative_to(root).as_posix(), "folder name is not valid UTF-8; skipped")
         dirnames.sort()
         folder = folders.of(current)
         rel_folder = current.relative_to(root).as_posix()
-        listed = set(filenames)
         for name in sorted(filenames):
             if is_sidecar(name):
                 continue
@@ -405,22 +410,26 @@ def scan_source(source: SourceConfig, report: ScanReport | None = None) -> Itera
             if not matches_include(rel_path, source.include):
                 continue
             found = _discover_file(source, root, folders, folder, path, rel_path, report,
-                                   sidecar_listed=name + FILE_SIDECAR_SUFFIX in listed)
+                                   name + FILE_SIDECAR_SUFFIX in listed, listing_trusted_before_ns)
             if found is not None:
                 yield found
 
 
 def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folder: _Folder, path: Path,
-                   rel_path: str, report: ScanReport, sidecar_listed: bool) -> DiscoveredFile | None:
+                   rel_path: str, report: ScanReport, sidecar_listed: bool,
+                   listing_trusted_before_ns: int) -> DiscoveredFile | None:
+    linked = False
     try:
         info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode):
+        linked = stat.S_ISLNK(info.st_mode)
+        if linked:
             resolved = confine(root, path)
             info = resolved.stat()
         else:
-            # The walk starts at the resolved root and never descends into a linked folder, so a path that is not
-            # a link is already resolved and inside the root (resolving it again was most of a scan's time). The
-            # read confines it again when it opens it (open_beneath), whatever changed meanwhile.
+            # The walk starts at the resolved root and never enters a linked folder, so a path that is not a link
+            # is already resolved (resolving it again was most of a scan's time). A folder on the way swapped for
+            # a link since the walk would make this judge a file elsewhere; nothing of it is read: open_judged
+            # opens beneath the root, refusing links on the way, and checks the identity judged here.
             resolved = path
     except UnsafePathError:
         report.problem(rel_path, "resolves outside the source root")
@@ -433,7 +442,7 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
         report.problem(rel_path, "not a regular file")
         return None
     named = path
-    if resolved != path.absolute():
+    if linked:
         if is_sidecar(resolved.name):  # a sidecar read as a document would publish its labels and password
             report.problem(rel_path, "a link to a sidecar; skipped")
             return None
@@ -447,9 +456,10 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
     sidecar = named.with_name(named.name + FILE_SIDECAR_SUFFIX)
     if held is None:
         try:
-            # Beside a file that is not a link, its folder's listing says whether the sidecar is there (a stat
-            # less per file); beside a link's target, in another folder, it is looked for.
-            if sidecar_listed if named is path else sidecar_present(sidecar):
+            # Beside a file that is not a link and was there before the scan, its folder's listing says whether
+            # the sidecar is (a stat less per file); otherwise it is looked for.
+            listing_says = not linked and info.st_ctime_ns < listing_trusted_before_ns
+            if sidecar_listed if listing_says else sidecar_present(sidecar):
                 meta.update(read_sidecar(sidecar, root))
         except SidecarError as exc:
             held = (D.HELD_BAD_SIDECAR, str(exc))
@@ -469,7 +479,7 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
         held=held,
         file_id=file_id(info),
         file_links=info.st_nlink,
-        read_path=resolved.relative_to(root).as_posix() if named is resolved else None,
+        read_path=resolved.relative_to(root).as_posix() if linked else None,
     )
 
 

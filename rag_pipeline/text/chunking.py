@@ -266,8 +266,11 @@ class Chunker:
         self.max_tokens = max_tokens
         self.overlap_tokens = overlap_tokens
         # The same text is counted again and again (a block, then the chunk it becomes; the splitter's merges of
-        # its pieces), and tokenizing is most of a small document's chunking: the last few thousand counts kept.
-        self._token_count = functools.lru_cache(maxsize=4096)(lambda text: len(tokenizer.tokenize(text)))
+        # its pieces), and tokenizing is most of a small document's chunking: the last thousand counts of
+        # chunk-sized texts are kept (a longer one, a whole table or block, is counted afresh: the cache lives as
+        # long as the worker and must not hold large texts).
+        self._cacheable_characters = max_tokens * 16
+        self._cached_count = functools.lru_cache(maxsize=1024)(lambda text: len(tokenizer.tokenize(text)))
         # The model's tokens measure length (as langchain's from_huggingface_tokenizer does, without requiring
         # transformers' class: rag_pipeline.embedding.locations.FastTokenizer gives the same tokens).
         self._splitter = RecursiveCharacterTextSplitter(
@@ -282,7 +285,9 @@ class Chunker:
         return chunker_version(self.max_tokens, self.overlap_tokens)
 
     def count_tokens(self, text: str) -> int:
-        return self._token_count(text)
+        if len(text) > self._cacheable_characters:
+            return len(self.tokenizer.tokenize(text))
+        return self._cached_count(text)
 
     def split_table(self, table: str, caption: str = "") -> list[str]:
         """A table is atomic; one too large for a chunk is cut between rows, every piece repeating
