@@ -190,9 +190,10 @@ def assign_groups(
 ) -> list[StoredChunk]:
     """Put each chunk in its near-duplicate group (same ACL labels only), opening groups as needed."""
     labels_key = dedup.acl_key(labels)
+    kept = store.groups.group_keys(conn, [c.group_id for c in chunks if c.group_id])  # one query, not one a chunk
     assigned: list[StoredChunk] = []
     for chunk in chunks:
-        if chunk.group_id and store.groups.group_key(conn, chunk.group_id) == (labels_key, params.key):
+        if chunk.group_id and kept.get(chunk.group_id) == (labels_key, params.key):
             assigned.append(chunk)
             continue
         sig = dedup.signature(chunk.text)

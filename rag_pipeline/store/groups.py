@@ -32,11 +32,12 @@ def drop_empty(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:
     )
 
 
-def group_key(conn: psycopg.Connection, group_id: str) -> tuple[str, str] | None:
-    """(ACL key, LSH parameters) a group was opened with, or None when it no longer exists."""
-    return conn.execute(
-        "SELECT acl_key, lsh_params FROM chunk_groups WHERE group_id = %s", (group_id,)
-    ).fetchone()
+def group_keys(conn: psycopg.Connection, group_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """(ACL key, LSH parameters) each group was opened with; a group that no longer exists is left out."""
+    rows = conn.execute(
+        "SELECT group_id, acl_key, lsh_params FROM chunk_groups WHERE group_id = ANY(%s)", (list(group_ids),)
+    ).fetchall()
+    return {group_id: (acl_key, lsh_params) for group_id, acl_key, lsh_params in rows}
 
 
 def candidates(

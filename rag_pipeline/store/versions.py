@@ -330,29 +330,32 @@ class IndexRow:
     embedding: np.ndarray
 
 
-_INSERT_ROW = """INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path, page_start,
-                                 page_end, content_type, acl_labels, embedding_input_sha, embedding, text_config)
-                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::regconfig)
-                 ON CONFLICT (chunk_id) DO NOTHING"""
+_INSERT_ROWS = sql.SQL("""INSERT INTO {} (chunk_id, owner_chunk_id, doc_id, ordinal, text, prefix, section_path,
+                                          page_start, page_end, content_type, acl_labels, embedding_input_sha,
+                                          embedding, text_config)
+                          VALUES {} ON CONFLICT (chunk_id) DO NOTHING""")
+_ROW_VALUES = sql.SQL("(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::regconfig)")
+INSERT_ROWS_AT_ONCE = 1000  # 14 parameters a row, under PostgreSQL's 65,535 a statement
 
 
 def insert_group_rows(
     conn: psycopg.Connection, version: IndexVersion, acl_labels: Sequence[str], rows: Sequence[IndexRow]
 ) -> int:
-    """One row per near-duplicate group: the first occurrence to arrive owns it. Returns rows inserted."""
+    """One row per near-duplicate group: the first occurrence to arrive owns it (in `rows`' order: ON CONFLICT DO
+    NOTHING skips a later row of the same group in the same statement too). Returns rows inserted."""
     inserted = 0
-    statement = sql.SQL(_INSERT_ROW).format(sql.Identifier(version.table_name))
     with conn.cursor() as cur:
-        for row in rows:
-            c = row.chunk
-            cur.execute(
-                statement,
-                (
+        for start in range(0, len(rows), INSERT_ROWS_AT_ONCE):
+            part = rows[start:start + INSERT_ROWS_AT_ONCE]
+            values = [
+                value for row in part for c in (row.chunk,) for value in (
                     c.group_id or c.chunk_id, c.chunk_id, c.doc_id, c.ordinal, c.text, c.prefix, c.section_path,
                     c.page_start, c.page_end, c.content_type, list(acl_labels), row.input_sha,
                     HalfVector(row.embedding), c.text_config,
-                ),
-            )
+                )
+            ]
+            cur.execute(_INSERT_ROWS.format(sql.Identifier(version.table_name),
+                                            sql.SQL(", ").join([_ROW_VALUES] * len(part))), values)
             inserted += cur.rowcount
     return inserted
 
