@@ -2,12 +2,16 @@
 remote endpoint (a local stand-in serving hashed vectors in a process of its own, standing in for a GPU fleet),
 so that what is measured is the pipeline's own cost of writing a version while the active one serves.
 
-Measured:
-- the build (`run_index_build`, the same backfill the CLI and the UI run): wall time, rows written, rows a second;
+The build is what an operator runs: `rag-pipeline index build --model stand-in-768` in a process of its own (a
+Dagster backfill of the version's shards, on the configuration's own Dagster instance). Measured:
+- rows written into the new version, polled every `--poll` seconds: rows a second while its shards are written,
+  and the whole build's wall time (the BM25 re-weight that ends it included);
 - searches of the active version by an application in another process, paced at `--qps` (hybrid, the corpus's
-  label): p50 / p95 / p99 for `--baseline` seconds before the build, and for the whole build.
+  label, its queries embedded at an endpoint of their own): p50 / p95 / p99 for `--baseline` seconds before the
+  build, and during it.
 
-The version is retired afterwards, so the kept index can be swapped again.
+`--max-seconds` stops the build after that long (the rate is then of the rows written so far). The version is
+retired afterwards either way, so the kept index can be swapped again.
 
     .venv/bin/python -m bench.refresh --sizes 100000 --embedding stand-in --workdir DIR
     .venv/bin/python -m bench.index_swap --workdir DIR --size 100000
@@ -18,22 +22,22 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from dagster import DagsterInstance
-
-from bench.common import WORDS, kept_database, machine, server_settings, stand_in_endpoint
+from bench.common import STAND_IN_MODELS, WORDS, kept_database, machine, server_settings, stand_in_endpoint
 from bench.query_latency import percentile
 from bench.refresh import SOURCE_LABELS, database_name, write_settings
 from rag_pipeline import store
 from rag_pipeline.config import load_settings
-from rag_pipeline.defs.runs import run_index_build
+from rag_pipeline.domain.status import VersionStatus
 from rag_pipeline.lifecycle.blue_green import retire
 from rag_pipeline.store.database import connect
 
-SWAP_MODEL = "stand-in-768"  # bench.common.STAND_IN_MODELS: served by the stand-in at 768 dimensions
+SWAP_MODEL = "stand-in-768"  # served by the stand-in (bench.common.STAND_IN_MODELS)
 
 
 def search_load(config: str, qps: float, stop: Any, results: Any) -> None:
@@ -68,12 +72,21 @@ def summary(label: str, latencies: list[float]) -> str:
             f"{percentile(ms, 0.99):.1f} ms |")
 
 
+def building_rows(db_url: str) -> tuple[int, int] | None:
+    """(version id, rows) of the version being built, or None before it is registered."""
+    with connect(db_url) as conn:
+        versions = store.versions.index_versions(conn, (VersionStatus.BUILDING, VersionStatus.READY))
+        return (versions[0].version_id, store.versions.row_count(conn, versions[0])) if versions else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, required=True, help="bench.refresh --workdir's folder")
     parser.add_argument("--size", type=int, required=True, help="the kept index's corpus size (documents)")
     parser.add_argument("--qps", type=float, default=5.0, help="the application's searches a second")
     parser.add_argument("--baseline", type=float, default=60.0, help="seconds of searches before the build")
+    parser.add_argument("--poll", type=float, default=10.0, help="seconds between counts of the rows written")
+    parser.add_argument("--max-seconds", type=float, help="stop the build after this long")
     args = parser.parse_args()
     with kept_database(args.workdir) as database, stand_in_endpoint() as endpoint, \
             stand_in_endpoint() as query_endpoint:
@@ -91,6 +104,8 @@ def main() -> None:
             active = store.versions.active_version(conn)
             active_rows = store.versions.row_count(conn, active)
             documents = conn.execute("SELECT count(*) FROM documents WHERE status = 'indexed'").fetchone()[0]
+        if building_rows(db_url) is not None:
+            raise SystemExit("a version is already being built in this index: retire it first")
         print(f"machine: {machine()}; {server_settings(database.admin_url)}", flush=True)
         print(f"active: {active.label} ({active.embedding_model}, {active_rows:,} rows, {documents:,} documents)",
               flush=True)
@@ -100,31 +115,59 @@ def main() -> None:
         searcher = context.Process(target=search_load, args=(str(application.config_file), args.qps, stop, results),
                                    daemon=True)
         searcher.start()
+        progress: list[tuple[float, int]] = []  # (seconds since the build started, rows written)
+        version_id = None
+        build = None
         try:
             time.sleep(args.baseline)
             build_started = time.time()
-            with DagsterInstance.ephemeral() as instance:
-                built = run_index_build(settings, SWAP_MODEL, instance=instance)
+            output = (args.workdir / f"index-build-{args.size}.log").open("w")
+            # `rag-pipeline index build`, from this checkout (`-m`, as this benchmark runs).
+            build = subprocess.Popen([sys.executable, "-m", "rag_pipeline.cli", "--config", str(settings.config_file),
+                                      "index", "build", "--model", SWAP_MODEL], stdout=output, stderr=subprocess.STDOUT)
+            while build.poll() is None:
+                time.sleep(args.poll)
+                counted = building_rows(db_url)
+                if counted is not None:
+                    version_id = counted[0]
+                    progress.append((time.time() - build_started, counted[1]))
+                    print(f"  {progress[-1][0]:7.0f} s: {counted[1]:,} rows", flush=True)
+                if args.max_seconds and time.time() - build_started > args.max_seconds:
+                    build.terminate()
+                    build.wait(timeout=60)
             build_ended = time.time()
         finally:
             stop.set()
+            if build is not None and build.poll() is None:
+                build.kill()
         timings = results.get(timeout=120)
         searcher.join(timeout=60)
-        if not built["success"]:
-            raise SystemExit(f"the build failed: {built}")
-        with connect(db_url) as conn, conn.transaction():
-            retire(conn, built["version"])
+        completed = build.returncode == 0
+        output.close()
+        version_id = version_id or (building_rows(db_url) or (None, 0))[0]  # a build done before the first count
+        with connect(db_url) as conn:
+            version = store.versions.get_version(conn, version_id) if version_id else None
+            written = store.versions.row_count(conn, version) if version else 0
+            status = version.status if version else "never registered"
+            if version is not None:
+                with conn.transaction():
+                    retire(conn, version.version_id)
+    if not completed and not args.max_seconds:
+        raise SystemExit(f"the build failed (exit code {build.returncode}); its output: {output.name}")
 
     seconds = build_ended - build_started
+    writing = [(at, rows) for at, rows in progress if 0 < rows < written] or progress
+    steady = (writing[-1][1] - writing[0][1]) / (writing[-1][0] - writing[0][0]) if len(writing) > 1 else 0.0
     before = [latency for started, latency in timings if started < build_started]
     during = [latency for started, latency in timings if build_started <= started < build_ended]
     if not before or not during:
         raise SystemExit(f"the application's searches stopped early: {len(before)} before the build, "
                          f"{len(during)} during it")
-    print(f"\n| index | new version | rows written | build | rows/s |\n|---|---|---|---|---|\n"
-          f"| {documents:,} documents, {active_rows:,} rows ({active.embedding_model}) | {built['model']} "
-          f"({built['dimensions']} dimensions), {built['status']} | {built['rows']:,} | {seconds:.1f} s | "
-          f"{built['rows'] / seconds:,.0f} |")
+    print(f"\n| index | new version | rows written | build | rows/s over the build | rows/s while shards write |\n"
+          f"|---|---|---|---|---|---|\n"
+          f"| {documents:,} documents, {active_rows:,} rows ({active.embedding_model}) | {SWAP_MODEL} "
+          f"({STAND_IN_MODELS[SWAP_MODEL]} dimensions), {status}{'' if completed else ', stopped'} | {written:,} | "
+          f"{seconds:.0f} s | {written / seconds:,.0f} | {steady:,.0f} |")
     print(f"\nsearches of the active version, hybrid, paced at {args.qps:g} a second:\n"
           "| when | searches | p50 | p95 | p99 |\n|---|---|---|---|---|")
     print(summary(f"before the build ({args.baseline:.0f} s)", before))

@@ -253,6 +253,8 @@ def write_document(
 def _rehome_groups(
     conn: psycopg.Connection, version: IndexVersion, settings: Settings, group_ids: list[str], stats: IndexStats
 ) -> None:
+    if not group_ids:
+        return  # the document owned no rows here (a first write, a backfill): two queries a document saved
     for chunk, labels in store.versions.rowless_group_occurrences(conn, version, group_ids):
         sha = ids.embedding_input_sha(chunk.embedding_input)
         vectors = store.chunks.cached_embeddings(conn, cache_key(version), [sha])
