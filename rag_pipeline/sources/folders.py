@@ -41,6 +41,9 @@ from rag_pipeline.domain.status import D, DocumentStatus
 
 FILE_SIDECAR_SUFFIX = ".meta.json"
 FOLDER_SIDECAR = "_meta.json"
+# The clock that stamps files moves in ticks, and a file server's may be a second behind this host's (as
+# rag_pipeline.stages.discover.RACY_MARGIN allows).
+LISTING_TRUST_MARGIN_NS = 2_000_000_000
 # Keys a sidecar may set that must never be stored or shown.
 SECRET_KEYS = frozenset({"password"})
 MAX_SIDECAR_BYTES = 64 * 1024
@@ -386,10 +389,10 @@ def scan_source(source: SourceConfig, report: ScanReport | None = None) -> Itera
         report.problem(where, f"cannot be read: {exc.strerror or exc}; its documents are kept as they were",
                        unreadable=True)
 
-    # A file changed less than this long before the scan started is judged against its folder's listing for its
-    # sidecar; a newer one is looked for again (a listing is no snapshot: it may show a new file and miss the
-    # sidecar written just before it). A second leaves room for the coarse clock that stamps files.
-    listing_trusted_before_ns = time.time_ns() - 1_000_000_000
+    # Whether a file has a sidecar is taken from its folder's listing only for a file changed before the scan
+    # started; a newer one's sidecar is looked for on the disk (a listing is no snapshot: it may show a new file
+    # and miss the sidecar written just before it).
+    listing_trusted_before_ns = time.time_ns() - LISTING_TRUST_MARGIN_NS
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=walk_error):
         current = Path(dirpath)
         listed = {*filenames, *dirnames}  # a sidecar that is a folder (or a link to one) is there too: it holds
