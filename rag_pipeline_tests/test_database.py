@@ -235,6 +235,42 @@ def test_the_work_unit_migration_upgrades_the_database_the_previous_main_left(pg
             conn.commit()
 
 
+def test_a_lease_reads_its_queue_not_the_documents_already_worked(db_url):
+    """The documents already worked come first in doc_id order (they were leased in it): leasing the next one must
+    not read past them. It did, walking the primary key, so each lease cost more as a build went on."""
+    from psycopg import sql
+
+    from rag_pipeline import store
+    from rag_pipeline.domain.status import DocumentStatus as D
+    from rag_pipeline.store.database import connect
+
+    with connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds)"
+                     " VALUES ('s', '/x', '{}', 60)")
+        conn.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at,
+                                               acl_labels, status)
+                        SELECT format('d%s', lpad(i::text, 6, '0')), 's', format('%s.md', i), 'f', 1, now(),
+                               '{staff}', CASE WHEN i <= 20000 THEN 'indexed' WHEN i % 2 = 0 THEN 'pending_chunk'
+                                               ELSE 'pending_parse' END
+                        FROM generate_series(1, 40000) AS i""")
+        conn.execute("ANALYZE documents")
+    queue = [D.PENDING_PARSE, D.PENDING_CHUNK]
+    with connect(db_url) as keeper, connect(db_url) as worker:
+        lease = store.work.open_lease(keeper, "test", 60)
+        with worker.transaction(force_rollback=True):
+            plan = worker.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) {}").format(store.work.LEASE_NEXT),
+                                  (lease.owner, [str(s) for s in queue]), prepare=False).fetchone()[0]
+
+        def rows_read(node: dict) -> float:
+            own = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+            return own * node.get("Actual Loops", 1) + sum(rows_read(child) for child in node.get("Plans", []))
+
+        assert rows_read(plan[0]["Plan"]) < 200  # the first of each queue, not the 20,000 indexed before them
+        taken = [store.work.lease_next(worker, queue, lease) for _ in range(3)]
+        assert [(status, doc.doc_id) for status, doc in taken] == [
+            (D.PENDING_PARSE, "d020001"), (D.PENDING_CHUNK, "d020002"), (D.PENDING_PARSE, "d020003")]
+
+
 def test_the_short_name_migration_renames_the_documents_the_previous_main_left(pg_admin_url, tmp_path):
     """A document stored at legacy migration 022 under a squashed capitalised file name gains the name terms of
     its leading letters ("MGM" from MGMRESORTS) in place; a lower-case path keeps the terms it had."""
