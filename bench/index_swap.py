@@ -10,11 +10,12 @@ Dagster backfill of the version's shards, on the configuration's own Dagster ins
   label, its queries embedded at an endpoint of their own): p50 / p95 / p99 for `--baseline` seconds before the
   build, and during it.
 
-`--max-seconds` stops the build after that long (the rate is then of the rows written so far). The version is
-retired afterwards either way, so the kept index can be swapped again.
+`--max-seconds` stops the build after that long (the rate is then of the rows written so far; the CLI is
+terminated, so its Dagster run and backfill stay marked as started in the configuration's instance). The version
+is retired afterwards whatever stopped the build, so the kept index can be swapped again.
 
-    .venv/bin/python -m bench.refresh --sizes 100000 --embedding stand-in --workdir DIR
-    .venv/bin/python -m bench.index_swap --workdir DIR --size 100000
+    .venv/bin/python -m bench.refresh --sizes 30000 --embedding stand-in --workdir DIR
+    .venv/bin/python -m bench.index_swap --workdir DIR --size 30000 [--max-seconds 720]
 """
 
 from __future__ import annotations
@@ -116,48 +117,57 @@ def main() -> None:
                                    daemon=True)
         searcher.start()
         progress: list[tuple[float, int]] = []  # (seconds since the build started, rows written)
-        version_id = None
-        build = None
+        build, stopped, written, status = None, False, 0, "never registered"
+        log_path = args.workdir / f"index-build-{args.size}.log"
         try:
             time.sleep(args.baseline)
             build_started = time.time()
-            output = (args.workdir / f"index-build-{args.size}.log").open("w")
-            # `rag-pipeline index build`, from this checkout (`-m`, as this benchmark runs).
-            build = subprocess.Popen([sys.executable, "-m", "rag_pipeline.cli", "--config", str(settings.config_file),
-                                      "index", "build", "--model", SWAP_MODEL], stdout=output, stderr=subprocess.STDOUT)
-            while build.poll() is None:
-                time.sleep(args.poll)
-                counted = building_rows(db_url)
-                if counted is not None:
-                    version_id = counted[0]
-                    progress.append((time.time() - build_started, counted[1]))
-                    print(f"  {progress[-1][0]:7.0f} s: {counted[1]:,} rows", flush=True)
-                if args.max_seconds and time.time() - build_started > args.max_seconds:
-                    build.terminate()
-                    build.wait(timeout=60)
+            with log_path.open("w") as log:
+                # `rag-pipeline index build`, from this checkout (`-m`, as this benchmark runs).
+                build = subprocess.Popen([sys.executable, "-m", "rag_pipeline.cli", "--config",
+                                          str(settings.config_file), "index", "build", "--model", SWAP_MODEL],
+                                         stdout=log, stderr=subprocess.STDOUT)
+                while True:
+                    try:
+                        build.wait(timeout=args.poll)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    counted = building_rows(db_url)
+                    if counted is not None:
+                        progress.append((time.time() - build_started, counted[1]))
+                        print(f"  {progress[-1][0]:7.0f} s: {counted[1]:,} rows", flush=True)
+                    if args.max_seconds and time.time() - build_started > args.max_seconds:
+                        stopped = True  # the CLI's Dagster run and backfill are left as started
+                        build.terminate()
+                        try:
+                            build.wait(timeout=30)
+                        except subprocess.TimeoutExpired:  # a shard's transaction in flight: it is rolled back
+                            build.kill()
+                            build.wait()
+                        break
             build_ended = time.time()
         finally:
             stop.set()
             if build is not None and build.poll() is None:
                 build.kill()
+                build.wait()
+            # The version goes whatever stopped the build, so the kept index can be swapped again.
+            with connect(db_url) as conn:
+                versions = store.versions.index_versions(conn, (VersionStatus.BUILDING, VersionStatus.READY))
+                if versions:
+                    written, status = store.versions.row_count(conn, versions[0]), versions[0].status
+                    with conn.transaction():
+                        retire(conn, versions[0].version_id)
         timings = results.get(timeout=120)
         searcher.join(timeout=60)
-        completed = build.returncode == 0
-        output.close()
-        version_id = version_id or (building_rows(db_url) or (None, 0))[0]  # a build done before the first count
-        with connect(db_url) as conn:
-            version = store.versions.get_version(conn, version_id) if version_id else None
-            written = store.versions.row_count(conn, version) if version else 0
-            status = version.status if version else "never registered"
-            if version is not None:
-                with conn.transaction():
-                    retire(conn, version.version_id)
-    if not completed and not args.max_seconds:
-        raise SystemExit(f"the build failed (exit code {build.returncode}); its output: {output.name}")
+    if build.returncode != 0 and not stopped:
+        raise SystemExit(f"the build failed (exit code {build.returncode}); its output: {log_path}")
 
     seconds = build_ended - build_started
-    writing = [(at, rows) for at, rows in progress if 0 < rows < written] or progress
-    steady = (writing[-1][1] - writing[0][1]) / (writing[-1][0] - writing[0][0]) if len(writing) > 1 else 0.0
+    writing = [(at, rows) for at, rows in progress if 0 < rows < written or (stopped and rows)]
+    steady = (f"{(writing[-1][1] - writing[0][1]) / (writing[-1][0] - writing[0][0]):,.0f}" if len(writing) > 1
+              else "n/a")
     before = [latency for started, latency in timings if started < build_started]
     during = [latency for started, latency in timings if build_started <= started < build_ended]
     if not before or not during:
@@ -166,8 +176,8 @@ def main() -> None:
     print(f"\n| index | new version | rows written | build | rows/s over the build | rows/s while shards write |\n"
           f"|---|---|---|---|---|---|\n"
           f"| {documents:,} documents, {active_rows:,} rows ({active.embedding_model}) | {SWAP_MODEL} "
-          f"({STAND_IN_MODELS[SWAP_MODEL]} dimensions), {status}{'' if completed else ', stopped'} | {written:,} | "
-          f"{seconds:.0f} s | {written / seconds:,.0f} | {steady:,.0f} |")
+          f"({STAND_IN_MODELS[SWAP_MODEL]} dimensions), {status}{', stopped' if stopped else ''} | {written:,} | "
+          f"{seconds:.0f} s | {written / seconds:,.0f} | {steady} |")
     print(f"\nsearches of the active version, hybrid, paced at {args.qps:g} a second:\n"
           "| when | searches | p50 | p95 | p99 |\n|---|---|---|---|---|")
     print(summary(f"before the build ({args.baseline:.0f} s)", before))

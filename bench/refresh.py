@@ -13,18 +13,18 @@ For each size it prints:
   pending, what the index lacks, the asset checks), and Dagster (the run's wall time outside every step);
 - the scan's memory: peak RSS of a fresh process that runs the pipeline's scan of the whole source;
 - a 1%-changed and a 1%-deleted refresh, then the index checked against the corpus (every live document indexed
-  and nothing else, each of its chunks served by its near-duplicate group's row, no row of a deleted document, the
-  changed ones re-chunked with their revision); a no-op that did any work, or an index that disagrees, stops the
-  benchmark.
+  and chunked and nothing else, each chunk served by its near-duplicate group's row, no stale row, no row of a
+  deleted document, the changed ones re-chunked with their revision); a no-op that did any work, or an index that
+  disagrees, stops the benchmark.
 
 `--embedding stand-in` embeds through the remote backend against a local OpenAI-compatible server in its own
 process that answers with feature-hashed vectors (thousands of texts a second): what is measured is the
 pipeline's own cost, as with a GPU fleet behind an endpoint (the stand-in's own CPU, a few per cent, is taken
-from the same two cores). Two CPU cores embed about 100 chunks a second with the real model, so 100,000
+from the same two cores). Two CPU cores embed about 50 chunks a second with the real model, so 100,000
 documents would take hours of embedding alone. `--workdir` keeps the server, corpus and index for bench.index_swap.
 
     .venv/bin/python -m bench.refresh --sizes 300,3000
-    .venv/bin/python -m bench.refresh --sizes 30000,100000 --embedding stand-in [--store s3]
+    .venv/bin/python -m bench.refresh --sizes 30000 --embedding stand-in [--store s3] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -120,8 +120,9 @@ class BucketCorpus(FolderCorpus):
 
 def index_agrees(db_url: str, generated: list[str], deleted: list[str], changed: list[str]) -> str:
     """What the active version holds after the refreshes, against the corpus: every live document indexed and
-    nothing else, every chunk of theirs served by a row of its near-duplicate group, no row of a deleted one, and
-    the changed ones re-chunked with their revision. Raises when any differs."""
+    chunked and nothing else, every chunk of theirs served by a row of its near-duplicate group, no row that no
+    current chunk backs, no row of a deleted one, and the changed ones re-chunked with their revision. Raises when
+    any differs."""
     live = {ids.doc_id(SOURCE, rel_path) for rel_path in set(generated) - set(deleted)}
     gone = [ids.doc_id(SOURCE, rel_path) for rel_path in deleted]
     revised = [ids.doc_id(SOURCE, rel_path) for rel_path in changed]
@@ -137,13 +138,21 @@ def index_agrees(db_url: str, generated: list[str], deleted: list[str], changed:
                WHERE d.status = 'indexed'
                  AND NOT EXISTS (SELECT 1 FROM {} t WHERE t.chunk_id = coalesce(c.group_id, c.chunk_id))""").format(
             table)).fetchone()[0]
+        # A row no current chunk backs (a changed document's old chunk, a deleted one's) is stale.
+        stale = conn.execute(sql.SQL(
+            """SELECT count(*) FROM {} t WHERE NOT EXISTS (
+                   SELECT 1 FROM chunks c WHERE c.chunk_id = t.owner_chunk_id
+                     AND coalesce(c.group_id, c.chunk_id) = t.chunk_id)""").format(table)).fetchone()[0]
+        chunked = {row[0] for row in conn.execute("SELECT DISTINCT doc_id FROM chunks")}
         with_revision = {row[0] for row in conn.execute(
             "SELECT DISTINCT doc_id FROM chunks WHERE doc_id = ANY(%s) AND text LIKE %s", (revised, f"%{REVISION}%"))}
     found = (f"index against the corpus: {len(indexed):,} indexed of {len(live):,} live documents, "
-             f"{len(live - indexed)} missing, {len(indexed - live)} not in the corpus, {unserved} chunks without "
-             f"their group's row, {rows_of_deleted} rows of deleted documents, {len(with_revision)} of "
-             f"{len(revised)} changed documents re-chunked with their revision")
-    if live != indexed or unserved or rows_of_deleted or len(with_revision) != len(revised):
+             f"{len(live - indexed)} missing, {len(indexed - live)} not in the corpus, {len(live - chunked)} without "
+             f"chunks, {unserved} chunks without their group's row, {stale} stale rows, {rows_of_deleted} rows of "
+             f"deleted documents, {len(with_revision)} of {len(revised)} changed documents re-chunked with their "
+             "revision")
+    if (live != indexed or live - chunked or unserved or stale or rows_of_deleted
+            or len(with_revision) != len(revised)):
         raise SystemExit(f"the index does not agree with the corpus: {found}")
     return found
 

@@ -41,8 +41,8 @@ from rag_pipeline.domain.status import D, DocumentStatus
 
 FILE_SIDECAR_SUFFIX = ".meta.json"
 FOLDER_SIDECAR = "_meta.json"
-# The clock that stamps files moves in ticks, and a file server's may be a second behind this host's (as
-# rag_pipeline.stages.discover.RACY_MARGIN allows).
+# The clock that stamps files moves in ticks, and a file server's may be a second behind this host's (the margin
+# rag_pipeline.stages.discover.RACY_MARGIN gives an object store's clock).
 LISTING_TRUST_MARGIN_NS = 2_000_000_000
 # Keys a sidecar may set that must never be stored or shown.
 SECRET_KEYS = frozenset({"password"})

@@ -34,6 +34,8 @@ def drop_empty(conn: psycopg.Connection, group_ids: Sequence[str]) -> None:
 
 def group_keys(conn: psycopg.Connection, group_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
     """(ACL key, LSH parameters) each group was opened with; a group that no longer exists is left out."""
+    if not group_ids:
+        return {}  # a document written for the first time: no query
     rows = conn.execute(
         "SELECT group_id, acl_key, lsh_params FROM chunk_groups WHERE group_id = ANY(%s)", (list(group_ids),)
     ).fetchall()

@@ -70,10 +70,7 @@ def lease_next(
     """Lease the first free document in one of `statuses`, in doc_id order, with its status; commits at once so
     other workers see the lease."""
     with conn.transaction():
-        row = conn.execute(
-            LEASE_NEXT, (lease.owner, [str(s) for s in statuses]),
-            prepare=False,  # a generic plan is blind to which statuses are asked for
-        ).fetchone()
+        row = conn.execute(LEASE_NEXT, (lease.owner, [str(s) for s in statuses])).fetchone()
     return (DocumentStatus(row[0]), pending_from_rows([row[1:]])[0]) if row else None
 
 
@@ -104,7 +101,7 @@ def queued(conn: psycopg.Connection, statuses: Sequence[DocumentStatus] = DOCUME
     """Documents waiting in each of `statuses`, leased or not (the progress reports' "left")."""
     rows = conn.execute(
         "SELECT status, count(*) FROM documents WHERE status = ANY(%s) GROUP BY status", ([str(s) for s in statuses],),
-        prepare=False,  # as lease_next: a plan for the statuses asked, through the status index
+        prepare=False,  # a plan for the statuses asked, through the status index (a generic one may not be)
     ).fetchall()
     conn.commit()
     return {str(s): 0 for s in statuses} | dict(rows)
