@@ -59,7 +59,7 @@ ui: install
 stop: install
 	$(BIN)/rag-pipeline db stop
 
-## make bench: every benchmark in bench/, one after another (about 2 hours on 2 cores); each prints a table.
+## make bench: every benchmark in bench/, one after another (about 2.5 hours on 2 cores); each prints a table.
 ## The two on the PostgreSQL manual run when Debian's postgresql-doc-15 is installed.
 PG_MANUAL_HTML := /usr/share/doc/postgresql-doc-15/html
 bench: bench-deps
