@@ -127,6 +127,28 @@ def test_a_file_newer_than_the_scan_gets_the_sidecar_its_folder_listing_missed(t
     assert [(f.rel_path, f.acl_labels) for f in found] == [("c.md", ("board",))]
 
 
+def test_a_sidecar_listed_under_another_case_or_normalisation_is_asked_of_the_disk(tmp_path, monkeypatch):
+    """On a file system that ignores case or Unicode normalisation, `A.md.meta.json` (or a decomposed spelling)
+    is the sidecar of `a.md`: a listing that spells it otherwise never decides that it is absent."""
+    from rag_pipeline.sources import folders
+
+    (tmp_path / "a.md").write_text("a")
+    (tmp_path / "A.md.meta.json").write_text(json.dumps({"acl_labels": ["board"]}))
+    (tmp_path / "caf\u00e9.md").write_text("c")
+    (tmp_path / "cafe\u0301.md.meta.json").write_text(json.dumps({"acl_labels": ["board"]}))
+    (tmp_path / "b.md").write_text("b")
+    asked = []
+    real_present = folders.sidecar_present
+    monkeypatch.setattr(folders, "sidecar_present", lambda path: asked.append(path.name) or real_present(path))
+    real_time_ns = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + 3600 * 10**9)  # every file older than the scan
+    found = {f.rel_path: f.acl_labels for f in scan_source(SourceConfig(name="docs", root=tmp_path,
+                                                                         acl_labels=("staff",)))}
+    files_asked = sorted(name for name in asked if name != "_meta.json")  # the folder's own sidecar is always asked
+    assert files_asked == ["a.md.meta.json", "caf\u00e9.md.meta.json"]  # b.md's absence is the listing's to say
+    assert found["b.md"] == ("staff",)
+
+
 def test_fingerprint_changes_with_mtime_not_with_identity(tmp_path):
     (tmp_path / "a.md").write_text("one")
     source = SourceConfig(name="docs", root=tmp_path, acl_labels=("s",))

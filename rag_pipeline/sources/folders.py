@@ -30,6 +30,7 @@ import os
 import re
 import stat
 import time
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -396,6 +397,9 @@ def scan_source(source: SourceConfig, report: ScanReport | None = None) -> Itera
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=walk_error):
         current = Path(dirpath)
         listed = {*filenames, *dirnames}  # a sidecar that is a folder (or a link to one) is there too: it holds
+        # A file system that ignores case or Unicode normalisation (macOS, SMB shares) finds a sidecar under a name
+        # the listing spells otherwise: such a near match is asked of the disk, as every sidecar was before.
+        folded = {_folded(listed_name) for listed_name in listed}
         for name in [d for d in dirnames if not _is_valid_name(d)]:
             dirnames.remove(name)
             report.problem((current / name).relative_to(root).as_posix(), "folder name is not valid UTF-8; skipped")
@@ -413,13 +417,25 @@ def scan_source(source: SourceConfig, report: ScanReport | None = None) -> Itera
             if not matches_include(rel_path, source.include):
                 continue
             found = _discover_file(source, root, folders, folder, path, rel_path, report,
-                                   name + FILE_SIDECAR_SUFFIX in listed, listing_trusted_before_ns)
+                                   _listed(name + FILE_SIDECAR_SUFFIX, listed, folded), listing_trusted_before_ns)
             if found is not None:
                 yield found
 
 
+def _folded(name: str) -> str:
+    return unicodedata.normalize("NFC", name).casefold()
+
+
+def _listed(name: str, listed: set[str], folded: set[str]) -> bool | None:
+    """Whether the listing holds `name`: True, False, or None where it holds a name equal but for case or Unicode
+    normalisation (the disk decides)."""
+    if name in listed:
+        return True
+    return None if _folded(name) in folded else False
+
+
 def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folder: _Folder, path: Path,
-                   rel_path: str, report: ScanReport, sidecar_listed: bool,
+                   rel_path: str, report: ScanReport, sidecar_listed: bool | None,
                    listing_trusted_before_ns: int) -> DiscoveredFile | None:
     linked = False
     try:
@@ -461,7 +477,7 @@ def _discover_file(source: SourceConfig, root: Path, folders: _FolderMeta, folde
         try:
             # Beside a file that is not a link and was there before the scan, its folder's listing says whether
             # the sidecar is (a stat less per file); otherwise it is looked for.
-            listing_says = not linked and info.st_ctime_ns < listing_trusted_before_ns
+            listing_says = sidecar_listed is not None and not linked and info.st_ctime_ns < listing_trusted_before_ns
             if sidecar_listed if listing_says else sidecar_present(sidecar):
                 meta.update(read_sidecar(sidecar, root))
         except SidecarError as exc:
