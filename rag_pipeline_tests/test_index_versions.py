@@ -58,6 +58,29 @@ def _rows(db, version, doc_id=None):
     return db.execute(query, {"all": doc_id is None, "doc": doc_id or ""}).fetchone()[0]
 
 
+def _bm25_counts(db, version) -> dict[str, list[tuple]]:
+    """What a version's BM25 triggers count (everything but the weights, which follow the average length)."""
+    def rows(query: str, suffix: str) -> list[tuple]:
+        return db.execute(sql.SQL(query).format(sql.Identifier(version.table_name + suffix))).fetchall()
+
+    return {"postings": rows("SELECT term_id, lexical_id, tf FROM {} ORDER BY 1, 2", "_postings"),
+            "lengths": rows("SELECT lexical_id, len FROM {} ORDER BY 1", "_bm25docs"),
+            "df": rows("SELECT term_id, sum(df) FROM {} GROUP BY 1 HAVING sum(df) <> 0 ORDER BY 1", "_bm25_df"),
+            "totals": rows("SELECT sum(chunks), sum(total_len) FROM {}", "_bm25_totals")}
+
+
+def _assert_bm25_as_rebuilt(db, version) -> None:
+    """The BM25 structures the triggers wrote, a statement of many rows at a time (a backfill's transactions, a
+    deletion's cascade), are what a set-based rebuild writes from the version's rows."""
+    written = _bm25_counts(db, version)
+    assert len(written["lengths"]) == store.versions.row_count(db, version) > 0
+    with db.transaction(force_rollback=True):
+        store.versions.rebuild_bm25(db, version)
+        rebuilt = _bm25_counts(db, version)
+    for name, expected in rebuilt.items():
+        assert written[name] == expected, name
+
+
 def test_build_promote_rollback_retire(make_settings, corpus, db):
     settings = make_settings([{"name": "sample", "root": str(corpus), "acl_labels": ["staff"]}])
     # The same weights named by their folder: the same model identity as v1's.
@@ -87,6 +110,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         assert summary["success"] and len(summary["shards"]) == 8 and summary["rows"] == v1.row_count
         (v2,) = store.versions.index_versions(db, ("ready",))  # all shards done and complete
         _assert_build_is_a_backfill_of_its_version(instance, settings, v2.label, summary["backfill"])
+        _assert_bm25_as_rebuilt(db, v2)
         (corpus / "products" / "nw200-faq.html").unlink()
         assert run_ingest(settings, instance=instance)["deleted"] == 1
         faq = ids.doc_id("sample", "products/nw200-faq.html")
@@ -96,6 +120,7 @@ def test_build_promote_rollback_retire(make_settings, corpus, db):
         assert run_ingest(settings, instance=instance)["changed"] == 1
         v2_texts = [t for (t,) in db.execute(sql.SQL("SELECT text FROM {}").format(sql.Identifier(v2.table_name)))]
         assert any("21 days" in t for t in v2_texts) and not any("14 days" in t for t in v2_texts)
+        _assert_bm25_as_rebuilt(db, v2)
 
         gates = blue_green.check_gates(db, v2, GOLDEN, ["staff", "finance"], k=3)
         assert gates.passed, gates.failures
@@ -417,3 +442,41 @@ def test_a_previous_version_is_reclaimed_after_the_rollback_window_unless_pinned
     later = housekeeping()
     assert later["versions_reclaimed"] == 1 and later["bytes_reclaimed"] > 0
     assert store.versions.get_version(conn, v2) is None and store.versions.active_version(conn).version_id == v3
+
+
+def test_a_backfill_writes_many_documents_a_transaction_as_one_at_a_time_would(make_settings, tmp_path, db,
+                                                                             monkeypatch):
+    """One shard over 24 documents in transactions of a few documents each: near-duplicates of one another within a
+    transaction and across them (one row per group), documents of two label sets in one transaction (each row with
+    its document's labels), and BM25 counted as a rebuild counts it."""
+    root = tmp_path / "many"
+    shared = ("Expense reports are filed within thirty days of travel, with every receipt attached, and approved by "
+              "the budget holder before the finance team reimburses them. ")
+    for i in range(24):
+        folder = root / ("team" if i % 3 == 0 else "staff")
+        folder.mkdir(parents=True, exist_ok=True)
+        own = f"Document {i} describes project {i * 7} and its milestone in quarter {i % 4 + 1} of the plan. " * 3
+        (folder / f"doc-{i:02d}.md").write_text(f"# Note {i}\n\n{own}\n\n## Expenses\n\n{shared * 2}\n")
+    settings = make_settings([{"name": "staff", "root": str(root / "staff"), "acl_labels": ["staff"]},
+                              {"name": "team", "root": str(root / "team"), "acl_labels": ["team"]}])
+    with DagsterInstance.ephemeral() as instance:
+        assert run_ingest(settings, instance=instance)["success"]
+    v1 = store.versions.active_version(db)
+    monkeypatch.setattr(blue_green, "BACKFILL_CHUNKS_AT_ONCE", 7)  # a few documents a transaction
+    v2 = blue_green.start_version_build(db.info.dsn, settings, resolve_model("all-MiniLM-L6-v2").location)
+    stats = blue_green.backfill_version(db.info.dsn, settings, v2.version_id, 0, 1)
+    assert stats.documents_indexed == 24
+    v2 = store.versions.get_version(db, v2.version_id)
+    assert v2.status == "ready"  # every group has its row, no deleted document's row
+
+    def rows_by_group(version) -> dict[str, tuple]:
+        return {group: (sorted(labels), source) for group, labels, source in db.execute(sql.SQL(
+            "SELECT t.chunk_id, t.acl_labels, d.source FROM {} t JOIN documents d USING (doc_id)").format(
+                sql.Identifier(version.table_name))).fetchall()}
+
+    groups = rows_by_group(v2)
+    assert set(groups) == set(rows_by_group(v1))  # one row per group, the same groups as the active version's
+    near_duplicates = db.execute("SELECT count(*) - count(DISTINCT group_id) FROM chunks").fetchone()[0]
+    assert near_duplicates >= 20  # the shared section: one group per label set, whatever the transaction
+    assert all(labels == [source] for labels, source in groups.values())
+    _assert_bm25_as_rebuilt(db, v2)

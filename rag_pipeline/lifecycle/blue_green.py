@@ -11,6 +11,7 @@ beyond a tolerance. `force` skips the gates and is recorded.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,15 @@ from rag_pipeline.stages.chunk import (
     sizing_model_location,
 )
 from rag_pipeline.stages.common import Progress, locked_stage, log_progress
-from rag_pipeline.stages.index import EMBED_BATCHES, IndexStats, rebalance_bm25, vectors_ahead, write_document
+from rag_pipeline.stages.index import (
+    EMBED_BATCHES,
+    IndexStats,
+    rebalance_bm25,
+    vectors_ahead,
+    write_documents,
+)
 from rag_pipeline.stages.progress import Reporter
+from rag_pipeline.store.chunks import StoredChunk
 from rag_pipeline.store.database import connect
 from rag_pipeline.store.queue import PendingDocument
 from rag_pipeline.store.versions import IndexVersion
@@ -120,16 +128,19 @@ def backfill_version(
                 return batch
 
             for batch, (chunks_by_doc, vectors) in vectors_ahead(db_url, fetch, [version], settings, stats):
-                for doc in batch:
+                for part in _transactions(batch, chunks_by_doc):
                     with conn.transaction():
-                        store.groups.lock_assignment(conn)  # before the row lock (see store.groups)
-                        if not store.queue.claim(conn, doc.doc_id, DocumentStatus.INDEXED):
-                            continue  # changed meanwhile: the index stage writes it to every writable version
-                        if store.chunks.chunk_ids_of(conn, doc.doc_id) != [c.chunk_id for c in chunks_by_doc[doc.doc_id]]:
-                            continue  # re-chunked and re-indexed since its chunks were read: already in this version
-                        write_document(conn, doc, chunks_by_doc[doc.doc_id], [version], vectors, settings, stats)
-                    stats.documents_indexed += 1
-                    stats.chunks_indexed += len(chunks_by_doc[doc.doc_id])
+                        store.groups.lock_assignment(conn)  # before the row locks (see store.groups)
+                        writing = [
+                            (doc, chunks_by_doc[doc.doc_id]) for doc in part
+                            # one changed meanwhile is left to the index stage, which writes every writable version
+                            if store.queue.claim(conn, doc.doc_id, DocumentStatus.INDEXED)
+                            # re-chunked and re-indexed since its chunks were read: already in this version
+                            and store.chunks.chunk_ids_of(conn, doc.doc_id) == [c.chunk_id for c in chunks_by_doc[doc.doc_id]]
+                        ]
+                        write_documents(conn, writing, [version], vectors, settings, stats)
+                    stats.documents_indexed += len(writing)
+                    stats.chunks_indexed += sum(len(chunks) for _, chunks in writing)
                     if reporter.due():
                         reporter.report(stats.documents_indexed, total - stats.documents_indexed,
                                         stats.chunks_indexed)
@@ -140,6 +151,28 @@ def backfill_version(
                 if mark_ready_if_complete(conn, version):
                     progress(f"{version.label} is complete and ready to promote")
     return stats
+
+
+# A backfill writes documents together, in transactions of about this many chunks: the rows of each go in one
+# statement (BM25's trigger tokenises and counts them in one pass) and one commit, while the lock every index write
+# takes (store.groups.lock_assignment) is held for well under a second, so a refresh beside it hardly waits.
+BACKFILL_CHUNKS_AT_ONCE = 250
+
+
+def _transactions(batch: list[PendingDocument], chunks_by_doc: dict[str, list[StoredChunk]]
+                  ) -> Iterator[list[PendingDocument]]:
+    """`batch` in runs of documents of about BACKFILL_CHUNKS_AT_ONCE chunks (a longer document alone)."""
+    part: list[PendingDocument] = []
+    chunks = 0
+    for doc in batch:
+        size = len(chunks_by_doc.get(doc.doc_id, []))
+        if part and chunks + size > BACKFILL_CHUNKS_AT_ONCE:
+            yield part
+            part, chunks = [], 0
+        part.append(doc)
+        chunks += size
+    if part:
+        yield part
 
 
 def mark_ready_if_complete(conn: psycopg.Connection, version: IndexVersion) -> bool:

@@ -219,35 +219,63 @@ def write_document(
     stats: IndexStats,
 ) -> None:
     """Replace one document's rows in the given versions (inside the caller's transaction, which has claimed the
-    document's row). The labels are read here, under that row lock, never taken from when the work was planned:
-    a scan that narrowed them meanwhile must not be undone by a writer holding the old ones."""
-    labels = store.queue.current_labels(conn, doc.doc_id)
-    if not labels:
-        return  # held back meanwhile (no labels): nothing of it may reach the index
-    doc = replace(doc, acl_labels=labels)
+    document's row): write_documents for one."""
+    write_documents(conn, [(doc, stored_chunks)], targets, vectors_by_version, settings, stats)
+
+
+def write_documents(
+    conn: psycopg.Connection,
+    documents: Sequence[tuple[PendingDocument, list[StoredChunk]]],
+    targets: Sequence[IndexVersion],
+    vectors_by_version: dict[int, dict[str, np.ndarray]],
+    settings: Settings,
+    stats: IndexStats,
+) -> None:
+    """Replace documents' rows in the given versions (inside the caller's transaction, which has claimed every
+    document's row). Each version's new rows go in one statement per label set: BM25's trigger then tokenises and
+    counts them in one pass (a backfill writes many documents a transaction). The labels are read here, under the
+    row locks, never taken from when the work was planned: a scan that narrowed them meanwhile must not be undone by
+    a writer holding the old ones."""
     store.groups.lock_assignment(conn)
-    chunks = assign_groups(conn, stored_chunks, doc.acl_labels, dedup.lsh_params(settings.dedup.threshold))
-    if any(old.group_id and old.group_id != new.group_id for old, new in zip(stored_chunks, chunks, strict=True)):
-        # A chunk changed group (its labels changed since it was grouped): that holds in every version, so a write
-        # meant for some (a backfill's) must reach all, or the others keep rows keyed by the old group.
-        targets = [*targets, *(v for v in store.versions.writable_versions(conn)
-                               if v.version_id not in {t.version_id for t in targets})]
-        inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input for c in chunks}
-        vectors_by_version = {**{v.version_id: embed_inputs(conn, v, settings, inputs, stats, commit=False)
-                                 for v in targets if v.version_id not in vectors_by_version},
-                              **vectors_by_version}
-    stats.occurrences += len(chunks)
-    for position, version in enumerate(targets):
-        vectors = vectors_by_version[version.version_id]
-        released = store.versions.delete_document_rows(conn, version, doc.doc_id)
-        rows = [IndexRow(c, sha, vectors[sha]) for c in chunks for sha in (ids.embedding_input_sha(c.embedding_input),)]
-        written = store.versions.insert_group_rows(conn, version, doc.acl_labels, rows)
-        stats.rows_written += written
-        if position == 0:  # the groups are shared by every version: a chunk is a near-duplicate in all or none
-            stats.near_duplicates += len(rows) - written
-        # Groups this document owned but no longer holds get a row from another occurrence.
-        _rehome_groups(conn, version, settings, released, stats)
-    store.groups.drop_empty(conn, [c.group_id for c in stored_chunks if c.group_id])
+    params = dedup.lsh_params(settings.dedup.threshold)
+    versions = {v.version_id: v for v in targets}
+    rows_by_version: dict[int, dict[tuple[str, ...], list[IndexRow]]] = {}
+    released: dict[int, list[str]] = {}
+    stored_groups: list[str] = []
+    for doc, stored_chunks in documents:
+        labels = store.queue.current_labels(conn, doc.doc_id)
+        if not labels:
+            continue  # held back meanwhile (no labels): nothing of it may reach the index
+        chunks = assign_groups(conn, stored_chunks, labels, params)
+        doc_targets, doc_vectors = list(targets), vectors_by_version
+        if any(old.group_id and old.group_id != new.group_id for old, new in zip(stored_chunks, chunks, strict=True)):
+            # A chunk changed group (its labels changed since it was grouped): that holds in every version, so a
+            # write meant for some (a backfill's) must reach all, or the others keep rows keyed by the old group.
+            doc_targets += [v for v in store.versions.writable_versions(conn) if v.version_id not in versions]
+            inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input for c in chunks}
+            doc_vectors = {**{v.version_id: embed_inputs(conn, v, settings, inputs, stats, commit=False)
+                              for v in doc_targets if v.version_id not in vectors_by_version},
+                           **vectors_by_version}
+        stats.occurrences += len(chunks)
+        for version in doc_targets:
+            versions.setdefault(version.version_id, version)
+            released.setdefault(version.version_id, []).extend(
+                store.versions.delete_document_rows(conn, version, doc.doc_id))
+            vectors = doc_vectors[version.version_id]
+            rows_by_version.setdefault(version.version_id, {}).setdefault(labels, []).extend(
+                IndexRow(c, sha, vectors[sha]) for c in chunks for sha in (ids.embedding_input_sha(c.embedding_input),))
+        stored_groups += [c.group_id for c in stored_chunks if c.group_id]
+    first = targets[0].version_id if targets else None
+    for version_id, by_labels in rows_by_version.items():
+        version = versions[version_id]
+        for labels, rows in by_labels.items():
+            written = store.versions.insert_group_rows(conn, version, labels, rows)
+            stats.rows_written += written
+            if version_id == first:  # the groups are shared by every version: a chunk is a near-duplicate in all or none
+                stats.near_duplicates += len(rows) - written
+        # Groups these documents owned but no longer hold get a row from another occurrence.
+        _rehome_groups(conn, version, settings, released[version_id], stats)
+    store.groups.drop_empty(conn, stored_groups)
 
 
 def _rehome_groups(
