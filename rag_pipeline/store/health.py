@@ -194,16 +194,17 @@ class ParseCounts:
 
 def parse_counts(conn: psycopg.Connection, near_empty_chars: int) -> ParseCounts:
     pages, near_empty, spaced, overprinted = conn.execute(
-        """SELECT count(*), count(*) FILTER (WHERE length(btrim(p.markdown)) < %s),
+        """SELECT count(*), count(*) FILTER (WHERE p.text_chars < %s),
                   count(*) FILTER (WHERE (p.signals ->> 'word_gaps_spaced')::int > 0),
                   count(*) FILTER (WHERE (p.signals ->> 'overprinted_glyphs')::int > 0)
            FROM document_pages p JOIN documents d USING (doc_id) WHERE d.status <> %s""",
         (near_empty_chars, D.DEAD_LETTER),
     ).fetchone()
+    # Only a document with a page without text can have none: those few are read (document_pages_textless).
     zero_text = conn.execute(
         """SELECT d.source, d.rel_path, count(*) FROM documents d JOIN document_pages p USING (doc_id)
-           WHERE d.status <> %s
-           GROUP BY d.doc_id HAVING sum(length(btrim(p.markdown))) = 0 ORDER BY 1, 2""",
+           WHERE d.status <> %s AND d.doc_id IN (SELECT doc_id FROM document_pages WHERE text_chars = 0)
+           GROUP BY d.doc_id HAVING max(p.text_chars) = 0 ORDER BY 1, 2""",
         (D.DEAD_LETTER,),
     ).fetchall()
     tiers = conn.execute("SELECT tier, count(*) FROM document_pages GROUP BY tier ORDER BY count(*) DESC").fetchall()
