@@ -1,6 +1,7 @@
 """Near-duplicate groups on the real database: stored once, remembered everywhere, never across labels."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from dagster import DagsterInstance
@@ -189,3 +190,42 @@ def test_the_migration_drops_groups_left_without_chunks_and_keeps_the_others(mak
     db.execute((SQL_DIR / "migrations" / "003_drop_orphan_groups.sql").read_text())
     assert store.health.empty_group_count(db) == 0
     assert db.execute("SELECT count(*) FROM chunk_groups").fetchone()[0] == groups
+
+
+def test_a_documents_chunks_are_grouped_in_one_pass_as_one_at_a_time(db):
+    """assign_groups looks up the candidates of all of a document's chunks at once: a chunk still meets a group an
+    earlier chunk of the same document opened (in no stored band yet when the lookup ran), and one stored by another
+    document; a group of another label set is never joined."""
+    from rag_pipeline.stages.index import assign_groups
+    from rag_pipeline.store.chunks import StoredChunk
+
+    db.execute("INSERT INTO sources (name, root, include_patterns, freshness_sla_seconds) VALUES ('s', '/x', '{}', 1)")
+    for doc_id in ("a", "b"):
+        db.execute("""INSERT INTO documents (doc_id, source, rel_path, fingerprint, size_bytes, modified_at, acl_labels,
+                                             status) VALUES (%s, 's', %s, 'f', 1, now(), '{staff}', 'pending_index')""",
+                   (doc_id, f"{doc_id}.md"))
+    policy = ("Travel must be booked through the company portal at least fourteen days before departure, and any "
+              "exception needs the written approval of a department head before the tickets are bought.")
+    other = ("The quarterly board meeting reviews the audit committee's findings, approves the budget for the next "
+             "fiscal year and elects the chair of each standing committee from among the directors.")
+
+    def chunks(doc_id: str, texts: list[str]) -> list[StoredChunk]:
+        for ordinal, text in enumerate(texts):
+            db.execute("""INSERT INTO chunks (chunk_id, doc_id, ordinal, text, page_start, page_end, token_count,
+                                              content_hash, chunker_version) VALUES (%s, %s, %s, %s, 1, 1, 1, 'h', 'c')""",
+                       (f"{doc_id}{ordinal}", doc_id, ordinal, text))
+        return [StoredChunk(f"{doc_id}{o}", doc_id, o, t, "", "", 1, 1, "prose") for o, t in enumerate(texts)]
+
+    params = dedup.lsh_params(0.8)
+    with db.transaction():
+        [board] = assign_groups(db, chunks("b", [other]), ["staff"], params)
+    with db.transaction():
+        grouped = assign_groups(db, chunks("a", [policy, policy + " Thank you.", other + " Thanks.", "Short note."]),
+                                ["staff"], params)
+    first, again, board_again, note = (c.group_id for c in grouped)
+    assert again == first and board_again == board.group_id and note not in (first, board.group_id)
+    stored = dict(db.execute("SELECT chunk_id, group_id FROM chunks").fetchall())
+    assert stored == {"b0": board.group_id, "a0": first, "a1": first, "a2": board.group_id, "a3": note}
+    with db.transaction():
+        [relabelled] = assign_groups(db, [replace(board, group_id=None)], ["finance"], params)
+    assert relabelled.group_id != board.group_id  # another label set: a group of its own

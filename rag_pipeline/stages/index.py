@@ -188,24 +188,34 @@ def rebalance_bm25(conn: psycopg.Connection, version: IndexVersion, settings: Se
 def assign_groups(
     conn: psycopg.Connection, chunks: Sequence[StoredChunk], labels: Sequence[str], params: dedup.LshParams
 ) -> list[StoredChunk]:
-    """Put each chunk in its near-duplicate group (same ACL labels only), opening groups as needed."""
+    """Put each chunk in its near-duplicate group (same ACL labels only), opening groups as needed. One query finds
+    the candidates of every chunk that needs a group, one write records the groups opened and one the assignments;
+    a chunk also meets the groups opened by the chunks before it, as it would in the database."""
     labels_key = dedup.acl_key(labels)
     kept = store.groups.group_keys(conn, [c.group_id for c in chunks if c.group_id])  # one query, not one a chunk
-    assigned: list[StoredChunk] = []
-    for chunk in chunks:
-        if chunk.group_id and kept.get(chunk.group_id) == (labels_key, params.key):
-            assigned.append(chunk)
-            continue
-        sig = dedup.signature(chunk.text)
-        buckets = dedup.band_buckets(sig, params, labels_key, dedup.figures_key(chunk.text))
-        group_id = dedup.closest_group(sig, store.groups.candidates(conn, buckets, labels_key, params.key), params.threshold)
+    assigned = list(chunks)
+    ungrouped = [i for i, c in enumerate(chunks)
+                 if not (c.group_id and kept.get(c.group_id) == (labels_key, params.key))]
+    if not ungrouped:
+        return assigned
+    signatures = [dedup.signature(chunks[i].text) for i in ungrouped]
+    buckets = [dedup.band_buckets(sig, params, labels_key, dedup.figures_key(chunks[i].text))
+               for i, sig in zip(ungrouped, signatures, strict=True)]
+    stored = store.groups.candidates(conn, buckets, labels_key, params.key)
+    opened: list[tuple[str, np.ndarray, list[int]]] = []
+    for i, sig, chunk_buckets, found in zip(ungrouped, signatures, buckets, stored, strict=True):
+        # A group opened above shares a band bucket with this chunk: the band lookup would have found it.
+        here = [(group_id, group_sig) for group_id, group_sig, group_buckets in opened
+                if any(a == b for a, b in zip(group_buckets, chunk_buckets, strict=True))]
+        group_id = dedup.closest_group(sig, [*found, *here], params.threshold)
         if group_id is None:
             # Derived from the label set too: a relabelled chunk opens a new group, never re-labels an old one
             # that other documents' chunks still belong to.
-            group_id = ids.group_id(chunk.chunk_id, labels_key, params.key)
-            store.groups.open_group(conn, group_id, labels_key, params.key, sig, buckets)
-        store.chunks.set_group(conn, chunk.chunk_id, group_id)
-        assigned.append(replace(chunk, group_id=group_id))
+            group_id = ids.group_id(chunks[i].chunk_id, labels_key, params.key)
+            opened.append((group_id, sig, chunk_buckets))
+        assigned[i] = replace(chunks[i], group_id=group_id)
+    store.groups.open_groups(conn, labels_key, params.key, opened)
+    store.chunks.set_groups(conn, [(assigned[i].chunk_id, assigned[i].group_id) for i in ungrouped])
     return assigned
 
 

@@ -83,8 +83,12 @@ def chunks_of(conn: psycopg.Connection, doc_ids: Sequence[str]) -> dict[str, lis
     return result
 
 
-def set_group(conn: psycopg.Connection, chunk_id: str, group_id: str) -> None:
-    conn.execute("UPDATE chunks SET group_id = %s WHERE chunk_id = %s", (group_id, chunk_id))
+def set_groups(conn: psycopg.Connection, assignments: Sequence[tuple[str, str]]) -> None:
+    """Put chunks (chunk id, group id) in their near-duplicate groups, in one statement."""
+    if assignments:
+        conn.execute("""UPDATE chunks c SET group_id = a.group_id
+                        FROM unnest(%s::text[], %s::text[]) AS a (chunk_id, group_id) WHERE c.chunk_id = a.chunk_id""",
+                     ([chunk_id for chunk_id, _ in assignments], [group_id for _, group_id in assignments]))
 
 
 # --- the LLM prefix cache --------------------------------------------------------------------------

@@ -43,36 +43,48 @@ def group_keys(conn: psycopg.Connection, group_ids: Sequence[str]) -> dict[str, 
 
 
 def candidates(
-    conn: psycopg.Connection, buckets: Sequence[int], labels_key: str, params_key: str
-) -> list[tuple[str, list[int]]]:
-    """Groups (id, MinHash signature) that share at least one LSH band bucket with a chunk."""
-    return conn.execute(
-        """SELECT DISTINCT g.group_id, g.signature FROM chunk_group_bands b JOIN chunk_groups g USING (group_id)
-           WHERE (b.bucket, b.band) IN (SELECT * FROM unnest(%s::bigint[], %s::int[]))
-             AND g.acl_key = %s AND g.lsh_params = %s""",
-        (list(buckets), list(range(len(buckets))), labels_key, params_key),
+    conn: psycopg.Connection, buckets_by_chunk: Sequence[Sequence[int]], labels_key: str, params_key: str
+) -> list[list[tuple[str, list[int]]]]:
+    """For each chunk (its LSH band buckets, band by band), the groups (id, MinHash signature) sharing at least one
+    band bucket with it: one query for all of a document's chunks."""
+    positions = [p for p, buckets in enumerate(buckets_by_chunk) for _ in buckets]
+    rows = conn.execute(
+        """SELECT q.position, g.group_id, g.signature
+           FROM (SELECT DISTINCT q.position, b.group_id
+                 FROM unnest(%s::int[], %s::bigint[], %s::int[]) AS q (position, bucket, band)
+                 JOIN chunk_group_bands b ON b.bucket = q.bucket AND b.band = q.band) q
+           JOIN chunk_groups g USING (group_id)
+           WHERE g.acl_key = %s AND g.lsh_params = %s""",
+        (positions, [bucket for buckets in buckets_by_chunk for bucket in buckets],
+         [band for buckets in buckets_by_chunk for band in range(len(buckets))], labels_key, params_key),
     ).fetchall()
+    found: list[list[tuple[str, list[int]]]] = [[] for _ in buckets_by_chunk]
+    for position, group_id, signature in rows:
+        found[position].append((group_id, signature))
+    return found
 
 
-def open_group(
-    conn: psycopg.Connection,
-    group_id: str,
-    labels_key: str,
-    params_key: str,
-    signature: np.ndarray,
-    buckets: Sequence[int],
+def open_groups(
+    conn: psycopg.Connection, labels_key: str, params_key: str,
+    groups: Sequence[tuple[str, np.ndarray, Sequence[int]]],
 ) -> None:
-    conn.execute(
-        """INSERT INTO chunk_groups (group_id, acl_key, lsh_params, signature) VALUES (%s, %s, %s, %s)
-           ON CONFLICT (group_id) DO NOTHING""",
-        (group_id, labels_key, params_key, signature.tolist()),
-    )
+    """Record new groups (id, MinHash signature, LSH band buckets) and their bands."""
+    if not groups:
+        return
+    with conn.cursor() as cur:
+        cur.executemany(  # pipelined: one round trip
+            """INSERT INTO chunk_groups (group_id, acl_key, lsh_params, signature) VALUES (%s, %s, %s, %s)
+               ON CONFLICT (group_id) DO NOTHING""",
+            [(group_id, labels_key, params_key, signature.tolist()) for group_id, signature, _ in groups],
+        )
     # One statement for all bands (a chunk has dozens): a statement per band was most of an index write's time.
     conn.execute(
         """INSERT INTO chunk_group_bands (bucket, band, group_id)
-           SELECT b.bucket, b.band, %s FROM unnest(%s::bigint[], %s::int[]) AS b (bucket, band)
+           SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[])
            ON CONFLICT DO NOTHING""",
-        (group_id, list(buckets), list(range(len(buckets)))),
+        ([bucket for _, _, buckets in groups for bucket in buckets],
+         [band for _, _, buckets in groups for band in range(len(buckets))],
+         [group_id for group_id, _, buckets in groups for _ in buckets]),
     )
 
 
