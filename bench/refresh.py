@@ -23,8 +23,12 @@ pipeline's own cost, as with a GPU fleet behind an endpoint (the stand-in's own 
 from the same two cores). Two CPU cores embed about 50 chunks a second with the real model, so 100,000
 documents would take hours of embedding alone. `--workdir` keeps the server, corpus and index for bench.index_swap.
 
+`--noop-only` measures this checkout's no-op refresh of an index an earlier run kept (`--workdir`), after
+migrating it as an upgrade would: a change to the no-op's cost is measured on the same rows, without a new build.
+
     .venv/bin/python -m bench.refresh --sizes 300,3000
     .venv/bin/python -m bench.refresh --sizes 30000 --embedding stand-in [--store s3] [--workdir DIR]
+    .venv/bin/python -m bench.refresh --sizes 30000 --embedding stand-in --workdir DIR --noop-only
 """
 
 from __future__ import annotations
@@ -242,6 +246,33 @@ def measure(database, corpus: FolderCorpus, documents: list[Path], size: int,
             "listing": listing, "scan": scan}
 
 
+def measure_noop(database, corpus: FolderCorpus, size: int, embedding: dict[str, Any]) -> None:
+    """This checkout's no-op refresh of a kept index (migrated first, as an upgrade is), split as measure() splits it."""
+    if not database.exists(database_name(size)):
+        raise SystemExit(f"no kept index for {size:,} documents in {database.workdir}: run without --noop-only first")
+    started = time.perf_counter()
+    db_url = database.open(database_name(size))  # migrated to this checkout
+    print(f"  opened and migrated in {time.perf_counter() - started:.1f} s", flush=True)
+    settings = write_settings(database, size, db_url, corpus.entry, embedding)
+    with DagsterInstance.ephemeral() as instance:
+        runs = [run(settings, instance, f"no-op refresh {n}") for n in (1, 2, 3)]
+    for _, summary in runs:
+        work = {name: summary[name] for name in ("parsed", "chunks_written", "vectors_embedded", "deleted")}
+        if any(work.values()):
+            raise SystemExit(f"the no-op refresh did work: {work}")
+    print("\n| documents | no-op (best of 3) | scan (discover step) | reconcile (the other steps) | Dagster (wall - steps) "
+          "| slowest steps |")
+    print("|---|---|---|---|---|---|")
+    elapsed, summary = min(runs, key=lambda r: r[0])
+    steps = summary["steps"]
+    discover = [interval for key, interval in steps.items() if key.endswith(DISCOVER_STEP)]
+    others = [interval for key, interval in steps.items() if not key.endswith(DISCOVER_STEP)]
+    slowest = sorted(((end - start, key) for key, (start, end) in steps.items()), reverse=True)[:3]
+    print(f"| {size:,} | {elapsed:.2f} s | {covered(discover):.2f} s | {covered(others):.2f} s | "
+          f"{elapsed - covered(list(steps.values())):.2f} s | "
+          f"{', '.join(f'{key} {seconds:.2f} s' for seconds, key in slowest)} |")
+
+
 def print_tables(results: list[dict[str, Any]], store: str, embedding: str) -> None:
     print(f"\nmachine: {machine()}; source: {store}; embedding: {embedding}")
     print("| documents | chunks | full build | docs/s | chunks/s | stage seconds as reported, overlapping "
@@ -292,7 +323,12 @@ def main() -> None:
                         help="local: the real model in this process; stand-in: a remote endpoint of hashed vectors")
     parser.add_argument("--workdir", type=Path, help="keep the server, the corpus and each size's index here "
                         "(bench.index_swap builds a new version of a kept one); default: a throwaway one")
+    parser.add_argument("--noop-only", action="store_true",
+                        help="with --workdir and the folder store: time this checkout's no-op refresh of each size's "
+                             "kept index (migrated first), without a new build")
     args = parser.parse_args()
+    if args.noop_only and (args.workdir is None or args.store != "folder"):
+        parser.error("--noop-only needs --workdir and the folder store")
     results = []
     with contextlib.ExitStack() as stack:
         database = stack.enter_context(kept_database(args.workdir) if args.workdir else throwaway_database())
@@ -305,11 +341,15 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             print(f"{size:,} documents", flush=True)
             folder = database.workdir / f"corpus-{size}"
+            if args.noop_only:
+                measure_noop(database, FolderCorpus(folder, SOURCE_LABELS), size, embedding)
+                continue
             documents = generate_documents(folder, size)
             corpus = (FolderCorpus(folder, SOURCE_LABELS) if server is None
                       else BucketCorpus(folder, SOURCE_LABELS, server, f"bench-refresh-{size}"))
             results.append(measure(database, corpus, documents, size, embedding))
-    print_tables(results, args.store, args.embedding)
+    if results:
+        print_tables(results, args.store, args.embedding)
 
 
 if __name__ == "__main__":
