@@ -1,7 +1,6 @@
 """Near-duplicate groups on the real database: stored once, remembered everywhere, never across labels."""
 
 import json
-from dataclasses import replace
 
 import pytest
 from dagster import DagsterInstance
@@ -195,7 +194,7 @@ def test_the_migration_drops_groups_left_without_chunks_and_keeps_the_others(mak
 def test_a_documents_chunks_are_grouped_in_one_pass_as_one_at_a_time(db):
     """assign_groups looks up the candidates of all of a document's chunks at once: a chunk still meets a group an
     earlier chunk of the same document opened (in no stored band yet when the lookup ran), and one stored by another
-    document; a group of another label set is never joined."""
+    document."""
     from rag_pipeline.stages.index import assign_groups
     from rag_pipeline.store.chunks import StoredChunk
 
@@ -226,6 +225,3 @@ def test_a_documents_chunks_are_grouped_in_one_pass_as_one_at_a_time(db):
     assert again == first and board_again == board.group_id and note not in (first, board.group_id)
     stored = dict(db.execute("SELECT chunk_id, group_id FROM chunks").fetchall())
     assert stored == {"b0": board.group_id, "a0": first, "a1": first, "a2": board.group_id, "a3": note}
-    with db.transaction():
-        [relabelled] = assign_groups(db, [replace(board, group_id=None)], ["finance"], params)
-    assert relabelled.group_id != board.group_id  # another label set: a group of its own

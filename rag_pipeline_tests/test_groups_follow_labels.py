@@ -107,17 +107,20 @@ def test_a_relabel_with_a_same_text_rewrite_moves_the_chunks_and_survives_an_ind
         assert all(after["checks"][name]["passed"] for name in ("index_drift", "acl_coverage")), after["checks"]
 
 
-def _left_by_the_previous_main(db, root: Path, settings, instance) -> None:
+def _left_by_the_previous_main(db, root: Path, settings, instance, files: dict[str, str] | None = None) -> None:
     """a.md (staff) indexed, then relabelled hr the way the starting code (b988343) left a touch plus a sidecar:
-    the document and its rows say hr, its chunk stays in the staff group."""
-    (root / "a.md").write_text(NOTICE)
+    the document and its rows say hr, its chunk stays in the staff group (`files`: other documents so left)."""
+    files = files or {"a.md": NOTICE}
+    for name, text in files.items():
+        (root / name).write_text(text)
     _ingest(settings, instance)
-    (root / "a.md.meta.json").write_text(json.dumps({"acl_labels": ["hr"]}))  # the scan agrees: nothing to change
-    doc_id = db.execute("UPDATE documents SET acl_labels = '{hr}' WHERE rel_path = 'a.md' RETURNING doc_id"
-                        ).fetchone()[0]
-    for version in store.versions.index_versions(db):
-        store.versions.copy_document_labels(db, version, [doc_id])
-    assert _group_keys(db, "a.md") == {dedup.acl_key(["staff"])}
+    for name in files:
+        (root / f"{name}.meta.json").write_text(json.dumps({"acl_labels": ["hr"]}))  # the scan agrees: no change
+        doc_id = db.execute("UPDATE documents SET acl_labels = '{hr}' WHERE rel_path = %s RETURNING doc_id",
+                            (name,)).fetchone()[0]
+        for version in store.versions.index_versions(db):
+            store.versions.copy_document_labels(db, version, [doc_id])
+        assert _group_keys(db, name) == {dedup.acl_key(["staff"])}
 
 
 def _status(db, rel_path: str) -> str:
@@ -207,6 +210,40 @@ def test_an_index_built_after_the_previous_main_breaks_no_version_and_a_broken_o
         assert summary["checks"]["index_drift"]["passed"], summary["checks"]["index_drift"]
         assert summary["vectors_embedded"] == 0
         assert _readers_find(db, ["hr"]) == {"a.md"} and _readers_find(db, ["staff"]) == set()
+
+
+def test_a_backfill_regroups_every_document_of_a_transaction_in_every_version(make_settings, tmp_path, db,
+                                                                              monkeypatch):
+    """Two documents left in the old label set's groups, backfilled in one transaction: each is regrouped in the
+    active version too, not only the first (the versions a regrouped document reaches are its own, every time)."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    settings = make_settings([{"name": "docs", "root": str(root), "acl_labels": ["staff"]}])
+    files = {"a.md": NOTICE, "c.md": "# Canteen\n\nThe canteen on the third floor serves lunch from noon until two "
+                                      "o'clock on weekdays, and soup and sandwiches until four.\n"}
+    with DagsterInstance.ephemeral() as instance:
+        _left_by_the_previous_main(db, root, settings, instance, files)
+    v1 = store.versions.active_version(db)
+    v2 = blue_green.start_version_build(db.info.dsn, settings, resolve_model("all-MiniLM-L6-v2").location)
+    parts: list[int] = []
+
+    def write_documents(conn, documents, *args):
+        parts.append(len(documents))
+        return write_all(conn, documents, *args)
+
+    write_all = blue_green.write_documents
+    monkeypatch.setattr(blue_green, "write_documents", write_documents)
+    blue_green.backfill_version(db.info.dsn, settings, v2.version_id, 0, 1)
+    assert parts == [2]  # both in one transaction
+    for name in files:
+        assert _group_keys(db, name) == {dedup.acl_key(["hr"])}
+    for version in (v1, v2):
+        keys = db.execute(sql.SQL("SELECT d.rel_path, g.acl_key FROM {} t JOIN chunk_groups g ON g.group_id = t.chunk_id"
+                                  " JOIN documents d USING (doc_id) ORDER BY 1").format(
+                                      sql.Identifier(version.table_name))).fetchall()
+        assert keys == [("a.md", dedup.acl_key(["hr"])), ("c.md", dedup.acl_key(["hr"]))], version.label
+    outcomes = _integrity(db)
+    assert all(outcome.passed for outcome in outcomes.values()), {n: o.summary for n, o in outcomes.items()}
 
 
 def test_parsing_a_relabelled_rewrite_of_the_same_text_queues_it_for_regrouping(make_settings, tmp_path, db, db_url):

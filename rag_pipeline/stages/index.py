@@ -248,7 +248,8 @@ def write_documents(
     a writer holding the old ones."""
     store.groups.lock_assignment(conn)
     params = dedup.lsh_params(settings.dedup.threshold)
-    versions = {v.version_id: v for v in targets}
+    target_ids = {v.version_id for v in targets}
+    versions = {v.version_id: v for v in targets}  # and the others a regrouped document reaches
     rows_by_version: dict[int, dict[tuple[str, ...], list[IndexRow]]] = {}
     released: dict[int, list[str]] = {}
     stored_groups: list[str] = []
@@ -261,7 +262,7 @@ def write_documents(
         if any(old.group_id and old.group_id != new.group_id for old, new in zip(stored_chunks, chunks, strict=True)):
             # A chunk changed group (its labels changed since it was grouped): that holds in every version, so a
             # write meant for some (a backfill's) must reach all, or the others keep rows keyed by the old group.
-            doc_targets += [v for v in store.versions.writable_versions(conn) if v.version_id not in versions]
+            doc_targets += [v for v in store.versions.writable_versions(conn) if v.version_id not in target_ids]
             inputs = {ids.embedding_input_sha(c.embedding_input): c.embedding_input for c in chunks}
             doc_vectors = {**{v.version_id: embed_inputs(conn, v, settings, inputs, stats, commit=False)
                               for v in doc_targets if v.version_id not in vectors_by_version},

@@ -377,16 +377,19 @@ BEGIN
 END $$;
 
 -- Version tables made before the triggers ran once a statement get the new ones, in the transaction that
--- replaces these functions (a migration would commit before them); then the row-level functions go.
+-- replaces these functions (a migration would commit before them); then the row-level functions go. Found by the
+-- function their triggers call, so no table still calling one can make the DROP FUNCTION fail every migration.
 DO $$
 DECLARE
     version_table text;
 BEGIN
-    FOR version_table IN SELECT v.table_name FROM index_versions v
-                         JOIN pg_trigger t ON t.tgrelid = to_regclass(v.table_name)
-                         WHERE t.tgname = v.table_name || '_bm25_insert' AND (t.tgtype & 1) = 1  -- FOR EACH ROW
-                         ORDER BY v.version_id LOOP
-        EXECUTE format('DROP TRIGGER %I ON %I', version_table || '_bm25_insert', version_table);
+    FOR version_table IN SELECT c.relname FROM pg_class c
+                         WHERE c.oid IN (SELECT t.tgrelid FROM pg_trigger t
+                                         WHERE t.tgfoid IN (to_regprocedure('rag_bm25_row_inserted()'),
+                                                            to_regprocedure('rag_bm25_row_deleted()')))
+                         -- in version order, as index writes lock versions
+                         ORDER BY (SELECT v.version_id FROM index_versions v WHERE v.table_name = c.relname), 1 LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', version_table || '_bm25_insert', version_table);
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', version_table || '_bm25_delete', version_table);
         PERFORM rag_bm25_create_write_triggers(version_table);
     END LOOP;
