@@ -186,11 +186,14 @@ def storage(conn, version) -> dict[str, int]:
         return conn.execute(sql.SQL("SELECT {}(%s::regclass)").format(sql.SQL(expression)), (name,)).fetchone()[0]
 
     table = version.table_name
+    term_sets = (size("pg_relation_size", f"{table}_bm25docs_terms") if conn.execute(
+        "SELECT to_regclass(%s)", (f"{table}_bm25docs_terms",)).fetchone()[0] else 0)
     return {
         "halfvec HNSW index": size("pg_relation_size", f"{table}_hnsw"),
         "rows (heap, TOAST, B-trees, GIN)": size("pg_total_relation_size", table) - size("pg_relation_size", f"{table}_hnsw"),
         "BM25 postings (+ 2 indexes)": size("pg_total_relation_size", f"{table}_postings"),
-        "BM25 weight vectors (sparsevec)": size("pg_total_relation_size", f"{table}_bm25docs"),
+        "BM25 weight vectors (sparsevec)": size("pg_total_relation_size", f"{table}_bm25docs") - term_sets,
+        "BM25 term-set index (GIN)": term_sets,
         "BM25 counters (df, totals)": size("pg_total_relation_size", f"{table}_bm25_df")
         + size("pg_total_relation_size", f"{table}_bm25_totals"),
     }

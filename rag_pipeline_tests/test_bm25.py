@@ -131,12 +131,14 @@ def _queries(vocabulary: list[str]) -> dict[str, str]:
 
 @BOTH_DATABASES
 @pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
-@pytest.mark.parametrize("few_rows", [0, store.search.FEW_ROWS], ids=["impact-ordered postings", "labelled rows"])
-def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels, few_rows):
+@pytest.mark.parametrize(("few_rows", "term_sets"), [(0, True), (0, False), (store.search.FEW_ROWS, True)],
+                         ids=["term sets", "impact-ordered postings", "labelled rows"])
+def test_the_bm25_list_equals_textbook_bm25(corpus_db, labels, few_rows, term_sets):
     conn, version, vocabulary = corpus_db
     for name, query in _queries(vocabulary).items():
         expected = _reference(conn, version, query, set(labels))
-        got = store.search.bm25_ranking(conn, version, query, labels, TOP, max_terms=64, few_rows=few_rows)
+        got = store.search.bm25_ranking(conn, version, query, labels, TOP, max_terms=64, few_rows=few_rows,
+                                        term_sets=term_sets)
         assert len(got.chunk_ids) == len(expected), (name, len(got.chunk_ids), len(expected))
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
@@ -150,7 +152,8 @@ def test_shallow_reads_bound_rescore_and_deepen_to_the_same_list(corpus_db, labe
     conn, version, vocabulary = corpus_db
     for name, query in _queries(vocabulary).items():
         expected = _reference(conn, version, query, set(labels))
-        got = store.search.bm25_ranking(conn, version, query, labels, TOP, depth=depth, max_terms=64, few_rows=0)
+        got = store.search.bm25_ranking(conn, version, query, labels, TOP, depth=depth, max_terms=64, few_rows=0,
+                                        term_sets=False)
         assert len(got.chunk_ids) == len(expected), (name, len(got.chunk_ids), len(expected))
         assert _overlap(got.chunk_ids, expected) >= 0.95, (name, query)
 
@@ -170,11 +173,65 @@ def test_the_impact_path_is_exactly_the_direct_ranking(corpus_db, labels, depth)
     for query in queries:
         for want in (1, 10, TOP):
             pruned = store.search.bm25_ranking(conn, version, query, labels, want, depth=depth, max_terms=64,
-                                               few_rows=0)
+                                               few_rows=0, term_sets=False)
             direct = store.search.bm25_ranking(conn, version, query, labels, want, depth=depth, max_terms=64,
                                                few_rows=10**9)
             assert pruned.chunk_ids == direct.chunk_ids, (query, want)
             assert pruned.scores == pytest.approx(direct.scores, rel=1e-9), (query, want)
+
+
+@BOTH_DATABASES
+@pytest.mark.parametrize("labels", [("staff",), ("rare",)], ids=["broad labels", "very selective labels"])
+def test_the_term_set_path_is_exactly_the_direct_ranking(corpus_db, labels):
+    """The chunks holding enough of the terms, from the term-set index, scored exactly: the same chunks in the same
+    order with the same scores as every readable row scored directly, whether tau starts high (several rounds, levels
+    lowered when too few come back), near the answer, or at the lowest level (every chunk with a query term)."""
+    conn, version, vocabulary = corpus_db
+    rng = random.Random(5)
+    queries = [*_queries(vocabulary).values(),
+               *(" ".join(rng.sample(vocabulary[:2000], rng.randint(2, 6))) for _ in range(20))]
+    settled = Counter()
+    for query in queries:
+        terms = conn.execute("SELECT array_agg(term_id ORDER BY term_id), array_agg(idf ORDER BY term_id),"
+                             " array_agg(df ORDER BY term_id) FROM rag.query_terms(%s, %s, 64)",
+                             (version.version_id, query)).fetchone()
+        qvec = conn.execute("SELECT format('{%%s}/1000000000', string_agg(format('%%s:%%s', i, f), ',' ORDER BY i))"
+                            "::sparsevec FROM unnest(%s::integer[], %s::double precision[]) AS u(i, f)",
+                            (terms[0], terms[1])).fetchone()[0]
+        reach, everything = conn.execute("SELECT rag.label_rows(%s, %s), rag.total_rows(%s)",
+                                         (version.version_id, list(labels), version.version_id)).fetchone()
+        for want in (1, 10, TOP):
+            direct = store.search.bm25_ranking(conn, version, query, labels, want, max_terms=64, few_rows=10**9)
+            for start in (0.01, 8, 10**6):
+                done, chunk_ids, scores = conn.execute(
+                    "SELECT * FROM rag.bm25_by_term_sets(%s, %s, %s, %s, %s::sparsevec, %s, %s, %s, %s, %s, 1e12)",
+                    (version.version_id, *terms, qvec, list(labels), want, reach, everything, start)).fetchone()
+                settled[done] += 1
+                if done:
+                    assert (chunk_ids or []) == direct.chunk_ids, (query, want, start)
+                    assert [float(s) for s in scores or []] == pytest.approx(direct.scores, rel=1e-9), (query, want)
+    assert settled[True] >= 0.8 * sum(settled.values()), settled  # nearly every query is answered this way
+
+
+@NEW_DATABASE
+def test_the_term_set_path_leaves_what_it_cannot_settle_cheaply(corpus_db):
+    """Over 10 terms (2^n sets), or a level estimated above the cap: not settled, and rag.bm25_ranking ranks it
+    over the postings instead, to the same list."""
+    conn, version, vocabulary = corpus_db
+    query = " ".join(vocabulary[200:214])
+    terms = conn.execute("SELECT array_agg(term_id ORDER BY term_id), array_agg(idf ORDER BY term_id),"
+                         " array_agg(df ORDER BY term_id) FROM rag.query_terms(%s, %s, 64)",
+                         (version.version_id, query)).fetchone()
+    assert len(terms[0]) > 10
+    for term_ids, idfs, dfs, cap in ((terms[0], terms[1], terms[2], 1e12),
+                                     (terms[0][:3], terms[1][:3], terms[2][:3], 0)):
+        done = conn.execute("SELECT settled FROM rag.bm25_by_term_sets(%s, %s, %s, %s, '{1:1}/1000000000', "
+                            "%s, 10, %s, %s, 8, %s)", (version.version_id, term_ids, idfs, dfs, ["staff"], CHUNKS,
+                                                        CHUNKS, cap)).fetchone()[0]
+        assert done is False
+    by_postings = store.search.bm25_ranking(conn, version, query, ("staff",), 10, max_terms=64, few_rows=0,
+                                            term_sets=False)
+    assert store.search.bm25_ranking(conn, version, query, ("staff",), 10, max_terms=64, few_rows=0) == by_postings
 
 
 @BOTH_DATABASES

@@ -2,7 +2,9 @@
 applications that search with SQL (`rag.search`) and the pipeline's own search run the same ranking. This module
 calls them; rag_pipeline.retrieval.search validates the request and embeds the query.
 
-The BM25 list (rag.bm25_ranking, sql/functions/50_bm25_ranking.sql) reads impact-ordered postings: the `depth` highest-weighted
+The BM25 list (rag.bm25_ranking, sql/functions/50_bm25_ranking.sql) first tries the chunks that hold enough of the
+query's terms to reach a threshold, found by a GIN index of each chunk's terms and scored exactly, when few do
+(rag.bm25_by_term_sets). Otherwise it reads impact-ordered postings: the `depth` highest-weighted
 postings of each query term, or the whole list when it is at most twice that (never every match of a longer list),
 bounds what each chunk could score, rescores exactly the chunks whose bound reaches the k-th exact score, and reads
 deeper while a chunk not read could still beat the last one kept; callers whose labels reach few rows have those rows
@@ -18,6 +20,7 @@ from typing import Any
 
 import psycopg
 from pgvector import HalfVector
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -45,12 +48,16 @@ def bm25_ranking(
     max_terms: int = Bm25Config().max_query_terms,
     documents: list[str] | None = None,
     few_rows: int = FEW_ROWS,
+    term_sets: bool = True,
 ) -> LexicalRanking:
     """The top `want` chunks by BM25 among those the caller's labels reach (and, given `documents`, of those
-    documents only), best first, ties by chunk id (rag.bm25_ranking)."""
+    documents only), best first, ties by chunk id (rag.bm25_ranking). `term_sets` False ranks without the term-set
+    index, over the impact-ordered postings alone (as tests compare the two)."""
     if not labels:
         raise ValueError("a search needs the caller's labels")
-    rows = conn.execute("SELECT chunk_id, score FROM rag.bm25_ranking(%s, %s, %s, %s, %s, %s, %s, %s)",
+    # p_term_sets named only when off: a database a release before it left still answers the call with its default
+    rows = conn.execute(sql.SQL("SELECT chunk_id, score FROM rag.bm25_ranking(%s, %s, %s, %s, %s, %s, %s, %s{})").format(
+                            sql.SQL("") if term_sets else sql.SQL(", p_term_sets => false")),
                         (version.version_id, text, list(labels), want, depth, max_terms, documents, few_rows)
                         ).fetchall()
     return LexicalRanking([r[0] for r in rows], [float(r[1]) for r in rows])

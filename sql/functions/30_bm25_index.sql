@@ -18,6 +18,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT (tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / greatest(avgdl, 1))))::real
 $$;
 
+-- The term ids a row's weight vector holds: the key of the weight vectors' term-set index (a GIN index), which
+-- finds the rows holding every term of a set (rag.bm25_by_term_sets). The index's keys are this function's results:
+-- changing what it returns means rebuilding every such index.
+CREATE OR REPLACE FUNCTION rag_bm25_term_ids(vec sparsevec) RETURNS integer[]
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(split_part(e, ':', 1)::integer), '{}')
+    FROM unnest(string_to_array(nullif(btrim(split_part(vec::text, '/', 1), '{}'), ''), ',')) AS e
+$$;
+
 -- The per-transaction shard of a version's counters: the first one no other transaction holds, so parallel
 -- writers update different rows (and wait, never deadlock, when there are more writers than shards).
 CREATE OR REPLACE FUNCTION rag_bm25_shard(version_table text) RETURNS integer LANGUAGE plpgsql AS $$
@@ -237,19 +246,28 @@ CREATE OR REPLACE FUNCTION rag_bm25_write_staged(version_table text, k1 double p
 RETURNS double precision LANGUAGE plpgsql AS $$
 DECLARE
     postings text := version_table || '_postings';
+    weights text := version_table || '_bm25docs';
     live_avgdl double precision;
     index_definitions text[];
     constraint_definitions text[];
     definition text;
 BEGIN
-    EXECUTE format('TRUNCATE %I, %I', postings, version_table || '_bm25docs');
+    EXECUTE format('TRUNCATE %I, %I', postings, weights);
+    -- The weight vectors' indexes other than their key (the term-set index), made again after the load: a GIN index
+    -- filled row by row grows a pending list it then merges.
+    SELECT array_agg(pg_get_indexdef(i.indexrelid)) INTO index_definitions
+        FROM pg_index i WHERE i.indrelid = format('%I', weights)::regclass AND NOT i.indisprimary;
+    FOR definition IN SELECT format('DROP INDEX %s', i.indexrelid::regclass)
+                      FROM pg_index i WHERE i.indrelid = format('%I', weights)::regclass AND NOT i.indisprimary LOOP
+        EXECUTE definition;
+    END LOOP;
     -- The postings' indexes and key, as they are defined, dropped now and made again after the load.
     SELECT array_agg(format('ALTER TABLE %I ADD CONSTRAINT %I %s', postings, c.conname, pg_get_constraintdef(c.oid)))
         INTO constraint_definitions FROM pg_constraint c
         WHERE c.conrelid = format('%I', postings)::regclass AND c.contype = 'p';
-    SELECT array_agg(pg_get_indexdef(i.indexrelid)) INTO index_definitions
-        FROM pg_index i WHERE i.indrelid = format('%I', postings)::regclass
-         AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid);
+    index_definitions := coalesce(index_definitions, '{}') || ARRAY(
+        SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i WHERE i.indrelid = format('%I', postings)::regclass
+         AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid));
     FOR definition IN SELECT format('ALTER TABLE %I DROP CONSTRAINT %I', postings, c.conname)
                       FROM pg_constraint c WHERE c.conrelid = format('%I', postings)::regclass AND c.contype = 'p'
                       UNION ALL
@@ -278,7 +296,7 @@ BEGIN
             SELECT lexical_id, ('{' || string_agg(term_id || ':' || weight, ',' ORDER BY term_id)
                                 || '}/1000000000')::sparsevec AS vec
             FROM %I GROUP BY lexical_id) v USING (lexical_id)
-    $sql$, version_table || '_bm25docs', postings);
+    $sql$, weights, postings);
     DROP TABLE rag_bm25_terms, rag_bm25_lengths;
     FOREACH definition IN ARRAY coalesce(constraint_definitions, '{}') || coalesce(index_definitions, '{}') LOOP
         EXECUTE definition;
@@ -336,6 +354,13 @@ BEGIN
                    version_table || '_bm25_delete', version_table);
 END $$;
 
+-- The weight vectors' term-set index (rag_bm25_term_ids, rag.bm25_by_term_sets).
+CREATE OR REPLACE FUNCTION rag_bm25_create_term_set_index(version_table text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('CREATE INDEX %I ON %I USING gin (rag_bm25_term_ids(vec))', version_table || '_bm25docs_terms',
+                   version_table || '_bm25docs');
+END $$;
+
 -- Give a version table its BM25 structures and triggers, and index the rows it already holds.
 CREATE OR REPLACE FUNCTION rag_bm25_attach(version_table text, k1 double precision, b double precision)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -347,6 +372,7 @@ BEGIN
     EXECUTE format('CREATE UNIQUE INDEX %I ON %I (lexical_id)', version_table || '_lexical', version_table);
     EXECUTE format('CREATE TABLE %I (lexical_id integer PRIMARY KEY, len integer NOT NULL, vec sparsevec NOT NULL)',
                    version_table || '_bm25docs');
+    PERFORM rag_bm25_create_term_set_index(version_table);
     EXECUTE format($sql$CREATE TABLE %I (
                        term_id integer NOT NULL, lexical_id integer NOT NULL, tf integer NOT NULL,
                        weight real NOT NULL, PRIMARY KEY (lexical_id, term_id))$sql$, version_table || '_postings');
@@ -392,6 +418,20 @@ BEGIN
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', version_table || '_bm25_insert', version_table);
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', version_table || '_bm25_delete', version_table);
         PERFORM rag_bm25_create_write_triggers(version_table);
+    END LOOP;
+END $$;
+-- Version tables made before the term-set index get it (about 35 s per 1,000,000 rows here; its memory is bounded by
+-- maintenance_work_mem, raised for this transaction).
+DO $$
+DECLARE
+    version_table text;
+BEGIN
+    FOR version_table IN SELECT v.table_name FROM index_versions v
+                         WHERE v.dropped_at IS NULL AND to_regclass(format('%I', v.table_name || '_bm25docs')) IS NOT NULL
+                           AND to_regclass(format('%I', v.table_name || '_bm25docs_terms')) IS NULL
+                         ORDER BY v.version_id LOOP
+        PERFORM set_config('maintenance_work_mem', '512MB', true);
+        PERFORM rag_bm25_create_term_set_index(version_table);
     END LOOP;
 END $$;
 DROP FUNCTION IF EXISTS rag_bm25_row_inserted();
