@@ -102,6 +102,25 @@ def run_clients(url: str, queries: list[str], labels: list[str], mode: str, k: i
     return Cell(latencies, returned, time.perf_counter() - started)
 
 
+def prewarm(url: str, version) -> tuple[float, float]:
+    """Read the version's search structures into shared_buffers with pg_prewarm, as a serving database holds them
+    (pg_prewarm's autoprewarm restores them after a restart): the table and its indexes, the HNSW graph, the BM25
+    impact index, weight vectors, term-set index and counters. (The postings' heap and key are read by writes, not
+    searches.) Returns (MB read, seconds)."""
+    table = version.table_name
+    started = time.perf_counter()
+    with connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        relations = [r[0] for r in conn.execute(
+            """SELECT c.oid FROM pg_class c WHERE c.relname = ANY(%s)
+               UNION SELECT i.indexrelid FROM pg_index i WHERE i.indrelid = ANY(
+                   SELECT c.oid FROM pg_class c WHERE c.relname = ANY(%s))""",
+            ([table, f"{table}_bm25docs", f"{table}_bm25_df", f"{table}_bm25_totals", f"{table}_postings_impact"],
+             [table, f"{table}_bm25docs", f"{table}_bm25_df", f"{table}_bm25_totals"])).fetchall()]
+        blocks = sum(conn.execute("SELECT pg_prewarm(%s)", (oid,)).fetchone()[0] for oid in relations)
+    return blocks * 8192 / 2**20, time.perf_counter() - started
+
+
 def measure(url: str, queries: list[str], modes: list[str], k: int, clients: list[int],
             version) -> tuple[dict[tuple[str, str, int], Cell], dict[str, int]]:
     """(mode, filter, clients) -> Cell; and the ACL check: rows returned outside each filter's labels (must be 0)."""
@@ -263,6 +282,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="keep the server and each size's index here, reuse them")
     parser.add_argument("--no-checks", action="store_true",
                         help="latencies only: skip the exhaustive BM25 and exact nearest-neighbour checks")
+    parser.add_argument("--prewarm", action="store_true",
+                        help="read each size's search structures into shared_buffers before measuring (pg_prewarm)")
     parser.add_argument("--server-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="with --workdir: a server setting (e.g. shared_buffers=6GB), restarting it; repeatable")
     args = parser.parse_args()
@@ -294,6 +315,10 @@ def main() -> None:
                 queries = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))) for _ in range(args.queries)]
             for size in sizes:
                 url, version, timings, data = loaded(database, vocabulary, size, zipf, args.workdir is not None)
+                if args.prewarm:
+                    megabytes, seconds = prewarm(url, version)
+                    print(f"{vocabulary} {size:,}: {megabytes:,.0f} MB read into shared_buffers in {seconds:.0f} s",
+                          flush=True)
                 results, outside = measure(url, queries, modes, args.k, clients, version)
                 for (mode, name, count), cell in results.items():
                     p95[(vocabulary, mode, name, count, size)] = cell.p(0.95)
