@@ -298,6 +298,9 @@ BEGIN
             FROM %I GROUP BY lexical_id) v USING (lexical_id)
     $sql$, weights, postings);
     DROP TABLE rag_bm25_terms, rag_bm25_lengths;
+    IF pg_size_bytes(current_setting('maintenance_work_mem')) < pg_size_bytes('512MB') THEN
+        PERFORM set_config('maintenance_work_mem', '512MB', true);  -- the term-set index's build (see its function)
+    END IF;
     FOREACH definition IN ARRAY coalesce(constraint_definitions, '{}') || coalesce(index_definitions, '{}') LOOP
         EXECUTE definition;
     END LOOP;
@@ -354,9 +357,13 @@ BEGIN
                    version_table || '_bm25_delete', version_table);
 END $$;
 
--- The weight vectors' term-set index (rag_bm25_term_ids, rag.bm25_by_term_sets).
+-- The weight vectors' term-set index (rag_bm25_term_ids, rag.bm25_by_term_sets), built with at least 512 MB of
+-- maintenance_work_mem for the rest of the transaction (about 35 s per 1,000,000 rows here with it).
 CREATE OR REPLACE FUNCTION rag_bm25_create_term_set_index(version_table text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
+    IF pg_size_bytes(current_setting('maintenance_work_mem')) < pg_size_bytes('512MB') THEN
+        PERFORM set_config('maintenance_work_mem', '512MB', true);
+    END IF;
     EXECUTE format('CREATE INDEX %I ON %I USING gin (rag_bm25_term_ids(vec))', version_table || '_bm25docs_terms',
                    version_table || '_bm25docs');
 END $$;
@@ -420,8 +427,8 @@ BEGIN
         PERFORM rag_bm25_create_write_triggers(version_table);
     END LOOP;
 END $$;
--- Version tables made before the term-set index get it (about 35 s per 1,000,000 rows here; its memory is bounded by
--- maintenance_work_mem, raised for this transaction).
+-- Version tables made before the term-set index get it, in the transaction that re-applies these functions (about
+-- 35 s per 1,000,000 rows here; writes to that version wait for it).
 DO $$
 DECLARE
     version_table text;
@@ -430,7 +437,6 @@ BEGIN
                          WHERE v.dropped_at IS NULL AND to_regclass(format('%I', v.table_name || '_bm25docs')) IS NOT NULL
                            AND to_regclass(format('%I', v.table_name || '_bm25docs_terms')) IS NULL
                          ORDER BY v.version_id LOOP
-        PERFORM set_config('maintenance_work_mem', '512MB', true);
         PERFORM rag_bm25_create_term_set_index(version_table);
     END LOOP;
 END $$;

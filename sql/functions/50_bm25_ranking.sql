@@ -134,6 +134,7 @@ DECLARE
     smallest_top double precision;
     wanted double precision := p_start * p_want * p_everything / greatest(p_reach, 1);
     sets text;
+    candidate_count bigint;
 BEGIN
     settled := false;
     -- 2^n term sets are weighed: beyond 10 terms (1,023 sets) the impact-ordered path ranks
@@ -154,20 +155,28 @@ BEGIN
         IF sets IS NULL OR estimate > p_cap THEN
             RETURN;
         END IF;
-        -- the candidates best first, each looked up in the version table until p_want the caller may read are found
+        -- The candidates, at most 4 x p_cap of them (terms that occur together can make far more than estimated:
+        -- then the impact-ordered path ranks); best first, each looked up in the version table until p_want the
+        -- caller may read are found.
         EXECUTE format($q$
-            SELECT array_agg(k.chunk_id ORDER BY k.score DESC, k.chunk_id), array_agg(k.score ORDER BY k.score DESC, k.chunk_id)
-            FROM (SELECT r.chunk_id, c.score
-                  FROM (SELECT d.lexical_id, -(d.vec <#> $1)::double precision AS score FROM %2$I d WHERE %3$s
-                        ORDER BY 2 DESC) c
-                  CROSS JOIN LATERAL (SELECT r.chunk_id FROM %1$I r
-                                      WHERE r.lexical_id = c.lexical_id AND r.acl_labels && $2) r
-                  WHERE c.score > 0
-                  ORDER BY c.score DESC, r.chunk_id LIMIT $3) k$q$, t, t || '_bm25docs', sets)
-            INTO chunk_ids, scores USING p_qvec, p_labels, p_want;
-        -- Exact: the last kept reaches tau (the bounds are double precision, the scores pgvector's float), or every
-        -- chunk holding any query term was a candidate.
-        IF (coalesce(cardinality(chunk_ids), 0) = p_want AND scores[p_want] >= tau * (1 - 1e-5))
+            WITH candidates AS MATERIALIZED (
+                SELECT d.lexical_id, -(d.vec <#> $1)::double precision AS score FROM %2$I d WHERE %3$s LIMIT $4
+            ), kept AS (
+                SELECT r.chunk_id, c.score
+                FROM (SELECT lexical_id, score FROM candidates WHERE score > 0 ORDER BY score DESC OFFSET 0) c
+                CROSS JOIN LATERAL (SELECT r.chunk_id FROM %1$I r
+                                    WHERE r.lexical_id = c.lexical_id AND r.acl_labels && $2) r
+                ORDER BY c.score DESC, r.chunk_id LIMIT $3
+            )
+            SELECT (SELECT count(*) FROM candidates), array_agg(k.chunk_id ORDER BY k.score DESC, k.chunk_id),
+                   array_agg(k.score ORDER BY k.score DESC, k.chunk_id) FROM kept k$q$, t, t || '_bm25docs', sets)
+            INTO candidate_count, chunk_ids, scores USING p_qvec, p_labels, p_want, (4 * p_cap)::bigint + 1;
+        IF candidate_count > 4 * p_cap THEN
+            RETURN;
+        END IF;
+        -- Exact: the last kept reaches tau, or every chunk holding any query term was a candidate. (The sets were
+        -- chosen with a margin below tau: the bounds are double precision, pgvector sums the scores in single.)
+        IF (coalesce(cardinality(chunk_ids), 0) = p_want AND scores[p_want] >= tau)
            OR tau <= smallest_top * (1 + 1e-9) THEN
             settled := true;
             RETURN;
