@@ -17,12 +17,11 @@ The indexes are bench.query_latency's (`--workdir`, Zipfian vocabulary): load th
 from __future__ import annotations
 
 import argparse
-import random
 import time
 from pathlib import Path
 
 from bench.common import kept_database
-from bench.query_latency import FILTERS, percentile, prewarm
+from bench.query_latency import FILTERS, percentile, prewarm, zipf_queries
 from bench.synthetic import ZipfText
 from rag_pipeline import store
 from rag_pipeline.config import Settings
@@ -37,9 +36,7 @@ def main() -> None:
     parser.add_argument("--want", default="10,40", help="comma-separated list lengths (hybrid asks for 40)")
     parser.add_argument("--server-setting", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
-    rng = random.Random(5)  # the queries bench.query_latency asks, in its order
-    zipf = ZipfText()
-    queries = [zipf.query(rng) for _ in range(200)]
+    queries = zipf_queries(ZipfText(), 200)  # bench.query_latency's, in its order
     queries = {"first": queries[:100], "second": queries[100:], "both": queries}[args.half]
     bm25 = Settings().retrieval.bm25
     print(f"{len(queries)} queries ({args.half} half); ms of rag.bm25_ranking; p50 / p95 / p99")

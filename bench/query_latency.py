@@ -41,6 +41,12 @@ AS_THE_SERVICE = SearchOptions(light_query_model=False)  # the full query model,
 CHECKED_QUERIES = 20  # per filter, for the exhaustive BM25 scorer and exact nearest neighbours
 
 
+def zipf_queries(zipf: ZipfText, count: int) -> list[str]:
+    """The Zipfian vocabulary's queries, the same on every run (bench.bm25_paths asks them too)."""
+    rng = random.Random(5)
+    return [zipf.query(rng) for _ in range(count)]
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
@@ -310,7 +316,7 @@ def main() -> None:
         for vocabulary in args.vocabularies.split(","):
             rng = random.Random(5)
             if vocabulary == "zipf":
-                queries = [zipf.query(rng) for _ in range(args.queries)]
+                queries = zipf_queries(zipf, args.queries)
             else:
                 queries = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))) for _ in range(args.queries)]
             for size in sizes:
